@@ -1,0 +1,33 @@
+# edgepack: `make demo` and `make test` each work on a fresh clone (they create .venv first).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench lint clean
+
+install: $(STAMP)
+
+# torch==2.13.0 is the CPU wheel; any other spec pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/edgepack demo -o build/demo
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) tests/bench.py
+
+lint: install
+	$(VENV)/bin/ruff check packager runtimes tests
+	$(PY) -c "import ast,sys; [ast.parse(open(f).read(), f, feature_version=(3, 8)) for f in sys.argv[1:]]" runtimes/*.py
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,5 @@
+"""python -m packager"""
+
+from .cli import main
+
+main(prog_name="edgepack")

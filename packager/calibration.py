@@ -1,0 +1,157 @@
+"""Calibration samples from a folder of images (decoded by OpenCV) or .npy / .npz tensors."""
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CalibrationError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+TENSOR_SUFFIXES = (".npy", ".npz")
+Sample = dict[str, np.ndarray]
+
+
+def list_sources(source: Path) -> list[Path]:
+    """Image and tensor files under *source* (a folder, searched recursively, or one file)."""
+    source = Path(source)
+    if not source.exists():
+        raise CalibrationError(f"{source}: no such calibration file or folder", "check --calib")
+    if source.is_file():
+        files = [source]
+    else:
+        files = sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith("."))
+    usable = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES + TENSOR_SUFFIXES]
+    if not usable:
+        raise CalibrationError(f"{source}: no calibration data (no {'/'.join(IMAGE_SUFFIXES)} "
+                               "images or .npy/.npz tensors)",
+                               "point --calib at a folder of representative inputs")
+    kinds = {p.suffix.lower() in IMAGE_SUFFIXES for p in usable}
+    if len(kinds) > 1:
+        raise CalibrationError(f"{source}: mixes images and tensor files",
+                               "keep images and .npy/.npz files in separate folders")
+    return usable
+
+
+def is_image_source(files: Sequence[Path]) -> bool:
+    return files[0].suffix.lower() in IMAGE_SUFFIXES
+
+
+def peek_shapes(source: Path) -> dict[str, list[int]]:
+    """Shapes of the first tensor sample (to fix dynamic dims); {} for image folders."""
+    files = list_sources(source)
+    if is_image_source(files):
+        return {}
+    first = files[0]
+    if first.suffix.lower() == ".npz":
+        with np.load(first) as f:
+            return {k: list(f[k].shape) for k in f.files}
+    return {"": list(np.load(first, mmap_mode="r").shape)}
+
+
+def _split_samples(name: str, arr: np.ndarray, shape: list[int], path: Path) -> list[np.ndarray]:
+    if list(arr.shape) == list(shape):
+        return [arr]
+    if arr.ndim == len(shape) + 1 and list(arr.shape[1:]) == list(shape):
+        return list(arr)
+    if shape and shape[0] == 1 and arr.ndim == len(shape) and list(arr.shape[1:]) == shape[1:]:
+        return [a[None] for a in arr]
+    raise CalibrationError(f"{path}: '{name}' has shape {list(arr.shape)}, the model input is "
+                           f"{shape}", f"save samples shaped {shape} or N x {shape}")
+
+
+def _cast(arr: np.ndarray, dtype: str, name: str, path: Path) -> np.ndarray:
+    target = np.dtype(dtype)
+    if arr.dtype == target:
+        return arr
+    if target.kind in "iu" and arr.dtype.kind == "f":
+        raise CalibrationError(f"{path}: '{name}' holds {arr.dtype} values, the model input is "
+                               f"{dtype}", f"save it as {dtype} (token ids, indices)")
+    if target.kind == "b" and arr.dtype.kind not in "biu":
+        raise CalibrationError(f"{path}: '{name}' is {arr.dtype}, the input is bool",
+                               "save it as bool")
+    return arr.astype(target)
+
+
+def _tensor_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]]) -> list[Sample]:
+    names = [i["name"] for i in inputs]
+    per_input: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for path in files:
+        try:
+            if path.suffix.lower() == ".npz":
+                with np.load(path) as f:
+                    arrays = {k: f[k] for k in f.files}
+            else:
+                if len(inputs) != 1:
+                    raise CalibrationError(f"{path}: a .npy file holds one tensor, the model has "
+                                           f"{len(inputs)} inputs ({', '.join(names)})",
+                                           "save .npz files keyed by input name")
+                arrays = {names[0]: np.load(path)}
+        except (OSError, ValueError) as exc:
+            raise CalibrationError(f"{path}: not a readable .npy/.npz file ({exc})",
+                                   "re-save it with numpy.save / numpy.savez") from None
+        missing = [n for n in names if n not in arrays]
+        if missing:
+            raise CalibrationError(f"{path}: no array for input '{missing[0]}' "
+                                   f"(has: {', '.join(arrays) or 'nothing'})",
+                                   "key the .npz arrays by the model's input names")
+        for spec in inputs:
+            arr = _cast(arrays[spec["name"]], spec["dtype"], spec["name"], path)
+            per_input[spec["name"]].extend(_split_samples(spec["name"], arr, spec["shape"], path))
+    counts = {n: len(v) for n, v in per_input.items()}
+    if len(set(counts.values())) != 1:
+        raise CalibrationError(f"calibration tensors disagree on the sample count: {counts}",
+                               "give every input the same number of samples")
+    return [{n: per_input[n][i] for n in names} for i in range(counts[names[0]])]
+
+
+def _image_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]], spec: dict[str, Any],
+                   progress: Callable[[int, int], None] | None) -> list[Sample]:
+    from ._runtimes import ort_runner
+
+    if len(inputs) != 1:
+        raise CalibrationError(f"image calibration feeds one input, the model has {len(inputs)}",
+                               "pass .npz tensors keyed by input name")
+    name, shape, dtype = inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"]
+    batch = shape[0]
+    tensors = []
+    for i, path in enumerate(files):
+        try:
+            tensors.append(ort_runner.preprocess(ort_runner.read_image(path, spec), spec))
+        except ort_runner.BundleError as exc:
+            raise CalibrationError(str(exc)) from None
+        if progress:
+            progress(i + 1, len(files))
+    if len(tensors) < batch:
+        raise CalibrationError(f"{len(tensors)} image(s) cannot fill one batch of {batch}",
+                               "add images or use a smaller batch")
+    usable = len(tensors) - len(tensors) % batch
+    return [{name: np.concatenate(tensors[i:i + batch]).astype(dtype)}
+            for i in range(0, usable, batch)]
+
+
+def load_samples(source: Path, *, inputs: Sequence[dict[str, Any]],
+                 preprocess: dict[str, Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> list[Sample]:
+    """Load every calibration sample under *source* as {input name: array of the input's shape}."""
+    files = list_sources(source)
+    if is_image_source(files):
+        if preprocess is None:
+            raise CalibrationError(f"{source}: images need a preprocessing spec",
+                                   "pass --preprocess size=WxH,color=rgb,... or a .toml file")
+        return _image_samples(files, inputs, preprocess, progress)
+    return _tensor_samples(files, inputs)
+
+
+def split_holdout(samples: Sequence[Sample], *, fraction: float) -> tuple[list[Sample], list[Sample]]:
+    """Every k-th sample held out for accuracy (never used to calibrate); the rest calibrate."""
+    if len(samples) < 2:
+        raise CalibrationError(f"{len(samples)} calibration sample(s): need at least 2 (one to "
+                               "calibrate, one held out to measure accuracy)", "add samples")
+    held = max(1, round(len(samples) * fraction))
+    step = len(samples) / held
+    picks = {int(i * step + step / 2) for i in range(held)}
+    calib = [s for i, s in enumerate(samples) if i not in picks]
+    holdout = [s for i, s in enumerate(samples) if i in picks]
+    return calib, holdout

@@ -1,0 +1,421 @@
+"""The edgepack command line: parse, call the library, print. Errors become one line."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import CheckFailed, PackagerError
+
+INPUT_HELP = "static input shape NAME:1x3x224x224 (repeatable)"
+QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
+                 "reduce_range", "calibration_method", "exclude")
+
+
+class Group(click.Group):
+    """Turns library errors and Ctrl-C into one line and an exit code, in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = "--debug" in sys.argv
+        try:
+            return super().invoke(ctx)
+        except PackagerError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted: nothing was written", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # a bug, not bad input: one line unless --debug
+            if debug:
+                raise
+            click.echo(f"error: unexpected {type(exc).__name__}: {str(exc)[:300]} "
+                       "(rerun with --debug for the traceback)", err=True)
+            ctx.exit(3)
+
+
+def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
+    shapes = {}
+    for value in values:
+        name, sep, dims = value.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not NAME:1x3x224x224",
+                                     param_hint="--input") from None
+    return shapes
+
+
+def emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str) if as_json else text)
+
+
+def log(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def progress_bar(label: str):
+    """A callback drawing a progress bar on stderr (only on a terminal)."""
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
+        if "bar" not in state or done == 1:
+            if "bar" in state:
+                state["bar"].render_finish()
+            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr)
+        state["bar"].update(1)
+        if done == total:
+            state["bar"].render_finish()
+
+    return update
+
+
+def quant_options(func):
+    """Options that override the target's quantization preset."""
+    opts = [
+        click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), default=None,
+                     help="override the target's precision"),
+        click.option("--mode", type=click.Choice(["static", "dynamic"]), default=None,
+                     help="INT8 static (calibrated) or dynamic"),
+        click.option("--format", "format_", type=click.Choice(["qdq", "qoperator"]), default=None,
+                     help="QDQ (default) or QOperator graph"),
+        click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None),
+        click.option("--weight-type", type=click.Choice(["uint8", "int8"]), default=None),
+        click.option("--per-channel/--per-tensor", default=None, help="weight scales"),
+        click.option("--reduce-range/--no-reduce-range", default=None,
+                     help="7-bit weights (AVX2-only CPUs)"),
+        click.option("--method", type=click.Choice(["minmax", "entropy", "percentile"]),
+                     default=None, help="calibration method"),
+        click.option("--exclude", multiple=True, help="node name to keep in FP32 (repeatable)"),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def quant_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    values = {"precision": kw.pop("precision"), "mode": kw.pop("mode"),
+              "format": kw.pop("format_"), "activation_type": kw.pop("activation_type"),
+              "weight_type": kw.pop("weight_type"), "per_channel": kw.pop("per_channel"),
+              "reduce_range": kw.pop("reduce_range"), "calibration_method": kw.pop("method"),
+              "exclude": tuple(kw.pop("exclude")) or None}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def preprocess_option(value: str | None) -> dict[str, Any] | None:
+    from .preprocessing import parse_preprocess
+
+    return parse_preprocess(value) if value else None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="show tracebacks")
+@click.version_option(package_name="edgepack")
+def main(debug: bool) -> None:
+    """Package ONNX models into verified bundles for edge devices."""
+
+
+@main.command("inspect")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def inspect_cmd(model: Path, as_json: bool) -> None:
+    """Describe MODEL: opset, inputs/outputs, ops, parameters, FLOPs, quantization.
+
+    \b
+    Example:
+        edgepack inspect model.onnx
+    """
+    from .inspection import inspect_model
+
+    info = inspect_model(model)
+    io = "\n".join(f"  {kind} {v['name']}: {'x'.join(map(str, v['shape']))} {v['dtype']}"
+                   for kind, key in (("in ", "inputs"), ("out", "outputs")) for v in info[key])
+    ops = ", ".join(f"{k} {v}" for k, v in info["ops"].items())
+    flops = f"{info['flops'] / 1e9:.3f} GFLOPs" if info["flops"] else "FLOPs unknown"
+    emit(info, as_json,
+         f"{model}: IR {info['ir_version']}, opset {info['opset']}, {info['nodes']} nodes, "
+         f"{info['parameters']:,} parameters ({info['parameter_bytes'] / 1e6:.2f} MB), {flops}"
+         f"{', quantized' if info['quantized'] else ''}"
+         f"{', external data: ' + ', '.join(info['external_data']) if info['external_data'] else ''}"
+         f"\n{io}\n  ops: {ops}")
+
+
+@main.command("simplify")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def simplify_cmd(model: Path, output: Path, force: bool, as_json: bool) -> None:
+    """Simplify MODEL with onnxsim (ONNX Runtime's basic optimiser if onnxsim fails).
+
+    Also upgrades models below opset 13 and folds Constant nodes into initializers.
+
+    \b
+    Example:
+        edgepack simplify model.onnx -o model.sim.onnx
+    """
+    from .simplify import simplify
+
+    r = simplify(model, output, force=force)
+    if r.fallback_reason and not as_json:
+        log(f"onnxsim not used, fell back to onnxruntime basic optimisation ({r.fallback_reason})")
+    emit(r.__dict__, as_json, f"{output}: {r.nodes_before} -> {r.nodes_after} nodes "
+         f"({r.simplifier}), opset {r.opset_before} -> {r.opset_after}")
+
+
+@main.command("fix-shapes")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
+@click.option("--batch", type=int, default=1, show_default=True, help="size for a dynamic dim 0")
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def fix_shapes_cmd(model: Path, output: Path, inputs: tuple[str, ...], batch: int, force: bool,
+                   as_json: bool) -> None:
+    """Make every dim of MODEL static and infer static shapes for every tensor.
+
+    \b
+    Example:
+        edgepack fix-shapes model.onnx --input image:1x3x224x224 -o model.static.onnx
+    """
+    from .shapes import fix_shapes
+
+    r = fix_shapes(model, output, shapes=parse_shapes(inputs), batch=batch, force=force)
+    emit(r.__dict__, as_json, f"{output}: " + ", ".join(
+        f"{k} {'x'.join(map(str, v))}" for k, v in {**r.inputs, **r.outputs}.items()))
+
+
+@main.command("quantize")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--target", default="x86_64-cpu", show_default=True, help="preset source")
+@click.option("--calib", type=click.Path(path_type=Path), help="images or .npy/.npz folder")
+@click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
+@click.option("--holdout", type=float, default=0.2, show_default=True,
+              help="fraction of samples kept out of calibration to measure accuracy")
+@quant_options
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
+                 preprocess: str | None, holdout: float, force: bool, as_json: bool,
+                 **kw: Any) -> None:
+    """Quantize a static-shaped MODEL (INT8 static/dynamic, FP16) and measure accuracy.
+
+    The preset (QDQ, activation/weight types, per-channel, method) comes from --target;
+    options override it.
+
+    \b
+    Example:
+        edgepack quantize model.static.onnx --calib images/ \\
+            --preprocess "size=224x224,scale=1/255" -o model.int8.onnx
+    """
+    from .accuracy import measure_accuracy
+    from .calibration import load_samples, split_holdout
+    from .inspection import graph_inputs, io_specs
+    from .modelio import load_model
+    from .pipeline import accuracy_line
+    from .quantize import QuantConfig, quantize
+    from .targets import load_target
+
+    config = QuantConfig.from_preset(load_target(target).quantization, **quant_overrides(kw))
+    spec = preprocess_option(preprocess)
+    calib_set, held = [], []
+    if calib is not None:
+        inputs = io_specs(graph_inputs(load_model(model)))
+        samples = load_samples(calib, inputs=inputs, preprocess=spec,
+                               progress=progress_bar("decoding"))
+        calib_set, held = split_holdout(samples, fraction=holdout)
+    quantize(model, output, config=config, samples=calib_set, force=force,
+             progress=progress_bar("calibrating"))
+    result = {"output": str(output), "config": config.describe(), "calibration_samples":
+              len(calib_set)}
+    text = f"{output}: {config.describe()}"
+    if held:
+        result["accuracy"] = measure_accuracy(output, model, held)
+        text += "\naccuracy vs FP32: " + accuracy_line(result["accuracy"])
+    emit(result, as_json, text)
+
+
+@main.command("bundle")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--target", default="x86_64-cpu", show_default=True)
+@click.option("--reference", type=click.Path(path_type=Path),
+              help="FP32 model for golden outputs (default: MODEL itself)")
+@click.option("--calib", type=click.Path(path_type=Path), required=True,
+              help="samples for golden inputs (the held-out ones, as in quantize)")
+@click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
+@click.option("--holdout", type=float, default=0.2, show_default=True)
+@click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
+@click.option("--labels", type=click.Path(exists=True, path_type=Path),
+              help="text file, one class name per line")
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, calib: Path,
+               preprocess: str | None, holdout: float, golden: int, labels: Path | None,
+               force: bool, as_json: bool) -> None:
+    """Write a bundle directory and .tar.gz for MODEL: runner, manifest, golden data.
+
+    \b
+    Example:
+        edgepack bundle model.int8.onnx --reference model.static.onnx --calib images/ \\
+            --preprocess prep.toml -o out/mynet
+    """
+    from .accuracy import measure_accuracy
+    from .bundle import bundle
+    from .calibration import load_samples, split_holdout
+    from .inspection import graph_inputs, io_specs
+    from .modelio import load_model
+    from .targets import load_target
+
+    reference = reference or model
+    spec = preprocess_option(preprocess)
+    inputs = io_specs(graph_inputs(load_model(reference)))
+    _, held = split_holdout(load_samples(calib, inputs=inputs, preprocess=spec), fraction=holdout)
+    r = bundle(model, output, target=load_target(target), reference=reference,
+               golden_samples=held[:golden], precision=_precision_of(model),
+               accuracy=measure_accuracy(model, reference, held), preprocess=spec,
+               labels=_labels(labels), force=force, source=model)
+    emit({"directory": str(r.directory), "archive": str(r.archive), "manifest": r.manifest},
+         as_json, f"{r.directory}/ and {r.archive}")
+
+
+def _labels(path: Path | None) -> list[str] | None:
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()] if path else None
+
+
+def _precision_of(model: Path) -> dict[str, Any]:
+    from .inspection import inspect_model
+
+    info = inspect_model(model)
+    if info["quantized"]:
+        kind = "int8"
+    elif any(i["dtype"] == "float16" for i in info["inputs"]) or "Cast" in info["ops"]:
+        kind = "unknown"
+    else:
+        kind = "fp32"
+    return {"precision": kind, "description": f"{kind.upper()} (prebuilt model)"}
+
+
+@main.command("verify")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--runs", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--threads", type=int, default=None, help="override the session's threads")
+@click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
+@click.option("--python", default=sys.executable, show_default="this Python",
+              help="interpreter that runs run.py")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
+               latency_budget_ms: float | None, python: str, as_json: bool) -> None:
+    """Run BUNDLE's own run.py as the device would: integrity, accuracy, latency, memory.
+
+    Writes BUNDLE/reports/report.json and report.md. Exit 0 pass, 1 a check failed, 2 bad input.
+
+    \b
+    Example:
+        edgepack verify out/mynet --runs 200
+    """
+    from .verify import verify
+
+    report = verify(bundle, python=python, runs=runs, warmup=warmup, threads=threads,
+                    latency_budget_ms=latency_budget_ms)
+    if as_json:
+        emit(report, True, "")
+    else:
+        from .verify import render_markdown
+
+        click.echo(render_markdown(report).rstrip())
+    if not report["passed"]:
+        raise CheckFailed(f"{bundle}: verification failed",
+                          f"see {bundle}/reports/report.md")
+
+
+@main.command("build")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--target", default="x86_64-cpu", show_default=True,
+              help="profile name or path to a .toml")
+@click.option("--calib", type=click.Path(path_type=Path), help="images or .npy/.npz folder")
+@click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
+@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
+@click.option("--holdout", type=float, default=0.2, show_default=True,
+              help="fraction of samples kept out of calibration to measure accuracy")
+@click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
+@click.option("--labels", type=click.Path(exists=True, path_type=Path),
+              help="text file, one class name per line")
+@quant_options
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def build_cmd(model: Path, output: Path, target: str, calib: Path | None, preprocess: str | None,
+              inputs: tuple[str, ...], holdout: float, golden: int, labels: Path | None,
+              force: bool, as_json: bool, **kw: Any) -> None:
+    """Build a bundle from MODEL for a target: simplify, fix shapes, quantize, bundle.
+
+    \b
+    Example:
+        edgepack build model.onnx --target x86_64-cpu --calib images/ \\
+            --preprocess "size=224x224,resize=letterbox,color=rgb,scale=1/255" -o out/mynet
+    """
+    from .pipeline import build
+
+    r = build(model, output, target=target, calib=calib, preprocess=preprocess_option(preprocess),
+              shapes=parse_shapes(inputs), quant=quant_overrides(kw), holdout=holdout,
+              golden=golden, labels=_labels(labels), force=force, log=log,
+              progress=progress_bar("calibration"))
+    emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
+          "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+          "simplifier": r.simplifier, "accuracy": r.accuracy, "precision": r.config.describe(),
+          "calibration_samples": r.calibration_samples}, as_json,
+         f"built {r.bundle.directory} ({r.config.describe()})")
+
+
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def targets_cmd(as_json: bool) -> None:
+    """List the built-in target profiles.
+
+    \b
+    Example:
+        edgepack targets
+    """
+    from .targets import list_targets
+
+    found = list_targets()
+    data = [{"name": t.name, "arch": t.arch, "description": t.description,
+             "providers": [p.name for p in t.providers], "precision": t.quantization.precision,
+             "min_onnxruntime": t.min_onnxruntime, "path": str(t.path)} for t in found]
+    emit(data, as_json, "\n".join(
+        f"{t.name:16} {t.arch:8} {t.quantization.precision:5} "
+        f"{'>'.join(p.name.replace('ExecutionProvider', '') for p in t.providers):24} "
+        f"{t.description}" for t in found))
+
+
+@main.command("demo")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("build/demo"),
+              show_default=True, help="work directory (data, model, bundle)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def demo_cmd(output: Path, as_json: bool) -> None:
+    """Train a small CNN on drawn shapes, build and verify its INT8 bundle (needs torch).
+
+    \b
+    Example:
+        edgepack demo -o build/demo
+    """
+    from .demo import run_demo
+
+    result = run_demo(output, log=log)
+    emit(result, as_json, result["summary"])
+
+
+if __name__ == "__main__":
+    main()

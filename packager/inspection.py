@@ -1,0 +1,107 @@
+"""Describe an ONNX model: opset, I/O, ops, parameters, FLOPs, quantization."""
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .modelio import load_model, opset_of
+
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+             "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QGemm"}
+
+
+def dtype_name(elem_type: int) -> str:
+    """numpy name of an ONNX element type ('float32', 'int64', ...)."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def dims_of(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    """Dims of a tensor: ints where static, the symbol (or '?') where not."""
+    shape = value_info.type.tensor_type.shape
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim]
+
+
+def io_specs(values) -> list[dict[str, Any]]:
+    return [{"name": v.name, "shape": dims_of(v), "dtype": dtype_name(v.type.tensor_type.elem_type)}
+            for v in values]
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs: graph inputs that are not initializers (old exporters list both)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _static(dims) -> bool:
+    return all(isinstance(d, int) and d > 0 for d in dims)
+
+
+def estimate_flops(model: onnx.ModelProto) -> int | None:
+    """Multiply-accumulate x2 for Conv / ConvTranspose / Gemm / MatMul with known shapes."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return None
+    shapes = {v.name: dims_of(v) for v in list(inferred.graph.value_info) +
+              list(inferred.graph.input) + list(inferred.graph.output)}
+    shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
+    total, known = 0, False
+    for node in inferred.graph.node:
+        ins = [shapes.get(n) for n in node.input]
+        out = shapes.get(node.output[0]) if node.output else None
+        if node.op_type in ("Conv", "QLinearConv", "ConvInteger"):
+            w = ins[3] if node.op_type == "QLinearConv" else ins[1]
+            if w and out and _static(w) and _static(out):
+                # each output element: Cin/group x kernel multiply-adds
+                total += 2 * int(np.prod(out)) * int(np.prod(w[1:]))
+                known = True
+        elif node.op_type == "ConvTranspose":
+            x, w = ins[0], ins[1]
+            if x and w and _static(x) and _static(w):
+                total += 2 * int(np.prod(x)) * int(np.prod(w[1:]))
+                known = True
+        elif node.op_type in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"):
+            a = ins[0]
+            if a and out and _static(a) and _static(out) and len(a) >= 1:
+                k = a[-1] if not (node.op_type == "Gemm" and _attr(node, "transA")) else a[0]
+                total += 2 * int(np.prod(out)) * k
+                known = True
+    return total if known else None
+
+
+def _attr(node: onnx.NodeProto, name: str) -> int:
+    return next((a.i for a in node.attribute if a.name == name), 0)
+
+
+def inspect_model(model: Path) -> dict[str, Any]:
+    """Return a JSON-ready description of the ONNX model at *model*."""
+    proto = load_model(model, check=False, external_data=False)
+    ops = Counter(n.op_type for n in proto.graph.node)
+    params = sum(int(np.prod(i.dims)) for i in proto.graph.initializer)
+    param_bytes = sum(int(np.prod(i.dims)) * np.dtype(dtype_name(i.data_type)).itemsize
+                      for i in proto.graph.initializer if i.data_type != onnx.TensorProto.STRING)
+    external = sorted({e.value for i in proto.graph.initializer for e in i.external_data
+                       if e.key == "location"})
+    return {
+        "file": str(model),
+        "file_bytes": Path(model).stat().st_size,
+        "ir_version": proto.ir_version,
+        "opset": opset_of(proto),
+        "opsets": {e.domain or "ai.onnx": e.version for e in proto.opset_import},
+        "producer": f"{proto.producer_name} {proto.producer_version}".strip(),
+        "inputs": io_specs(graph_inputs(proto)),
+        "outputs": io_specs(proto.graph.output),
+        "nodes": len(proto.graph.node),
+        "ops": dict(ops.most_common()),
+        "parameters": params,
+        "parameter_bytes": param_bytes,
+        "flops": estimate_flops(proto),
+        "external_data": external,
+        "quantized": bool(QUANT_OPS & set(ops)),
+    }

@@ -1,0 +1,58 @@
+"""Load, validate and save ONNX models, with their external data."""
+
+from pathlib import Path
+
+import onnx
+
+from .errors import ModelError
+
+PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message above 2 GiB
+
+
+def load_model(path: Path, *, check: bool = True, external_data: bool = True) -> onnx.ModelProto:
+    """Load *path* (and any external data beside it) or raise ModelError naming the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file", "check the path to the .onnx model")
+    try:
+        model = onnx.load(str(path), load_external_data=external_data)
+    except FileNotFoundError as exc:
+        raise ModelError(f"{path}: external data file missing ({Path(exc.filename).name})",
+                         "keep the .onnx.data file next to the .onnx file") from None
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning, ValueError...
+        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__})",
+                         "the file is corrupt or truncated, or not ONNX; export it again") from None
+    if not model.graph.node or not model.opset_import:
+        raise ModelError(f"{path}: not an ONNX model (no graph nodes or opset)",
+                         "pass a .onnx file exported from your framework")
+    if check:
+        try:
+            onnx.checker.check_model(model, full_check=False)
+        except (onnx.checker.ValidationError, Exception) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"{path}: invalid ONNX model ({first[:200]})",
+                             "re-export the model; onnx.checker must accept it") from None
+    return model
+
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> Path:
+    """Save *model* to *path*, self-contained below 2 GiB, else with a `<name>.data` file."""
+    path = Path(path)
+    large = model.ByteSize() >= PROTOBUF_LIMIT if not has_external_data(model) else True
+    if large:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+    return path
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 0

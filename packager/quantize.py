@@ -1,0 +1,170 @@
+"""Quantize an FP32 model: static INT8 from calibration samples, dynamic INT8, or FP16."""
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import atomic_file
+from .calibration import Sample
+from .errors import QuantizationError
+from .modelio import load_model, save_model
+from .targets import QuantPreset
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class QuantConfig(QuantPreset):
+    """A target's preset plus per-build choices."""
+
+    exclude: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_preset(cls, preset: QuantPreset, **overrides: Any) -> "QuantConfig":
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(cls(**asdict(preset)), **given)
+
+    def describe(self) -> str:
+        if self.precision != "int8":
+            return self.precision.upper()
+        if self.mode == "dynamic":
+            return f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights)"
+        act = "U8" if self.activation_type == "uint8" else "S8"
+        wt = "U8" if self.weight_type == "uint8" else "S8"
+        return (f"INT8 static {self.format.upper()} {act}{wt}, "
+                f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.calibration_method}")
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over in-memory samples, reporting progress."""
+
+    def __init__(self, samples: Sequence[Sample], progress: Progress | None):
+        self.samples, self.progress, self.index = samples, progress, 0
+
+    def get_next(self) -> Sample | None:
+        if self.index >= len(self.samples):
+            return None
+        sample = self.samples[self.index]
+        self.index += 1
+        if self.progress:
+            self.progress(self.index, len(self.samples))
+        return sample
+
+    def rewind(self) -> None:
+        self.index = 0
+
+
+def _qtype(name: str):
+    from onnxruntime.quantization import QuantType
+
+    return QuantType.QUInt8 if name == "uint8" else QuantType.QInt8
+
+
+def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample],
+            progress: Progress | None) -> None:
+    from onnxruntime.quantization import CalibrationMethod
+
+    if not samples:
+        raise QuantizationError("static INT8 needs calibration data", "pass --calib")
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[config.calibration_method]
+    # onnxruntime logs "consider pre-processing" on the root logger; the graph was already
+    # simplified and shape-inferred, which is that pre-processing.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        _quantize_static(src, dst, config, samples, progress, method)
+    finally:
+        root.setLevel(level)
+
+
+def _quantize_static(src, dst, config, samples, progress, method) -> None:
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
+    quantize_static(
+        str(src), str(dst), _Reader(samples, progress),
+        quant_format=QuantFormat.QDQ if config.format == "qdq" else QuantFormat.QOperator,
+        per_channel=config.per_channel, reduce_range=config.reduce_range,
+        activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
+        nodes_to_exclude=list(config.exclude) or None, calibrate_method=method,
+        # Entropy/Percentile histograms of every tensor in memory at once stay bounded this way.
+        extra_options={"CalibMovingAverage": False},
+    )
+
+
+def _dynamic(src: Path, dst: Path, config: QuantConfig) -> None:
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), per_channel=config.per_channel,
+                     reduce_range=config.reduce_range, weight_type=_qtype(config.weight_type),
+                     nodes_to_exclude=list(config.exclude) or None)
+
+
+def _fp16(src: Path, dst: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    # keep_io_types: callers and golden data stay FP32; casts sit at the graph edges.
+    save_model(convert_float_to_float16(load_model(src), keep_io_types=True), dst)
+
+
+def quantize_file(model: Path, output: Path, *, config: QuantConfig,
+                  samples: Sequence[Sample] = (), progress: Progress | None = None) -> Path:
+    """Quantize *model* into *output* (no overwrite checks; the pipeline's building block)."""
+    with tempfile.TemporaryDirectory(prefix="edgepack-q-") as tmp:
+        src = Path(tmp) / "fp32.onnx"
+        save_model(load_model(model), src)  # self-contained copy: the quantizer rewrites paths
+        dst = Path(tmp) / "quantized.onnx"
+        try:
+            if config.precision == "fp32":
+                shutil.copyfile(src, dst)
+            elif config.precision == "fp16":
+                _fp16(src, dst)
+            elif config.mode == "dynamic":
+                _dynamic(src, dst, config)
+            else:
+                _static(src, dst, config, samples, progress)
+        except QuantizationError:
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise QuantizationError(f"{model}: quantization failed ({first[:200]})",
+                                    "exclude the failing node with --exclude NODE, or try "
+                                    "--mode dynamic / --precision fp16") from None
+        check_runs(dst, samples[:1])
+        shutil.move(str(dst), output)
+    return Path(output)
+
+
+def check_runs(model: Path, samples: Sequence[Sample]) -> None:
+    """Load the quantized model in ONNX Runtime (and run one sample) or raise."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        for sample in samples:
+            session.run(None, sample)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise QuantizationError(f"the quantized model does not run in onnxruntime ({first[:200]})",
+                                "exclude the offending node with --exclude, or use "
+                                "--precision fp16") from None
+
+
+def quantize(model: Path, output: Path, *, config: QuantConfig, samples: Sequence[Sample] = (),
+             progress: Progress | None = None, force: bool = False) -> Path:
+    """Quantize *model* into *output* as *config* says, calibrating on *samples*."""
+    with atomic_file(Path(output), force=force) as tmp:
+        quantize_file(model, tmp, config=config, samples=samples, progress=progress)
+    return Path(output)
+
+
+def stack(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+    """{input: array (samples, *shape)} from a list of samples."""
+    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}

@@ -1,0 +1,130 @@
+"""Make every input, intermediate and output shape of a model static."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .atomic import atomic_file
+from .errors import ShapeError
+from .inspection import dims_of, graph_inputs
+from .modelio import load_model, save_model
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    output: Path
+    inputs: dict[str, list[int]]
+    outputs: dict[str, list[int]]
+
+
+def resolve_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                         *, batch: int | None) -> dict[str, list[int]]:
+    """Static shape per input: from *shapes*, else static dims kept and dim 0 set to *batch*."""
+    inputs = {i.name: dims_of(i) for i in graph_inputs(model)}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise ShapeError(f"--input names '{unknown[0]}', which is not a model input",
+                         f"inputs are: {', '.join(inputs)}")
+    resolved = {}
+    for name, dims in inputs.items():
+        if name in shapes:
+            given = [int(d) for d in shapes[name]]
+            if len(given) != len(dims):
+                raise ShapeError(f"input '{name}' has rank {len(dims)} {dims}, --input gives "
+                                 f"rank {len(given)} {given}", "give one size per dimension")
+            for i, (want, have) in enumerate(zip(given, dims, strict=True)):
+                if isinstance(have, int) and have > 0 and have != want:
+                    raise ShapeError(f"input '{name}' dim {i} is fixed at {have} in the model, "
+                                     f"--input gives {want}", f"use {have} for that dimension")
+                if want < 1:
+                    raise ShapeError(f"input '{name}' dim {i}: size {want}", "sizes must be >= 1")
+            resolved[name] = given
+            continue
+        out = []
+        for i, d in enumerate(dims):
+            if isinstance(d, int) and d > 0:
+                out.append(d)
+            elif i == 0 and batch is not None:
+                out.append(batch)
+            else:
+                raise ShapeError(f"input '{name}' dim {i} ('{d}') is dynamic and nothing fixes it",
+                                 f"pass --input {name}:" + "x".join(
+                                     str(x) if isinstance(x, int) and x > 0 else "N" for x in dims))
+        resolved[name] = out
+    return resolved
+
+
+def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Run shape inference (ONNX Runtime's symbolic engine, then ONNX's) and return the model."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
+        if inferred is not None:
+            return inferred
+    except Exception:  # the symbolic engine lacks some ops; ONNX's own inference is the fallback
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise ShapeError(f"shape inference failed: {str(exc).splitlines()[0][:200]}",
+                         "check the model with onnx.checker") from None
+
+
+def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
+    """(tensor, producing node, dims) for every tensor whose shape is not fully static."""
+    producers = {o: f"{n.op_type} node '{n.name or '?'}'" for n in model.graph.node for o in n.output}
+    known = {v.name: v for v in model.graph.value_info}
+    found = []
+    for node in model.graph.node:
+        for name in node.output:
+            if not name:
+                continue
+            info = known.get(name)
+            dims = dims_of(info) if info is not None and info.type.tensor_type.HasField("shape") else None
+            if info is not None and not info.type.HasField("tensor_type"):
+                continue  # sequences / maps have no tensor shape to fix
+            if dims is None or not all(isinstance(d, int) and d > 0 for d in dims):
+                found.append((name, producers[name], dims))
+    for out in model.graph.output:
+        dims = dims_of(out) if out.type.tensor_type.HasField("shape") else None
+        if dims is None or not all(isinstance(d, int) and d > 0 for d in dims):
+            found.append((out.name, producers.get(out.name, "graph input"), dims))
+    return found
+
+
+def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                     *, batch: int | None = 1) -> onnx.ModelProto:
+    """Return a copy of *model* with static input shapes and inferred static shapes throughout."""
+    resolved = resolve_input_shapes(model, shapes, batch=batch)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in graph_inputs(model):
+        shape = value.type.tensor_type.shape
+        for dim, size in zip(shape.dim, resolved[value.name], strict=True):
+            dim.Clear()
+            dim.dim_value = size
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    model = infer_static(model)
+    dynamic = dynamic_tensors(model)
+    if dynamic:
+        name, producer, dims = dynamic[0]
+        why = ("its shape could not be inferred" if dims is None
+               else f"its shape {dims} depends on values computed at run time")
+        raise ShapeError(f"tensor '{name}' (output of {producer}) stays dynamic: {why}"
+                         f" ({len(dynamic)} tensor(s) in all)",
+                         "simplify the model first, or export it with static shapes")
+    return model
+
+
+def fix_shapes(model: Path, output: Path, *, shapes: Mapping[str, Sequence[int]],
+               batch: int | None = 1, force: bool = False) -> ShapeResult:
+    """Write *model* to *output* with every symbolic dim replaced by a static size."""
+    fixed = fix_shapes_proto(load_model(model), shapes, batch=batch)
+    with atomic_file(Path(output), force=force) as tmp:
+        save_model(fixed, tmp)
+    return ShapeResult(Path(output), {i.name: dims_of(i) for i in graph_inputs(fixed)},
+                       {o.name: dims_of(o) for o in fixed.graph.output})

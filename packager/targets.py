@@ -1,0 +1,170 @@
+"""Target device profiles: TOML files in targets/, validated on load."""
+
+import importlib.resources
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import TargetError
+
+PROVIDERS = (
+    "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider",
+    "OpenVINOExecutionProvider", "XnnpackExecutionProvider", "ArmNNExecutionProvider",
+    "ACLExecutionProvider", "CoreMLExecutionProvider", "QNNExecutionProvider",
+)
+PRECISIONS = ("int8", "fp16", "fp32")
+MODES = ("static", "dynamic")
+FORMATS = ("qdq", "qoperator")
+INT8_TYPES = ("uint8", "int8")
+METHODS = ("minmax", "entropy", "percentile")
+OPT_LEVELS = ("disabled", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QuantPreset:
+    """How a target wants its model quantized; every field can be overridden per build."""
+
+    precision: str = "int8"
+    mode: str = "static"
+    format: str = "qdq"
+    activation_type: str = "uint8"
+    weight_type: str = "int8"
+    per_channel: bool = True
+    reduce_range: bool = False
+    calibration_method: str = "minmax"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    arch: str
+    python: str
+    batch: int
+    runtime_package: str
+    min_onnxruntime: str
+    install: str
+    providers: tuple[Provider, ...]
+    session: dict[str, Any]
+    quantization: QuantPreset
+    latency_p90_ms: float | None
+    min_cosine: float
+    path: Path
+
+
+def builtin_dir() -> Path:
+    return Path(str(importlib.resources.files("packager._targets")))
+
+
+def list_targets() -> list[Target]:
+    """Return every built-in target profile, sorted by name."""
+    return [load_target(p) for p in sorted(builtin_dir().glob("*.toml"))]
+
+
+def load_target(name_or_path: str | Path) -> Target:
+    """Load a built-in target by name, or a profile file by path; raise TargetError if invalid."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = builtin_dir() / f"{name_or_path}.toml"
+        if not path.is_file():
+            known = ", ".join(p.stem for p in sorted(builtin_dir().glob("*.toml")))
+            raise TargetError(f"unknown target '{name_or_path}'",
+                              f"use one of: {known}, or a path to your own .toml profile")
+    if not path.is_file():
+        raise TargetError(f"{path}: no such target profile", "check the path")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TargetError(f"{path}: not valid TOML ({exc})", "fix the syntax") from None
+    return _parse(data, path)
+
+
+def _get(table: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise TargetError(f"{where}: missing key '{key}'", "add it (see targets/x86_64-cpu.toml)")
+        return default
+    value = table[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TargetError(f"{where}: '{key}' must be {getattr(kind, '__name__', kind)}, "
+                          f"got {value!r}", "fix the value")
+    return value
+
+
+def _choice(table: dict, key: str, choices: tuple, where: str, default: Any) -> str:
+    value = _get(table, key, str, where, default)
+    if value not in choices:
+        raise TargetError(f"{where}: {key} = '{value}' is not one of {', '.join(choices)}",
+                          "fix the value")
+    return value
+
+
+def _unknown(table: dict, allowed: set, where: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise TargetError(f"{where}: unknown key '{extra[0]}'",
+                          f"allowed keys: {', '.join(sorted(allowed))}")
+
+
+def _parse(data: dict, path: Path) -> Target:
+    f = str(path)
+    _unknown(data, {"name", "description", "arch", "python", "batch", "runtime", "providers",
+                    "session", "quantization", "budget"}, f)
+    runtime = _get(data, "runtime", dict, f)
+    _unknown(runtime, {"package", "min_version", "install"}, f"{f}: runtime")
+    providers = []
+    for i, entry in enumerate(_get(data, "providers", list, f)):
+        where = f"{f}: providers[{i}]"
+        if not isinstance(entry, dict):
+            raise TargetError(f"{where}: must be a table", "use [[providers]] with name = ...")
+        _unknown(entry, {"name", "options"}, where)
+        name = _get(entry, "name", str, where)
+        if name not in PROVIDERS:
+            raise TargetError(f"{where}: unknown provider '{name}'",
+                              f"use one of: {', '.join(PROVIDERS)}")
+        providers.append(Provider(name, dict(_get(entry, "options", dict, where, {}))))
+    if not providers:
+        raise TargetError(f"{f}: providers is empty", "list at least CPUExecutionProvider")
+    session = _get(data, "session", dict, f, {})
+    _unknown(session, {"intra_op_threads", "inter_op_threads", "graph_optimization_level",
+                       "execution_mode"}, f"{f}: session")
+    _get(session, "intra_op_threads", int, f"{f}: session", 0)
+    _choice(session, "graph_optimization_level", OPT_LEVELS, f"{f}: session", "all")
+    _choice(session, "execution_mode", ("sequential", "parallel"), f"{f}: session", "sequential")
+    q = _get(data, "quantization", dict, f, {})
+    w = f"{f}: quantization"
+    _unknown(q, set(QuantPreset.__dataclass_fields__), w)
+    preset = QuantPreset(
+        precision=_choice(q, "precision", PRECISIONS, w, "int8"),
+        mode=_choice(q, "mode", MODES, w, "static"),
+        format=_choice(q, "format", FORMATS, w, "qdq"),
+        activation_type=_choice(q, "activation_type", INT8_TYPES, w, "uint8"),
+        weight_type=_choice(q, "weight_type", INT8_TYPES, w, "int8"),
+        per_channel=_get(q, "per_channel", bool, w, True),
+        reduce_range=_get(q, "reduce_range", bool, w, False),
+        calibration_method=_choice(q, "calibration_method", METHODS, w, "minmax"),
+    )
+    budget = _get(data, "budget", dict, f, {})
+    _unknown(budget, {"latency_p90_ms", "min_cosine"}, f"{f}: budget")
+    batch = _get(data, "batch", int, f, 1)
+    if batch < 1:
+        raise TargetError(f"{f}: batch must be >= 1", "fix the value")
+    return Target(
+        name=_get(data, "name", str, f), description=_get(data, "description", str, f, ""),
+        arch=_get(data, "arch", str, f), python=_get(data, "python", str, f, "3.8"), batch=batch,
+        runtime_package=_get(runtime, "package", str, f"{f}: runtime"),
+        min_onnxruntime=_get(runtime, "min_version", str, f"{f}: runtime"),
+        install=_get(runtime, "install", str, f"{f}: runtime", ""),
+        providers=tuple(providers), session=dict(session), quantization=preset,
+        latency_p90_ms=_get(budget, "latency_p90_ms", float, f"{f}: budget", None),
+        min_cosine=_get(budget, "min_cosine", float, f"{f}: budget", 0.98), path=path,
+    )

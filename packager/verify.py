@@ -1,0 +1,102 @@
+"""Verify a bundle by running its own runner in a separate process, as the device would."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import VerifyError
+from .manifest import read_manifest
+
+REPORTS = "reports"
+
+
+def run_runner(bundle: Path, args: list[str], *, python: str, timeout: float) -> tuple[int, dict, str]:
+    """Run `python run.py ARGS --json` inside *bundle*: (exit code, parsed JSON, stderr)."""
+    cmd = [python, "run.py", *args, "--json"]
+    try:
+        proc = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise VerifyError(f"python interpreter '{python}' not found", "fix --python") from None
+    except subprocess.TimeoutExpired:
+        raise VerifyError(f"run.py {args[0]} did not finish in {timeout:.0f} s",
+                          "raise --timeout or lower --runs") from None
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode == 2 or (proc.returncode != 0 and not proc.stdout.strip()):
+        raise VerifyError(f"run.py {args[0]} failed in {bundle} (exit {proc.returncode}): {last}",
+                          "rebuild or copy the bundle again")
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise VerifyError(f"run.py {args[0]} printed no JSON (exit {proc.returncode}): {last}",
+                          "the runner is damaged; rebuild the bundle") from None
+    return proc.returncode, report, proc.stderr
+
+
+def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,
+           threads: int | None = None, latency_budget_ms: float | None = None,
+           require_provider: str | None = None, timeout: float = 900.0) -> dict[str, Any]:
+    """Check integrity and accuracy, benchmark, apply budgets; write reports/ in *bundle*."""
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)
+    common = [] if threads is None else ["--threads", str(threads)]
+    if require_provider:
+        common += ["--require-provider", require_provider]
+    _, check, check_log = run_runner(bundle, ["check", *common], python=python, timeout=timeout)
+    checks = [{"name": "integrity", "passed": not check.get("integrity"),
+               "detail": "; ".join(check.get("integrity", [])) or "all file hashes match"}]
+    bench: dict[str, Any] = {}
+    if checks[0]["passed"]:
+        for name, stats in check.get("outputs", {}).items():
+            checks.append({"name": f"accuracy:{name}", "passed": stats["passed"],
+                           "detail": f"cosine min {stats['cosine_min']:.5f} >= "
+                                     f"{check['min_cosine']:.4f} vs golden FP32"})
+        _, bench, _ = run_runner(bundle, ["bench", "--runs", str(runs), "--warmup", str(warmup),
+                                          *common], python=python, timeout=timeout)
+        budget = latency_budget_ms or manifest.get("budget", {}).get("latency_p90_ms")
+        if budget:
+            p90 = bench["latency_ms"]["p90"]
+            checks.append({"name": "latency", "passed": p90 <= budget,
+                           "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
+    report = {
+        "bundle": manifest.get("name"), "target": manifest["target"]["name"],
+        "precision": manifest["precision"].get("description"),
+        "accuracy_at_build": manifest.get("accuracy", {}),
+        "passed": all(c["passed"] for c in checks), "checks": checks,
+        "providers": check.get("providers", []),
+        "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
+        "check": check, "bench": bench,
+    }
+    write_reports(bundle, report)
+    return report
+
+
+def write_reports(bundle: Path, report: dict[str, Any]) -> None:
+    out = bundle / REPORTS
+    out.mkdir(exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
+             f"**{'PASSED' if report['passed'] else 'FAILED'}** — {report['precision']}; "
+             f"providers: {', '.join(report['providers']) or 'n/a'}", "",
+             "| check | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |"
+              for c in report["checks"]]
+    bench = report.get("bench")
+    if bench:
+        lat, dev = bench["latency_ms"], bench["device"]
+        rss = bench.get("peak_rss_mb")
+        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up, "
+                      f"batch {bench['batch']})", "",
+                  "| p50 ms | p90 ms | p99 ms | mean ms | std ms | throughput/s | peak RSS MB |",
+                  "| --- | --- | --- | --- | --- | --- | --- |",
+                  f"| {lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['mean']:.3f} | "
+                  f"{lat['std']:.3f} | {bench['throughput_per_s']:.1f} | "
+                  f"{'%.1f' % rss if rss is not None else 'n/a'} |", "",
+                  f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
+                  f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
+    return "\n".join(lines) + "\n"
