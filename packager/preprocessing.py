@@ -86,7 +86,8 @@ def normalize_preprocess(raw: dict[str, Any]) -> dict[str, Any]:
             raise PreprocessError(f"preprocess {key}={value!r} is not valid",
                                   f"use one of: {', '.join(choices)}")
         spec[key] = value
-    spec["scale"] = _numbers(raw.get("scale", 1.0), "scale")[0]
+    scale = raw.get("scale", 1.0)
+    spec["scale"] = _number(scale, "scale") if isinstance(scale, str) else float(scale)
     channels = 1 if spec["color"] == "gray" else 3
     for key in ("mean", "std"):
         if raw.get(key) is None:
@@ -101,7 +102,8 @@ def normalize_preprocess(raw: dict[str, Any]) -> dict[str, Any]:
         if key == "std" and min(values) == 0:
             raise PreprocessError("preprocess std contains 0", "std values must be non-zero")
         spec[key] = values
-    spec["pad"] = int(_numbers(raw.get("pad", 114), "pad")[0])
+    pad = raw.get("pad", 114)
+    spec["pad"] = int(_number(pad, "pad") if isinstance(pad, str) else pad)
     return spec
 
 

@@ -1,0 +1,113 @@
+"""Factory fixtures: small real models (PyTorch export and onnx.helper) and real image files."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from packager.pipeline import build
+
+PREP = {"size": [32, 32], "resize": "letterbox", "color": "rgb", "layout": "nchw",
+        "scale": 1 / 255, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25],
+        "dtype": "float32", "pad": 114}
+PREP_TEXT = "size=32x32,resize=letterbox,color=rgb,layout=nchw,scale=1/255,mean=0.5,std=0.25"
+
+
+def tiny_cnn():
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Identity(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
+
+
+@pytest.fixture(scope="session")
+def cnn_onnx(tmp_path_factory) -> Path:
+    """A tiny CNN exported by PyTorch with a dynamic batch axis (input 'image' Nx3x32x32)."""
+    import torch
+
+    path = tmp_path_factory.mktemp("models") / "cnn.onnx"
+    torch.onnx.export(tiny_cnn(), (torch.zeros(1, 3, 32, 32),), str(path), input_names=["image"],
+                      output_names=["scores"], opset_version=17,
+                      dynamic_axes={"image": {0: "batch"}}, dynamo=False)
+    return path
+
+
+def write_images(folder: Path, count: int, *, seed: int = 0, size=(48, 40)) -> Path:
+    """Real PNG and JPEG files with shapes on noise, of varying sizes."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        w, h = size[0] + (i % 3) * 8, size[1] + (i % 2) * 6
+        img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        cv2.circle(img, (w // 2, h // 2), min(w, h) // 3, tuple(int(c) for c in rng.integers(0, 255, 3)), -1)
+        cv2.imwrite(str(folder / f"img_{i:03d}{'.jpg' if i % 2 else '.png'}"), img)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory) -> Path:
+    return write_images(tmp_path_factory.mktemp("calib") / "images", 20)
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def embed_model(path: Path) -> Path:
+    """Two inputs, one int64 (token ids) and one float mask: Gather -> MatMul -> mean."""
+    rng = np.random.default_rng(0)
+    emb = numpy_helper.from_array(rng.normal(size=(50, 16)).astype(np.float32), "emb")
+    w = numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("Unsqueeze", ["mask", "axes2"], ["m"]),
+             helper.make_node("Mul", ["e", "m"], ["em"]),
+             helper.make_node("MatMul", ["em", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h", "axes"], ["y"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [emb, w, axes, numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+@pytest.fixture(scope="session")
+def embed_onnx(tmp_path_factory) -> Path:
+    return embed_model(tmp_path_factory.mktemp("models") / "embed.onnx")
+
+
+@pytest.fixture(scope="session")
+def embed_npz(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(1)
+    path = tmp_path_factory.mktemp("calib") / "tokens.npz"
+    np.savez(path, ids=rng.integers(0, 50, (24, 12)).astype(np.int64),
+             mask=(rng.random((24, 12)) > 0.2).astype(np.float32))
+    return path
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, cnn_onnx, image_dir):
+    """One INT8 bundle of the tiny CNN for x86_64-cpu, built once per session."""
+    out = tmp_path_factory.mktemp("bundles") / "cnn"
+    return build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                 labels=[f"class{i}" for i in range(10)])
+
+
+def run_py(bundle: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run a bundle's run.py as the device would: its own folder, a fresh process."""
+    return subprocess.run([sys.executable, "-I", "run.py", *args], cwd=bundle,
+                          capture_output=True, text=True, timeout=300)

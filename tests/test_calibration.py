@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+
+from conftest import PREP, write_images
+from packager.calibration import load_samples, split_holdout
+from packager.errors import CalibrationError
+
+IMAGE_INPUT = [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+
+
+def test_images_are_decoded_and_preprocessed(image_dir):
+    samples = load_samples(image_dir, inputs=IMAGE_INPUT, preprocess=PREP)
+    assert len(samples) == 20
+    assert samples[0]["image"].shape == (1, 3, 32, 32)
+    assert samples[0]["image"].dtype == np.float32
+    assert len({s["image"].tobytes() for s in samples}) == 20
+
+
+def test_batch_of_four_stacks_images(image_dir):
+    inputs = [{"name": "image", "shape": [4, 3, 32, 32], "dtype": "float32"}]
+    assert [s["image"].shape for s in load_samples(image_dir, inputs=inputs, preprocess=PREP)] \
+        == [(4, 3, 32, 32)] * 5
+
+
+def test_int64_and_float_tensors_from_npz(embed_npz):
+    inputs = [{"name": "ids", "shape": [1, 12], "dtype": "int64"},
+              {"name": "mask", "shape": [1, 12], "dtype": "float32"}]
+    samples = load_samples(embed_npz, inputs=inputs)
+    assert len(samples) == 24
+    assert samples[0]["ids"].dtype == np.int64 and samples[0]["ids"].shape == (1, 12)
+
+
+def test_folder_of_npy_files(tmp_path):
+    for i in range(3):
+        np.save(tmp_path / f"s{i}.npy", np.full((1, 4), i, np.float32))
+    samples = load_samples(tmp_path, inputs=[{"name": "x", "shape": [1, 4], "dtype": "float32"}])
+    assert [float(s["x"][0, 0]) for s in samples] == [0, 1, 2]
+
+
+def test_holdout_is_disjoint_from_calibration():
+    samples = [{"x": np.array([i])} for i in range(10)]
+    calib, held = split_holdout(samples, fraction=0.2)
+    assert len(held) == 2 and len(calib) == 8
+    assert not {int(s["x"][0]) for s in calib} & {int(s["x"][0]) for s in held}
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("no images here")
+    with pytest.raises(CalibrationError, match="no calibration data"):
+        load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+
+
+def test_unreadable_image_is_named(tmp_path):
+    write_images(tmp_path, 3)
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated jpeg")
+    with pytest.raises(CalibrationError, match="broken.jpg: not a readable image"):
+        load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+
+
+def test_wrong_channel_count_is_named(tmp_path):
+    import cv2
+
+    write_images(tmp_path, 2)
+    cv2.imwrite(str(tmp_path / "gray.png"), np.zeros((30, 30), np.uint8))
+    with pytest.raises(CalibrationError, match="gray.png: 1 channel"):
+        load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+
+
+def test_npz_with_wrong_shape_or_dtype(tmp_path):
+    inputs = [{"name": "ids", "shape": [1, 12], "dtype": "int64"}]
+    np.savez(tmp_path / "a.npz", ids=np.zeros((1, 11), np.int64))
+    with pytest.raises(CalibrationError, match="shape \\[1, 11\\].*\\[1, 12\\]"):
+        load_samples(tmp_path / "a.npz", inputs=inputs)
+    np.savez(tmp_path / "b.npz", ids=np.zeros((1, 12), np.float32))
+    with pytest.raises(CalibrationError, match="float32 values.*int64"):
+        load_samples(tmp_path / "b.npz", inputs=inputs)

@@ -1,0 +1,45 @@
+import onnx
+
+from packager.inspection import inspect_model
+from packager.quantize import QuantConfig, quantize
+from packager.targets import load_target
+
+
+def test_inspect_describes_a_real_export(cnn_onnx):
+    info = inspect_model(cnn_onnx)
+    assert info["opset"] == 17
+    assert info["inputs"] == [{"name": "image", "shape": ["batch", 3, 32, 32], "dtype": "float32"}]
+    assert info["outputs"][0]["name"] == "scores"
+    assert info["ops"]["Conv"] == 3
+    # conv weights 3*16*9+16 + 16*32*9+32 + 32*32*9+32, linear 32*10+10
+    assert info["parameters"] == 432 + 16 + 4608 + 32 + 9216 + 32 + 330
+    assert info["parameter_bytes"] == 4 * info["parameters"]
+    assert info["quantized"] is False
+    assert info["external_data"] == []
+
+
+def test_flops_counted_once_shapes_are_static(cnn_onnx, tmp_path):
+    from packager.shapes import fix_shapes
+
+    static = fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={}, batch=1).output
+    # convs: 2*(16*32*32*27 + 32*16*16*144 + 32*16*16*288) + linear 2*10*32
+    assert inspect_model(static)["flops"] == 2 * (442368 + 1179648 + 2359296) + 640
+
+
+def test_inspect_sees_quantization_and_external_data(cnn_onnx, image_dir, tmp_path):
+    from conftest import PREP
+    from packager.calibration import load_samples
+    from packager.shapes import fix_shapes
+
+    static = fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={}, batch=1).output
+    samples = load_samples(image_dir, inputs=[{"name": "image", "shape": [1, 3, 32, 32],
+                                               "dtype": "float32"}], preprocess=PREP)
+    q = quantize(static, tmp_path / "q.onnx",
+                 config=QuantConfig.from_preset(load_target("x86_64-cpu").quantization),
+                 samples=samples[:4])
+    assert inspect_model(q)["quantized"] is True
+
+    model = onnx.load(str(static))
+    onnx.save_model(model, str(tmp_path / "ext.onnx"), save_as_external_data=True,
+                    location="ext.onnx.data", size_threshold=0)
+    assert inspect_model(tmp_path / "ext.onnx")["external_data"] == ["ext.onnx.data"]

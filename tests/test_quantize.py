@@ -1,0 +1,96 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from conftest import PREP
+from packager.accuracy import measure_accuracy
+from packager.calibration import load_samples, split_holdout
+from packager.quantize import QuantConfig, quantize
+from packager.shapes import fix_shapes
+from packager.targets import load_target
+
+X86 = load_target("x86_64-cpu").quantization
+
+
+@pytest.fixture(scope="module")
+def static_cnn(cnn_onnx, tmp_path_factory):
+    return fix_shapes(cnn_onnx, tmp_path_factory.mktemp("q") / "s.onnx", shapes={}).output
+
+
+@pytest.fixture(scope="module")
+def samples(image_dir):
+    inputs = [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    return split_holdout(load_samples(image_dir, inputs=inputs, preprocess=PREP), fraction=0.2)
+
+
+def ops(path):
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def zero_point_types(path):
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    return {n.input[2] and inits[n.input[2]].data_type for n in m.graph.node
+            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits}
+
+
+def test_x86_preset_is_u8s8_per_channel_qdq(static_cnn, samples, tmp_path):
+    calib, held = samples
+    out = quantize(static_cnn, tmp_path / "q.onnx", config=QuantConfig.from_preset(X86),
+                   samples=calib)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops(out)
+    assert zero_point_types(out) == {onnx.TensorProto.UINT8}  # activations u8
+    m = onnx.load(str(out))
+    weight_scales = [numpy_helper.to_array(i) for i in m.graph.initializer
+                     if i.name.endswith("_scale") and numpy_helper.to_array(i).ndim == 1]
+    assert weight_scales, "per-channel weights have 1-D scales"
+    acc = measure_accuracy(out, static_cnn, held)
+    assert acc["cosine_min"] > 0.98
+    assert acc["samples"] == len(held)
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_other_calibration_methods(static_cnn, samples, tmp_path, method):
+    calib, held = samples
+    out = quantize(static_cnn, tmp_path / "q.onnx", samples=calib,
+                   config=QuantConfig.from_preset(X86, calibration_method=method))
+    assert measure_accuracy(out, static_cnn, held)["cosine_min"] > 0.9
+
+
+def test_qoperator_dynamic_and_fp16(static_cnn, samples, tmp_path):
+    calib, held = samples
+    qop = quantize(static_cnn, tmp_path / "qop.onnx", samples=calib,
+                   config=QuantConfig.from_preset(X86, format="qoperator", activation_type="int8"))
+    assert "QLinearConv" in ops(qop)
+    dyn = quantize(static_cnn, tmp_path / "dyn.onnx", config=QuantConfig.from_preset(X86, mode="dynamic"))
+    assert ops(dyn) & {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}
+    fp16 = quantize(static_cnn, tmp_path / "fp16.onnx",
+                    config=QuantConfig.from_preset(X86, precision="fp16"))
+    m = onnx.load(str(fp16))
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in m.graph.initializer)
+    assert m.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # io kept FP32
+    for out in (qop, dyn, fp16):
+        assert measure_accuracy(out, static_cnn, held)["cosine_min"] > 0.95
+
+
+def test_excluded_node_stays_fp32(static_cnn, samples, tmp_path):
+    first_conv = next(n.name for n in onnx.load(str(static_cnn)).graph.node if n.op_type == "Conv")
+    out = quantize(static_cnn, tmp_path / "q.onnx", samples=samples[0],
+                   config=QuantConfig.from_preset(X86, exclude=(first_conv,)))
+    m = onnx.load(str(out))
+    conv = next(n for n in m.graph.node if n.name == first_conv)
+    producers = {o: n.op_type for n in m.graph.node for o in n.output}
+    assert producers.get(conv.input[1]) != "DequantizeLinear"
+
+
+def test_int64_input_model_quantizes(embed_onnx, embed_npz, tmp_path):
+    inputs = [{"name": "ids", "shape": [1, 12], "dtype": "int64"},
+              {"name": "mask", "shape": [1, 12], "dtype": "float32"}]
+    calib, held = split_holdout(load_samples(embed_npz, inputs=inputs), fraction=0.25)
+    out = quantize(embed_onnx, tmp_path / "q.onnx", samples=calib,
+                   config=QuantConfig.from_preset(X86))
+    assert "QuantizeLinear" in ops(out)
+    acc = measure_accuracy(out, embed_onnx, held)
+    assert acc["cosine_min"] > 0.98
+    assert np.isfinite(acc["max_abs"])

@@ -1,0 +1,58 @@
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import save
+from packager.errors import ShapeError
+from packager.inspection import dims_of
+from packager.shapes import fix_shapes
+
+
+def all_static(path):
+    m = onnx.load(str(path))
+    values = list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input)
+    return all(all(isinstance(d, int) and d > 0 for d in dims_of(v)) for v in values)
+
+
+def test_dynamic_batch_becomes_static_everywhere(cnn_onnx, tmp_path):
+    r = fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"image": [4, 3, 32, 32]})
+    assert r.inputs == {"image": [4, 3, 32, 32]}
+    assert r.outputs == {"scores": [4, 10]}
+    assert all_static(r.output)
+    assert len(onnx.load(str(r.output)).graph.value_info) > 5
+
+
+def test_batch_default_fixes_dim0(cnn_onnx, tmp_path):
+    assert fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={}, batch=1).inputs == {
+        "image": [1, 3, 32, 32]}
+
+
+def test_unknown_input_and_rank_mismatch(cnn_onnx, tmp_path):
+    with pytest.raises(ShapeError, match="'img'.*inputs are: image"):
+        fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"img": [1, 3, 32, 32]})
+    with pytest.raises(ShapeError, match="rank 4"):
+        fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"image": [1, 3, 32]})
+    with pytest.raises(ShapeError, match="dim 2 is fixed at 32"):
+        fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"image": [1, 3, 64, 64]})
+    assert not (tmp_path / "s.onnx").exists()
+
+
+def test_unfixable_symbolic_dim_names_the_input(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+               tmp_path / "m.onnx")
+    with pytest.raises(ShapeError, match=r"input 'x' dim 1 \('seq'\).*--input x:1xN"):
+        fix_shapes(src, tmp_path / "s.onnx", shapes={})
+
+
+def test_data_dependent_shape_names_the_tensor(tmp_path):
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["nz"], name="find")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("nz", TensorProto.INT64, [2, "n"])])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+               tmp_path / "m.onnx")
+    with pytest.raises(ShapeError, match="tensor 'nz' \\(output of NonZero node 'find'\\) stays "
+                                         "dynamic"):
+        fix_shapes(src, tmp_path / "s.onnx", shapes={})
