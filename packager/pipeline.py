@@ -9,7 +9,7 @@ from typing import Any
 from .accuracy import measure_accuracy
 from .atomic import check_free
 from .bundle import BundleResult, archive_path, bundle
-from .calibration import load_samples, peek_shapes, split_holdout
+from .calibration import list_sources, load_samples, peek_shapes, split_holdout
 from .errors import CalibrationError
 from .inspection import dims_of, graph_inputs, io_specs
 from .modelio import load_model, save_model
@@ -75,8 +75,13 @@ def build(model: Path, output: Path, *, target: Target | str, calib: Path | None
         raise CalibrationError("static INT8 needs calibration data",
                                "pass --calib DIR (images or .npy/.npz), or --mode dynamic")
 
+    if calib is not None:
+        list_sources(calib)  # fail before the slow stages when the folder is empty or missing
     proto = load_model(model)
     before = len(proto.graph.node)
+    if preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
+        first = io_specs(graph_inputs(proto))[0]
+        check_fits(preprocess, first["name"], first["shape"], first["dtype"])
     fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, preprocess, calib, target.batch),
                              batch=target.batch)
     simplified, simplifier, reason = simplify_proto(fixed, Path(model))

@@ -1,7 +1,9 @@
 """Quantize an FP32 model: static INT8 from calibration samples, dynamic INT8, or FP16."""
 
+import contextlib
 import logging
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -80,7 +82,9 @@ def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample]
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        _quantize_static(src, dst, config, samples, progress, method)
+        # the histogram calibrators print progress to stdout, which belongs to --json output
+        with contextlib.redirect_stdout(sys.stderr):
+            _quantize_static(src, dst, config, samples, progress, method)
     finally:
         root.setLevel(level)
 

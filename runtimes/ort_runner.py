@@ -47,6 +47,8 @@ def read_image(path, spec):
     except ImportError:
         raise BundleError("image input needs OpenCV: pip install opencv-python-headless "
                           "(or pass .npy/.npz tensors)")
+    if hasattr(cv2, "setLogLevel"):
+        cv2.setLogLevel(0)  # a broken file gets our one-line message, not decoder noise
     data = np.fromfile(str(path), dtype=np.uint8)
     image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
     if image is None:

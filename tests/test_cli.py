@@ -1,0 +1,135 @@
+"""The real CLI, end to end, and every bad-input case: one line, non-zero exit, nothing written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import PREP_TEXT, write_images
+from packager.cli import main
+from packager.manifest import read_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_every_command_has_help_and_a_readme_entry():
+    readme = (ROOT / "README.md").read_text()
+    for name, command in main.commands.items():
+        assert command.help and "Example" in command.help, name
+        assert f"edgepack {name}" in readme, name
+        assert invoke(name, "--help").exit_code == 0
+
+
+def test_build_then_verify_end_to_end(cnn_onnx, image_dir, tmp_path):
+    out = tmp_path / "out" / "cnn"
+    r = invoke("build", cnn_onnx, "--target", "x86_64-cpu", "--calib", image_dir,
+               "--preprocess", PREP_TEXT, "-o", out, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["accuracy"]["cosine_min"] > 0.98 and data["calibration_samples"] == 16
+    manifest = read_manifest(out)
+    assert manifest["precision"]["description"].startswith("INT8 static QDQ U8S8")
+    v = invoke("verify", out, "--runs", "10", "--json")
+    assert v.exit_code == 0, v.output
+    assert json.loads(v.stdout)["passed"] is True
+    fail = invoke("verify", out, "--runs", "3", "--latency-budget-ms", "0.000001")
+    assert fail.exit_code == 1 and "verification failed" in fail.stderr
+
+
+def test_stages_one_by_one(cnn_onnx, image_dir, tmp_path):
+    assert json.loads(invoke("inspect", cnn_onnx, "--json").stdout)["opset"] == 17
+    assert invoke("simplify", cnn_onnx, "-o", tmp_path / "s.onnx").exit_code == 0
+    r = invoke("fix-shapes", tmp_path / "s.onnx", "--input", "image:2x3x32x32",
+               "-o", tmp_path / "f.onnx", "--json")
+    assert json.loads(r.stdout)["outputs"] == {"scores": [2, 10]}
+    r = invoke("fix-shapes", tmp_path / "s.onnx", "-o", tmp_path / "f1.onnx")
+    assert r.exit_code == 0
+    r = invoke("quantize", tmp_path / "f1.onnx", "--calib", image_dir, "--preprocess", PREP_TEXT,
+               "--method", "percentile", "-o", tmp_path / "q.onnx", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["accuracy"]["cosine_min"] > 0.9
+    (tmp_path / "labels.txt").write_text("\n".join(f"c{i}" for i in range(10)))
+    r = invoke("bundle", tmp_path / "q.onnx", "--reference", tmp_path / "f1.onnx", "--calib",
+               image_dir, "--preprocess", PREP_TEXT, "--labels", tmp_path / "labels.txt",
+               "-o", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    assert read_manifest(tmp_path / "b")["labels"][3] == "c3"
+    targets = json.loads(invoke("targets", "--json").stdout)
+    assert "x86_64-cpu" in [t["name"] for t in targets]
+
+
+def bad_cases(tmp: Path, cnn: Path, images: Path):
+    (tmp / "text.onnx").write_text("hello, not a model")
+    (tmp / "cut.onnx").write_bytes(cnn.read_bytes()[:500])
+    (tmp / "empty").mkdir()
+    write_images(tmp / "corrupt", 3)
+    (tmp / "corrupt" / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    write_images(tmp / "gray", 3)
+    import cv2
+    cv2.imwrite(str(tmp / "gray" / "g.png"), np.zeros((20, 20), np.uint8))
+    (tmp / "exists").mkdir()
+    base = ["--calib", images, "--preprocess", PREP_TEXT]
+    return {
+        "corrupt model": (tmp / "cut.onnx", base, "cut.onnx"),
+        "not onnx": (tmp / "text.onnx", base, "text.onnx"),
+        "missing model": (tmp / "nope.onnx", base, "nope.onnx: no such file"),
+        "empty calib": (cnn, ["--calib", tmp / "empty", "--preprocess", PREP_TEXT],
+                        "no calibration data"),
+        "unreadable image": (cnn, ["--calib", tmp / "corrupt", "--preprocess", PREP_TEXT],
+                             "x.png: not a readable image"),
+        "wrong channels": (cnn, ["--calib", tmp / "gray", "--preprocess", PREP_TEXT],
+                           "g.png: 1 channel(s)"),
+        "spec misfit": (cnn, ["--calib", images, "--preprocess", "size=64x64"],
+                        "use size=32x32"),
+        "bad spec": (cnn, ["--calib", images, "--preprocess", "size=32x32,colour=rgb"],
+                     "unknown preprocess key 'colour'"),
+        "unknown target": (cnn, [*base, "--target", "pdp-11"], "unknown target 'pdp-11'"),
+        "output exists": (cnn, base, "already exists"),
+    }
+
+
+@pytest.mark.parametrize("case", ["corrupt model", "not onnx", "missing model", "empty calib",
+                                  "unreadable image", "wrong channels", "spec misfit", "bad spec",
+                                  "unknown target", "output exists"])
+def test_bad_input_one_line_no_traceback_nothing_written(case, cnn_onnx, image_dir, tmp_path):
+    model, args, message = bad_cases(tmp_path, cnn_onnx, image_dir)[case]
+    out = tmp_path / ("exists" if case == "output exists" else "out")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "packager", "build", str(model), "-o", str(out),
+                           *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and proc.stderr.strip().endswith(errors[0]), proc.stderr
+    assert message in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing new, no .part left
+    if case == "output exists":
+        assert list(out.iterdir()) == []
+
+
+def test_ctrl_c_during_build_leaves_nothing(cnn_onnx, tmp_path):
+    images = write_images(tmp_path / "many", 300, size=(200, 160))
+    out = tmp_path / "dest"
+    proc = subprocess.Popen([sys.executable, "-m", "packager", "build", str(cnn_onnx), "-o",
+                             str(out), "--calib", str(images), "--preprocess", PREP_TEXT,
+                             "--method", "entropy"], stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until the build is under way, then interrupt it
+        if line.startswith("shapes:"):
+            break
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert "interrupted" in rest and "Traceback" not in rest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many"]

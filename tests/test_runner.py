@@ -1,0 +1,97 @@
+"""The runner as the device sees it: a fresh process in an unpacked bundle."""
+
+import ast
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from conftest import run_py
+
+RUNNER = Path(__file__).resolve().parent.parent / "runtimes" / "ort_runner.py"
+ALLOWED = {"argparse", "hashlib", "json", "os", "platform", "sys", "time", "resource",
+           "numpy", "onnxruntime", "cv2"}
+
+
+def test_runner_imports_only_stdlib_numpy_onnxruntime_cv2():
+    tree = ast.parse(RUNNER.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import in the runner"
+            names.add(node.module.split(".")[0])
+    assert names <= ALLOWED, names - ALLOWED
+    assert "packager" not in names
+
+
+def test_runner_parses_as_python_38():
+    for path in RUNNER.parent.glob("*.py"):
+        ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+
+
+def test_check_bench_infer_from_unpacked_archive(built, tmp_path):
+    with tarfile.open(built.bundle.archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    bundle = tmp_path / built.bundle.directory.name
+    assert sorted(p.name for p in bundle.iterdir()) == [
+        "README.md", "golden", "manifest.json", "model.onnx", "requirements.txt", "run.py"]
+
+    check = run_py(bundle, "check", "--json")
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["passed"] and report["integrity"] == []
+    assert report["outputs"]["scores"]["cosine_min"] > 0.98
+    assert "running on CPUExecutionProvider" in check.stderr
+
+    bench = run_py(bundle, "bench", "--runs", "20", "--warmup", "2", "--json")
+    assert bench.returncode == 0, bench.stderr
+    b = json.loads(bench.stdout)
+    lat = b["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] and lat["std"] >= 0
+    assert b["throughput_per_s"] > 0 and b["peak_rss_mb"] > 10
+    assert b["providers"] == ["CPUExecutionProvider"] and b["runs"] == 20
+    assert b["device"]["arch"] and b["device"]["cores"] >= 1 and b["onnxruntime"]
+
+    image = next(p for p in sorted((Path(__file__).parent).glob("*.py")))  # not an image
+    bad = run_py(bundle, "infer", str(image))
+    assert bad.returncode == 2 and "unsupported input" in bad.stderr
+
+    import cv2
+    cv2.imwrite(str(tmp_path / "cat.png"), np.full((50, 70, 3), 128, np.uint8))
+    infer = run_py(bundle, "infer", str(tmp_path / "cat.png"), "--json", "--out",
+                   str(tmp_path / "out.npz"))
+    assert infer.returncode == 0, infer.stderr
+    top = json.loads(infer.stdout)["results"][0]["outputs"]["scores"]["top"]
+    assert len(top) == 5 and top[0]["label"].startswith("class")
+    assert np.load(tmp_path / "out.npz")["cat.png/scores"].shape == (1, 10)
+
+
+def test_tampered_model_fails_check(built, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(built.bundle.directory, bundle)
+    data = bytearray((bundle / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (bundle / "model.onnx").write_bytes(bytes(data))
+    r = run_py(bundle, "check")
+    assert r.returncode == 1
+    assert "model.onnx: sha256 mismatch" in r.stdout
+    assert run_py(bundle, "bench").returncode == 2
+
+
+def test_not_a_bundle_exits_2(tmp_path):
+    (tmp_path / "run.py").write_text(RUNNER.read_text())
+    r = run_py(tmp_path, "check")
+    assert r.returncode == 2 and "cannot read the manifest" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_require_provider_fails_when_it_does_not_run(built):
+    r = run_py(built.bundle.directory, "check", "--require-provider", "CUDAExecutionProvider")
+    assert r.returncode == 1 and "required provider CUDAExecutionProvider" in r.stderr
+    assert sys.executable
