@@ -96,7 +96,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |",
                   f"| {lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['mean']:.3f} | "
                   f"{lat['std']:.3f} | {bench['throughput_per_s']:.1f} | "
-                  f"{'%.1f' % rss if rss is not None else 'n/a'} |", "",
+                  f"{f'{rss:.1f}' if rss is not None else 'n/a'} |", "",
                   f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
                   f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
     return "\n".join(lines) + "\n"

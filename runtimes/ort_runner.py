@@ -46,7 +46,7 @@ def read_image(path, spec):
         import cv2
     except ImportError:
         raise BundleError("image input needs OpenCV: pip install opencv-python-headless "
-                          "(or pass .npy/.npz tensors)")
+                          "(or pass .npy/.npz tensors)") from None
     if hasattr(cv2, "setLogLevel"):
         cv2.setLogLevel(0)  # a broken file gets our one-line message, not decoder noise
     data = np.fromfile(str(path), dtype=np.uint8)
@@ -124,7 +124,7 @@ def load_manifest(bundle):
             manifest = json.load(f)
     except (OSError, ValueError) as exc:
         raise BundleError("%s: cannot read the manifest (%s); is this an edgepack bundle?"
-                          % (path, exc))
+                          % (path, exc)) from None
     if manifest.get("schema_version") != SUPPORTED_SCHEMA:
         raise BundleError("%s: schema_version %r, this runner reads %d; rebuild the bundle"
                           % (path, manifest.get("schema_version"), SUPPORTED_SCHEMA))
@@ -437,14 +437,14 @@ def print_human(command, report):
             report["throughput_per_s"], "%.1f" % rss if rss is not None else "n/a"))
     else:
         for entry in report["results"]:
-            for name, item in entry["outputs"].items():
+            for output, item in entry["outputs"].items():
                 if "top" in item:
                     best = item["top"][0]
                     print("%s: %s = class %d%s (score %.4g)" % (
-                        entry["file"], name, best["index"],
+                        entry["file"], output, best["index"],
                         " '%s'" % best["label"] if best["label"] else "", best["score"]))
                 else:
-                    print("%s: %s shape %s" % (entry["file"], name, item["shape"]))
+                    print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
 
 
 def parse_args(argv):
