@@ -13,7 +13,7 @@ import numpy as np
 
 CLASSES = ("circle", "square", "triangle", "cross")
 IMAGE = 128   # drawn size; the model sees SIZE x SIZE after preprocessing
-SIZE = 64
+SIZE = 96
 PREPROCESS = {"size": [SIZE, SIZE], "resize": "stretch", "color": "rgb", "layout": "nchw",
               "scale": 1 / 255, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25],
               "dtype": "float32", "pad": 114}

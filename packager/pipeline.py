@@ -109,6 +109,10 @@ def build(model: Path, output: Path, *, target: Target | str, calib: Path | None
         quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
         accuracy = measure_accuracy(candidate, fp32, held_out)
         log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
+        if accuracy["cosine_min"] < target.min_cosine:
+            log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the target's "
+                f"min_cosine {target.min_cosine}; try --method entropy/percentile, --exclude "
+                "sensitive nodes, or --precision fp16")
         precision = {**config.__dict__, "exclude": list(config.exclude),
                      "description": config.describe(),
                      "calibration_samples": len(calib_set) if needs_calib else 0}
