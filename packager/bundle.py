@@ -1,6 +1,5 @@
 """Assemble a bundle directory and its .tar.gz: model, manifest, runner, golden data, docs."""
 
-import hashlib
 import importlib.metadata
 import platform
 import shutil
@@ -35,11 +34,9 @@ class BundleResult:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    from ._runtimes import ort_runner  # one hashing routine for packager and device
+
+    return ort_runner.sha256(str(path))
 
 
 def tool_versions() -> dict[str, str]:
