@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import Sample
+from .calibration import Sample, stack
 
 
 def run_model(model: Path, samples: Sequence[Sample]) -> dict[str, np.ndarray]:
@@ -16,8 +16,7 @@ def run_model(model: Path, samples: Sequence[Sample]) -> dict[str, np.ndarray]:
     from ._runtimes import ort_runner
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    inputs = {k: np.stack([s[k] for s in samples]) for k in samples[0]}
-    return ort_runner.run_samples(session, inputs)
+    return ort_runner.run_samples(session, stack(samples))
 
 
 def compare_outputs(candidate: dict[str, np.ndarray],

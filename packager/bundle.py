@@ -14,12 +14,11 @@ import numpy as np
 
 from .accuracy import compare_outputs, run_model
 from .atomic import atomic_dir, atomic_file, check_free
-from .calibration import Sample
+from .calibration import Sample, stack
 from .compat import fit_to_runtime
 from .inspection import dims_of, graph_inputs, io_specs
 from .manifest import MANIFEST, Manifest
 from .modelio import load_model, opset_of, save_model
-from .quantize import stack
 from .targets import Target
 
 MODEL_FILE = "model.onnx"

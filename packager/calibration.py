@@ -144,6 +144,11 @@ def load_samples(source: Path, *, inputs: Sequence[dict[str, Any]],
     return _tensor_samples(files, inputs)
 
 
+def stack(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+    """{input: array (samples, *shape)} from a list of samples."""
+    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
+
+
 def split_holdout(samples: Sequence[Sample], *, fraction: float) -> tuple[list[Sample], list[Sample]]:
     """Every k-th sample held out for accuracy (never used to calibrate); the rest calibrate."""
     if len(samples) < 2:

@@ -18,7 +18,7 @@ class Group(click.Group):
     """Turns library errors and Ctrl-C into one line and an exit code, in one place."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        debug = "--debug" in sys.argv
+        debug = ctx.params.get("debug", False)
         try:
             return super().invoke(ctx)
         except PackagerError as exc:

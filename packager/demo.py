@@ -126,11 +126,10 @@ def export(net, path: Path) -> None:
 
 
 def accuracy_on(model: Path, x: np.ndarray, y: np.ndarray) -> float:
-    import onnxruntime as ort
+    from .accuracy import run_model
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    preds = [int(session.run(None, {"image": x[i:i + 1]})[0].argmax()) for i in range(len(x))]
-    return float((np.asarray(preds) == y).mean())
+    scores = run_model(model, [{"image": x[i:i + 1]} for i in range(len(x))])["scores"]
+    return float((scores.reshape(len(x), -1).argmax(axis=1) == y).mean())
 
 
 def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,

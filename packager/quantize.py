@@ -10,8 +10,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .atomic import atomic_file
 from .calibration import Sample
 from .errors import QuantizationError
@@ -68,39 +66,38 @@ def _qtype(name: str):
     return QuantType.QUInt8 if name == "uint8" else QuantType.QInt8
 
 
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """Keep onnxruntime's quantizer chatter out of the user's output."""
+    # It logs "consider pre-processing" on the root logger (the graph was already simplified
+    # and shape-inferred, which is that pre-processing), and the histogram calibrators print
+    # to stdout, which belongs to --json output.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        root.setLevel(level)
+
+
 def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample],
             progress: Progress | None) -> None:
-    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     if not samples:
         raise QuantizationError("static INT8 needs calibration data", "pass --calib")
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[config.calibration_method]
-    # onnxruntime logs "consider pre-processing" on the root logger; the graph was already
-    # simplified and shape-inferred, which is that pre-processing.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        # the histogram calibrators print progress to stdout, which belongs to --json output
-        with contextlib.redirect_stdout(sys.stderr):
-            _quantize_static(src, dst, config, samples, progress, method)
-    finally:
-        root.setLevel(level)
-
-
-def _quantize_static(src, dst, config, samples, progress, method) -> None:
-    from onnxruntime.quantization import QuantFormat, quantize_static
-
-    quantize_static(
-        str(src), str(dst), _Reader(samples, progress),
-        quant_format=QuantFormat.QDQ if config.format == "qdq" else QuantFormat.QOperator,
-        per_channel=config.per_channel, reduce_range=config.reduce_range,
-        activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
-        nodes_to_exclude=list(config.exclude) or None, calibrate_method=method,
-        # Entropy/Percentile histograms of every tensor in memory at once stay bounded this way.
-        extra_options={"CalibMovingAverage": False},
-    )
+    with _quiet_quantizer():
+        quantize_static(
+            str(src), str(dst), _Reader(samples, progress),
+            quant_format=QuantFormat.QDQ if config.format == "qdq" else QuantFormat.QOperator,
+            per_channel=config.per_channel, reduce_range=config.reduce_range,
+            activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
+            nodes_to_exclude=list(config.exclude) or None, calibrate_method=method,
+        )
 
 
 def _dynamic(src: Path, dst: Path, config: QuantConfig) -> None:
@@ -167,8 +164,3 @@ def quantize(model: Path, output: Path, *, config: QuantConfig, samples: Sequenc
     with atomic_file(Path(output), force=force) as tmp:
         quantize_file(model, tmp, config=config, samples=samples, progress=progress)
     return Path(output)
-
-
-def stack(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
-    """{input: array (samples, *shape)} from a list of samples."""
-    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}

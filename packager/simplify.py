@@ -4,6 +4,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -35,7 +36,6 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
             if attr.name == "value":
                 tensor = value
             elif attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
-                import numpy as np
                 dtype = np.float32 if "float" in attr.name else np.int64
                 tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
             else:  # sparse / string constants stay nodes
