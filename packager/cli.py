@@ -149,6 +149,88 @@ def inspect_cmd(model: Path, as_json: bool) -> None:
          f"\n{io}\n  ops: {ops}")
 
 
+def export_options(func):
+    """Options shared by export and build for PyTorch sources."""
+    opts = [
+        click.option("--weights", type=click.Path(path_type=Path),
+                     help=".safetensors, or .pt/.pth state dict (loaded weights_only)"),
+        click.option("--factory-arg", "factory_args", multiple=True, metavar="KEY=VALUE",
+                     help="keyword argument for the factory (repeatable; Python literals)"),
+        click.option("--submodule", help="export only this attribute path, e.g. decoder.g_net"),
+        click.option("--dynamic", "dynamic", multiple=True, metavar="NAME:AXIS=label,...",
+                     help="keep these axes dynamic (exported file only; bundles are static)"),
+        click.option("--opset", type=int, default=None,
+                     help="ONNX opset (default: the newest the target's oldest onnxruntime reads)"),
+        click.option("--output-name", "output_names", multiple=True,
+                     help="name of each output, in order (repeatable)"),
+        click.option("--tolerance", type=float, default=None, show_default="1e-3",
+                     help="max error vs PyTorch, relative to the output's largest magnitude"),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def export_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    from .export import DEFAULT_TOLERANCE
+    from .specs import parse_assignments, parse_dynamic
+    from .torchload import parse_factory_args
+
+    tolerance = kw.pop("tolerance")
+    return {"weights": kw.pop("weights"),
+            "factory_args": parse_factory_args(parse_assignments(kw.pop("factory_args"),
+                                                                 "--factory-arg")),
+            "submodule": kw.pop("submodule"), "dynamic": parse_dynamic(kw.pop("dynamic")),
+            "opset": kw.pop("opset"), "output_names": list(kw.pop("output_names")),
+            "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance}
+
+
+@main.command("export")
+@click.argument("source")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--input", "inputs", multiple=True, metavar="NAME:1x3x224x224[:dtype]",
+              help="one per forward() argument, in order (dtype: float32 unless given)")
+@export_options
+@click.option("--target", default="x86_64-cpu", show_default=True,
+              help="decides the default opset")
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="also validate on these samples (images or .npy/.npz)")
+@click.option("--preprocess", help="image spec for --calib images")
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def export_cmd(source: str, output: Path, inputs: tuple[str, ...], target: str,
+               calib: Path | None, preprocess: str | None, force: bool, as_json: bool,
+               **kw: Any) -> None:
+    """Export a PyTorch model to ONNX and check it against PyTorch on the same inputs.
+
+    SOURCE is path/to/file.py:factory, pkg.module:factory (a callable returning an
+    nn.Module), a TorchScript file, or a torch.export .pt2 file.
+
+    \b
+    Example:
+        edgepack export models/net.py:build_net --weights net.safetensors \\
+            --input image:1x3x224x224 -o net.onnx
+    """
+    from .export import export
+    from .specs import parse_input
+
+    specs = [parse_input(v) for v in inputs]
+    samples = []
+    if calib is not None:
+        from .calibration import load_samples
+
+        samples = load_samples(calib, inputs=[{"name": s.name, "shape": list(s.shape),
+                                               "dtype": s.dtype} for s in specs],
+                               preprocess=preprocess_option(preprocess))
+    r = export(source, output, inputs=specs, target=target, samples=samples, force=force,
+               log=log, **export_kwargs(kw))
+    v = r.validation
+    emit(r.to_dict(), as_json,
+         f"{output}: opset {r.opset}, {r.nodes} nodes, {r.exporter}\n"
+         f"validation vs PyTorch ({v['samples']} inputs): max abs {v['max_abs']:.3g}, "
+         f"max rel {v['max_rel']:.3g}, cosine min {v['cosine_min']:.6f}")
+
+
 @main.command("simplify")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)

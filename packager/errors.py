@@ -19,6 +19,14 @@ class ModelError(PackagerError):
     """The model file is missing, corrupt or not ONNX."""
 
 
+class SpecError(PackagerError):
+    """A --input / --dynamic / --part / --factory-arg value is malformed."""
+
+
+class ExportError(PackagerError):
+    """A PyTorch model cannot be loaded, exported, or its export disagrees with PyTorch."""
+
+
 class ShapeError(PackagerError):
     """Shapes cannot be made static."""
 

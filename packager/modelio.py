@@ -39,13 +39,16 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """Save *model* to *path*, self-contained below 2 GiB, else with a `<name>.data` file."""
+def save_model(model: onnx.ModelProto, path: Path, *, location: str | None = None) -> Path:
+    """Save *model* to *path*, self-contained below 2 GiB, else with a `<name>.data` file.
+
+    *location* names the data file when *path* is a temporary name for the final file.
+    """
     path = Path(path)
     large = model.ByteSize() >= PROTOBUF_LIMIT if not has_external_data(model) else True
     if large:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
+                        location=location or path.name + ".data", size_threshold=1024)
     else:
         onnx.save_model(model, str(path))
     return path

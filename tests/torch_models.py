@@ -1,0 +1,109 @@
+"""Small real PyTorch models for the export tests, loaded as `tests/torch_models.py:FACTORY`."""
+
+import torch
+import torch.nn as nn
+
+
+class TinyCNN(nn.Module):
+    def __init__(self, width: int = 16, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, image):
+        return self.head(self.features(image))
+
+
+def cnn(width: int = 16, classes: int = 10, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return TinyCNN(width, classes)
+
+
+class Encoder(nn.Module):
+    """A sentence-embedding model: token ids + attention mask -> mean-pooled embedding."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(128, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        h = self.embed(input_ids) + self.position(positions)
+        h = self.encoder(h, src_key_padding_mask=attention_mask == 0)
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        return self.norm((h * m).sum(1) / m.sum(1).clamp(min=1.0))
+
+
+def encoder(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return Encoder()
+
+
+class LSTMStep(nn.Module):
+    """One streaming step: features plus the carried state in, output plus new state out."""
+
+    def __init__(self, features: int = 20, hidden: int = 32):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=1, batch_first=True)
+        self.proj = nn.Linear(hidden, 8)
+
+    def forward(self, x, h0, c0):
+        y, (h, c) = self.lstm(x, (h0, c0))
+        return self.proj(y), h, c
+
+
+def lstm() -> nn.Module:
+    torch.manual_seed(0)
+    return LSTMStep()
+
+
+class TwoPart(nn.Module):
+    """Like a TTS model: an encoder (ids -> features) and a decoder (features -> frames).
+
+    The whole pipeline (a Python loop, string I/O) is not exportable; its parts are.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 32), nn.Tanh())
+        self.dec = nn.Sequential(nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
+                                 nn.Conv1d(32, 16, 3, padding=1))
+
+    def forward(self, text: str):
+        raise NotImplementedError("the pipeline takes text; export its parts")
+
+
+def two_part() -> nn.Module:
+    torch.manual_seed(0)
+    return TwoPart()
+
+
+class Branchy(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.special.i0(x)
+
+
+class NumpyDetour(nn.Module):
+    """Goes through numpy: the trace records a constant, so the ONNX graph ignores its input."""
+
+    def forward(self, x):
+        return torch.from_numpy(x.numpy() * 2.0) + x
+
+
+def broken_factory():
+    raise ValueError("config file model.yaml not found")
