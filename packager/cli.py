@@ -9,7 +9,7 @@ import click
 
 from .errors import CheckFailed, PackagerError
 
-INPUT_HELP = "static input shape NAME:1x3x224x224 (repeatable)"
+INPUT_HELP = "static input shape NAME:1x3x224x224[:dtype] (repeatable)"
 QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
                  "reduce_range", "calibration_method", "exclude")
 
@@ -40,17 +40,9 @@ class Group(click.Group):
 
 
 def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
-    shapes = {}
-    for value in values:
-        name, sep, dims = value.rpartition(":")
-        try:
-            if not sep or not name:
-                raise ValueError
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            raise click.BadParameter(f"{value!r} is not NAME:1x3x224x224",
-                                     param_hint="--input") from None
-    return shapes
+    from .specs import parse_input, shapes_of
+
+    return shapes_of([parse_input(v) for v in values])
 
 
 def emit(data: Any, as_json: bool, text: str) -> None:
@@ -353,7 +345,7 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
             --preprocess prep.toml -o out/mynet
     """
     from .accuracy import measure_accuracy
-    from .bundle import bundle
+    from .bundle import PartPayload, bundle, sha256
     from .calibration import load_samples, split_holdout
     from .inspection import graph_inputs, io_specs
     from .modelio import load_model
@@ -363,10 +355,10 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
     spec = preprocess_option(preprocess)
     inputs = io_specs(graph_inputs(load_model(reference)))
     _, held = split_holdout(load_samples(calib, inputs=inputs, preprocess=spec), fraction=holdout)
-    r = bundle(model, output, target=load_target(target), reference=reference,
-               golden_samples=held[:golden], precision=_precision_of(model),
-               accuracy=measure_accuracy(model, reference, held), preprocess=spec,
-               labels=_labels(labels), force=force, source=model)
+    part = PartPayload("model", model, reference, held[:golden], _precision_of(model),
+                       measure_accuracy(model, reference, held), spec, _labels(labels),
+                       {"file": Path(model).name, "sha256": sha256(Path(model))})
+    r = bundle([part], output, target=load_target(target), force=force)
     emit({"directory": str(r.directory), "archive": str(r.archive), "manifest": r.manifest},
          as_json, f"{r.directory}/ and {r.archive}")
 
@@ -423,42 +415,76 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
 
 
 @main.command("build")
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--target", default="x86_64-cpu", show_default=True,
               help="profile name or path to a .toml")
-@click.option("--calib", type=click.Path(path_type=Path), help="images or .npy/.npz folder")
+@click.option("--calib", "calib", multiple=True, metavar="DIR | PART=DIR",
+              help="images or .npy/.npz folder (per part: PART=DIR, repeatable)")
 @click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
-@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
+@click.option("--input", "inputs", multiple=True, metavar="[PART/]NAME:1x3x224x224[:dtype]",
+              help=INPUT_HELP)
+@click.option("--part", "parts", multiple=True, metavar="NAME=ATTR_OR_FACTORY",
+              help="bundle this part of the PyTorch model as its own model (repeatable)")
+@click.option("--part-precision", "part_precision", multiple=True, metavar="PART=PRECISION",
+              help="int8, fp16 or fp32 for one part (repeatable)")
 @click.option("--holdout", type=float, default=0.2, show_default=True,
               help="fraction of samples kept out of calibration to measure accuracy")
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
 @quant_options
+@export_options
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def build_cmd(model: Path, output: Path, target: str, calib: Path | None, preprocess: str | None,
-              inputs: tuple[str, ...], holdout: float, golden: int, labels: Path | None,
-              force: bool, as_json: bool, **kw: Any) -> None:
-    """Build a bundle from MODEL for a target: simplify, fix shapes, quantize, bundle.
+def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
+              preprocess: str | None, inputs: tuple[str, ...], parts: tuple[str, ...],
+              part_precision: tuple[str, ...], holdout: float, golden: int,
+              labels: Path | None, force: bool, as_json: bool, **kw: Any) -> None:
+    """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
+
+    MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
+    TorchScript, .pt2; see `edgepack export`).
 
     \b
     Example:
         edgepack build model.onnx --target x86_64-cpu --calib images/ \\
             --preprocess "size=224x224,resize=letterbox,color=rgb,scale=1/255" -o out/mynet
+        edgepack build tts.py:load --part encoder=enc --part decoder=dec \\
+            --input encoder/ids:1x32:int64 --input decoder/feats:1x32x32 \\
+            --calib encoder=enc.npz --calib decoder=dec.npz -o out/tts
     """
-    from .pipeline import build
+    from .errors import SpecError
+    from .pipeline import ExportOptions, build
+    from .specs import parse_assignments, parse_input
 
-    r = build(model, output, target=target, calib=calib, preprocess=preprocess_option(preprocess),
-              shapes=parse_shapes(inputs), quant=quant_overrides(kw), holdout=holdout,
-              golden=golden, labels=_labels(labels), force=force, log=log,
-              progress=progress_bar("calibration"))
+    opts = export_kwargs(kw)
+    if opts.pop("dynamic"):
+        raise SpecError("--dynamic does not apply to build: bundles have static shapes",
+                        "use `edgepack export --dynamic` for a dynamic .onnx")
+    single = [c for c in calib if "=" not in c or Path(c).exists()]
+    if len(single) > 1 or (single and len(single) != len(calib)):
+        raise SpecError("--calib: give one DIR, or PART=DIR for each part", "see --help")
+    precisions = parse_assignments(part_precision, "--part-precision")
+    for part, value in precisions.items():
+        if value not in ("int8", "fp16", "fp32"):
+            raise SpecError(f"--part-precision {part}={value}: not int8, fp16 or fp32",
+                            "pick one of those")
+    r = build(model, output, target=target,
+              calib=Path(single[0]) if single else None,
+              part_calib={k: Path(v) for k, v in
+                          parse_assignments([c for c in calib if c not in single],
+                                            "--calib").items()},
+              preprocess=preprocess_option(preprocess),
+              inputs=[parse_input(v) for v in inputs], quant=quant_overrides(kw),
+              parts=parse_assignments(parts, "--part"),
+              part_quant={k: {"precision": v} for k, v in precisions.items()},
+              export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
+              labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
-          "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
-          "simplifier": r.simplifier, "accuracy": r.accuracy, "precision": r.config.describe(),
-          "calibration_samples": r.calibration_samples}, as_json,
-         f"built {r.bundle.directory} ({r.config.describe()})")
+          "parts": [p.summary() for p in r.parts]}, as_json,
+         f"built {r.bundle.directory}: " + "; ".join(
+             (f"{p.name} " if len(r.parts) > 1 else "") + p.config.describe() for p in r.parts))
 
 
 @main.command("targets")

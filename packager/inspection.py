@@ -38,6 +38,19 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
+def model_family(model: onnx.ModelProto) -> str:
+    """'transformer' when the graph has attention (a MatMul of two activations and a Softmax),
+    else 'default'. Target profiles can give transformers their own quantization preset."""
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    ops = {n.op_type for n in model.graph.node}
+    attention = any(n.op_type == "MatMul" and not set(n.input[:2]) & constants
+                    for n in model.graph.node)
+    if (attention and "Softmax" in ops) or "Attention" in ops or "MultiHeadAttention" in ops:
+        return "transformer"
+    return "default"
+
+
 def _static(dims) -> bool:
     return all(isinstance(d, int) and d > 0 for d in dims)
 

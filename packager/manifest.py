@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import BundleError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: a bundle holds one or more models under `parts`
 MANIFEST = "manifest.json"
 
 
@@ -17,20 +17,14 @@ class Manifest:
 
     name: str
     target: dict[str, Any]          # name, arch, python, runtime package, min_onnxruntime
-    model: dict[str, Any]           # file, sha256, bytes, ir_version, opset
-    inputs: list[dict[str, Any]]    # name, shape (static), dtype
-    outputs: list[dict[str, Any]]
-    precision: dict[str, Any]       # precision, mode, format, types, calibration
+    parts: list[dict[str, Any]]     # per model: name, model (file, sha256, bytes, ir_version,
+    #                                 opset), inputs, outputs (static shapes), preprocess,
+    #                                 labels, precision, accuracy vs FP32, golden, source
     providers: list[dict[str, Any]]  # priority order, with options
     session: dict[str, Any]
-    accuracy: dict[str, Any]        # vs FP32 on held-out samples
-    golden: dict[str, Any]          # inputs / outputs files, samples, min_cosine
     budget: dict[str, Any]
     tools: dict[str, str]
-    source: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)   # every file but this one: sha256
-    preprocess: dict[str, Any] | None = None
-    labels: list[str] | None = None
     created: str = ""
     schema_version: int = SCHEMA_VERSION
 

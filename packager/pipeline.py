@@ -1,37 +1,86 @@
-"""build(): every stage in order for one target, driven by the target profile."""
+"""build(): every stage in order for one target, driven by the target profile.
+
+A bundle holds one model or several parts (`--part NAME=ATTR_OR_FACTORY`); each part goes
+through export (PyTorch sources), fix shapes, simplify, quantize and measure on its own.
+"""
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .accuracy import measure_accuracy
 from .atomic import check_free
-from .bundle import BundleResult, archive_path, bundle
-from .calibration import list_sources, load_samples, peek_shapes, split_holdout
-from .errors import CalibrationError
-from .inspection import dims_of, graph_inputs, io_specs
+from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
+from .calibration import Sample, is_image_source, list_sources, load_samples, peek_shapes, split_holdout
+from .errors import CalibrationError, SpecError
+from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
+from .inspection import dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
 from .quantize import QuantConfig, quantize_file
 from .shapes import fix_shapes_proto
 from .simplify import simplify_proto
+from .specs import TensorSpec
 from .targets import Target, load_target
+from .torchload import LoadedModel, is_torch_source, load_source, select_submodule
 
 Log = Callable[[str], None]
+RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
+SINGLE = "model"      # the part name of a one-model bundle
+
+
+@dataclass(frozen=True)
+class PartRequest:
+    """What to build for one part: its source and its own inputs, data and settings."""
+
+    name: str
+    source: Path | str | LoadedModel    # .onnx file, PyTorch source spec, or a loaded module
+    inputs: tuple[TensorSpec, ...] = ()
+    calib: Path | None = None
+    preprocess: dict[str, Any] | None = None
+    quant: Mapping[str, Any] = field(default_factory=dict)
+    labels: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class PartResult:
+    name: str
+    nodes_before: int
+    nodes_after: int
+    simplifier: str
+    fallback_reason: str
+    family: str
+    accuracy: dict[str, Any]
+    config: QuantConfig
+    calibration_samples: int
+    export: dict[str, Any] | None
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes_before": self.nodes_before,
+                "nodes_after": self.nodes_after, "simplifier": self.simplifier,
+                "family": self.family, "precision": self.config.describe(),
+                "accuracy": self.accuracy, "calibration_samples": self.calibration_samples,
+                "export": self.export}
 
 
 @dataclass(frozen=True)
 class BuildResult:
     bundle: BundleResult
-    nodes_before: int
-    nodes_after: int
-    simplifier: str
-    fallback_reason: str
-    accuracy: dict[str, Any]
-    config: QuantConfig
-    calibration_samples: int
+    parts: list[PartResult]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """PyTorch sources only: how the model is loaded and exported."""
+
+    weights: Path | None = None
+    factory_args: Mapping[str, Any] = field(default_factory=dict)
+    submodule: str | None = None
+    opset: int | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    output_names: Sequence[str] = ()
 
 
 def _shapes_for(model, shapes: Mapping[str, Sequence[int]], preprocess, calib: Path | None,
@@ -54,14 +103,21 @@ def _shapes_for(model, shapes: Mapping[str, Sequence[int]], preprocess, calib: P
     return resolved
 
 
-def build(model: Path, output: Path, *, target: Target | str, calib: Path | None = None,
-          preprocess: dict[str, Any] | None = None, shapes: Mapping[str, Sequence[int]] = {},
-          quant: Mapping[str, Any] = {}, holdout: float = 0.2, golden: int = 8,
-          labels: Sequence[str] | None = None, name: str | None = None, force: bool = False,
-          log: Log = lambda _: None,
+def build(model: Path | str, output: Path, *, target: Target | str,
+          calib: Path | None = None, preprocess: dict[str, Any] | None = None,
+          inputs: Sequence[TensorSpec] = (), quant: Mapping[str, Any] = {},
+          holdout: float = 0.2, golden: int = 8, labels: Sequence[str] | None = None,
+          name: str | None = None, force: bool = False,
+          parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
+          part_quant: Mapping[str, Mapping[str, Any]] = {},
+          export_options: ExportOptions = ExportOptions(), log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None) -> BuildResult:
-    """Simplify, fix shapes, quantize (calibrated on *calib*), measure, bundle for *target*.
+    """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
+    *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
+    TorchScript, .pt2). *parts* maps part names to attribute paths in the PyTorch model (or to
+    factories of their own); their inputs are given as `PART/NAME:shape`, their calibration data
+    in *part_calib* and per-part quantization overrides in *part_quant*.
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     """
@@ -69,60 +125,181 @@ def build(model: Path, output: Path, *, target: Target | str, calib: Path | None
     output = Path(output)
     check_free(output, force=force)
     check_free(archive_path(output), force=force)
-    config = QuantConfig.from_preset(target.quantization, **quant)
-    needs_calib = config.precision == "int8" and config.mode == "static"
-    if needs_calib and calib is None:
-        raise CalibrationError("static INT8 needs calibration data",
-                               "pass --calib DIR (images or .npy/.npz), or --mode dynamic")
+    requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
+                          labels=labels, parts=parts, part_calib=part_calib,
+                          part_quant=part_quant, export_options=export_options)
+    for req in requests:
+        if req.calib is not None:
+            list_sources(req.calib)  # fail before the slow stages when a folder is empty
+    several = len(requests) > 1
+    results, payloads = [], []
+    with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp:
+        for req in requests:
+            part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
+            payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
+                                          options=export_options, log=part_log, progress=progress)
+            payloads.append(payload)
+            results.append(result)
+        out = bundle(payloads, output, target=target, name=name, force=force)
+    log(f"bundle: {out.directory} and {out.archive}")
+    return BuildResult(out, results)
 
+
+def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path | None,
+               preprocess: dict[str, Any] | None, quant: Mapping[str, Any],
+               labels: Sequence[str] | None, parts: Mapping[str, str],
+               part_calib: Mapping[str, Path], part_quant: Mapping[str, Mapping[str, Any]],
+               export_options: ExportOptions) -> list[PartRequest]:
+    """Turn the build arguments into one request per part, checking they fit together."""
+    prefixed = [s for s in inputs if s.part]
+    if not parts:
+        if prefixed or part_calib or part_quant:
+            raise SpecError(f"--input {prefixed[0].part}/... or a per-part option was given "
+                            "without --part" if prefixed else "per-part options need --part",
+                            "declare the parts: --part NAME=ATTRIBUTE")
+        return [PartRequest(SINGLE, model, tuple(inputs), calib, preprocess, quant, labels)]
+    if not is_torch_source(model):
+        raise SpecError("--part needs a PyTorch model (file.py:factory, pkg.module:factory)",
+                        "an .onnx file is one part already; build it on its own")
+    unknown = sorted(set(part_calib) - set(parts)) + sorted(set(part_quant) - set(parts)) + \
+        sorted({s.part for s in prefixed} - set(parts))
+    if unknown:
+        raise SpecError(f"part '{unknown[0]}' is not declared with --part",
+                        f"declared parts: {', '.join(parts)}")
+    unprefixed = [s for s in inputs if not s.part]
+    if unprefixed:
+        raise SpecError(f"--input {unprefixed[0].describe()}: which part is it for?",
+                        f"prefix it with the part: --input {next(iter(parts))}/"
+                        f"{unprefixed[0].describe()}")
     if calib is not None:
-        list_sources(calib)  # fail before the slow stages when the folder is empty or missing
-    proto = load_model(model)
+        raise SpecError("--calib DIR is ambiguous with several parts",
+                        "give each part its own: --calib PART=DIR")
+    root = None
+    requests = []
+    for part, ref in parts.items():
+        if is_torch_source(ref):
+            loaded = load_source(ref)
+        else:
+            if root is None:
+                root = load_source(str(model), factory_args=export_options.factory_args,
+                                   weights=export_options.weights,
+                                   submodule=export_options.submodule)
+            module = select_submodule(root.module, ref, str(model))
+            module.eval()
+            loaded = LoadedModel(module, root.kind, f"{root.description} .{ref}", root.files,
+                                 weights=root.weights)
+        data = part_calib.get(part)
+        images = data is not None and is_image_source(list_sources(data))
+        requests.append(PartRequest(part, loaded, tuple(s for s in inputs if s.part == part),
+                                    data, preprocess if images else None,
+                                    {**quant, **part_quant.get(part, {})},
+                                    labels if len(parts) == 1 else None))
+    return requests
+
+
+def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, golden: int,
+                options: ExportOptions, log: Log,
+                progress: Callable[[int, int], None] | None) -> tuple[PartPayload, PartResult]:
+    loaded = req.source if isinstance(req.source, LoadedModel) else None
+    if loaded is None and is_torch_source(req.source):
+        loaded = load_source(str(req.source), factory_args=options.factory_args,
+                             weights=options.weights, submodule=options.submodule)
+    samples: list[Sample] | None = None
+    export_info = None
+    if loaded is not None:
+        specs = list(req.inputs) or loaded.example_inputs
+        if req.calib is not None and specs:
+            samples = load_samples(req.calib, inputs=[_as_io(s) for s in specs],
+                                   preprocess=req.preprocess, progress=progress)
+        exported = export_loaded(loaded, tmp / f"{req.name}.exported.onnx", inputs=specs,
+                                 opset=options.opset, target=target,
+                                 output_names=options.output_names if req.name == SINGLE else (),
+                                 samples=samples or (), tolerance=options.tolerance, log=log)
+        export_info = {"source": exported.source, "exporter": exported.exporter,
+                       "opset": exported.opset, "validation": exported.validation,
+                       "weights": exported.weights, "warnings": exported.warnings}
+        source = {"model": loaded.description,
+                  "files": {p.name: sha256(p) for p in loaded.files if p.is_file()},
+                  "export": export_info}
+        model_path = exported.path
+    else:
+        model_path = Path(req.source)
+        source = {"file": model_path.name,
+                  "sha256": sha256(model_path) if model_path.is_file() else ""}
+
+    proto = load_model(model_path)
     before = len(proto.graph.node)
-    if preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
+    if req.preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
         first = io_specs(graph_inputs(proto))[0]
-        check_fits(preprocess, first["name"], first["shape"], first["dtype"])
-    fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, preprocess, calib, target.batch),
-                             batch=target.batch)
-    simplified, simplifier, reason = simplify_proto(fixed, Path(model))
+        check_fits(req.preprocess, first["name"], first["shape"], first["dtype"])
+    shapes = {s.name: list(s.shape) for s in req.inputs}
+    fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
+                                                target.batch), batch=target.batch, strict=False)
+    simplified, simplifier, reason = simplify_proto(fixed, model_path)
+    # static inputs let the simplifier fold shape arithmetic; now every tensor must be static
+    simplified = fix_shapes_proto(simplified, {}, batch=target.batch)
     log(f"simplify: {before} -> {len(simplified.graph.node)} nodes ({simplifier})")
     if reason:
         log(f"simplify: onnxsim not used, fell back to onnxruntime basic optimisation ({reason})")
     inputs = io_specs(graph_inputs(simplified))
     log("shapes: " + ", ".join(f"{i['name']} {'x'.join(map(str, i['shape']))}" for i in inputs))
-    if preprocess:
-        check_fits(preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
+    if req.preprocess:
+        check_fits(req.preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
 
-    samples = []
-    if calib is not None:
-        samples = load_samples(calib, inputs=inputs, preprocess=preprocess, progress=progress)
+    family = model_family(simplified)
+    config = QuantConfig.from_preset(target.preset_for(family), **req.quant)
+    if family != "default" and family in target.family_quantization:
+        log(f"{family} model: using the target's {family} preset")
+    needs_calib = config.precision == "int8" and config.mode == "static"
+    if samples is None and req.calib is not None:
+        samples = load_samples(req.calib, inputs=inputs, preprocess=req.preprocess,
+                               progress=progress)
+    data = "calibration"
     if not samples:
-        raise CalibrationError("no calibration or evaluation samples",
-                               "pass --calib DIR: samples are needed for golden data and accuracy")
+        if needs_calib:
+            raise CalibrationError(f"{_part_label(req)}static INT8 needs calibration data",
+                                   "pass --calib DIR (images or .npy/.npz)"
+                                   + (f", e.g. --calib {req.name}=DIR" if req.name != SINGLE
+                                      else "") + ", or --mode dynamic / --precision fp32")
+        if loaded is None:
+            raise CalibrationError("no calibration or evaluation samples",
+                                   "pass --calib DIR: samples are needed for golden data and "
+                                   "accuracy")
+        specs = [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in inputs]
+        samples = [dict(zip([s.name for s in specs], make_inputs(specs, loaded.module, seed=s),
+                            strict=True)) for s in range(RANDOM_SAMPLES)]
+        data = "random"
+        log(f"no calibration data: golden data and accuracy use {RANDOM_SAMPLES} random inputs")
     calib_set, held_out = split_holdout(samples, fraction=holdout)
-    log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
+    if needs_calib:
+        log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
-    with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp:
-        fp32 = save_model(simplified, Path(tmp) / "fp32.onnx")
-        candidate = Path(tmp) / "model.onnx"
-        log(f"quantize: {config.describe()}")
-        quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
-        accuracy = measure_accuracy(candidate, fp32, held_out)
-        log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
-        if accuracy["cosine_min"] < target.min_cosine:
-            log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the target's "
-                f"min_cosine {target.min_cosine}; try --method entropy/percentile, --exclude "
-                "sensitive nodes, or --precision fp16")
-        precision = {**config.__dict__, "exclude": list(config.exclude),
-                     "description": config.describe(),
-                     "calibration_samples": len(calib_set) if needs_calib else 0}
-        result = bundle(candidate, output, target=target, reference=fp32,
-                        golden_samples=held_out[:golden], precision=precision,
-                        accuracy=accuracy, preprocess=preprocess, labels=labels, name=name,
-                        source=Path(model), force=force)
-    log(f"bundle: {result.directory} and {result.archive}")
-    return BuildResult(result, before, len(simplified.graph.node), simplifier, reason, accuracy,
-                       config, len(calib_set))
+    fp32 = save_model(simplified, tmp / f"{req.name}.fp32.onnx")
+    candidate = tmp / f"{req.name}.onnx"
+    log(f"quantize: {config.describe()}")
+    quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
+    accuracy = {**measure_accuracy(candidate, fp32, held_out), "data": data}
+    log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
+    if accuracy["cosine_min"] < target.min_cosine:
+        log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the target's "
+            f"min_cosine {target.min_cosine}; try --method entropy/percentile, --exclude "
+            "sensitive nodes, or --precision fp16")
+    precision = {**config.__dict__, "exclude": list(config.exclude), "family": family,
+                 "description": config.describe(),
+                 "calibration_samples": len(calib_set) if needs_calib else 0}
+    payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
+                          req.preprocess, req.labels, source)
+    result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
+                        accuracy, config, len(calib_set) if needs_calib else 0, export_info)
+    return payload, result
+
+
+def _as_io(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
+
+
+def _part_label(req: PartRequest) -> str:
+    return "" if req.name == SINGLE else f"part {req.name}: "
 
 
 def accuracy_line(acc: dict[str, Any]) -> str:
@@ -130,4 +307,4 @@ def accuracy_line(acc: dict[str, Any]) -> str:
            f"max abs {acc['max_abs']:.4g}"
     if "top1_agreement" in acc:
         text += f", top-1 agreement {100 * acc['top1_agreement']:.1f}%"
-    return text + f" ({acc['samples']} samples)"
+    return text + f" ({acc['samples']} samples{', random inputs' if acc.get('data') == 'random' else ''})"

@@ -5,6 +5,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -72,11 +73,14 @@ def _quiet_quantizer():
     # It logs "consider pre-processing" on the root logger (the graph was already simplified
     # and shape-inferred, which is that pre-processing), and the histogram calibrators print
     # to stdout, which belongs to --json output.
+    # numpy's overflow warnings (ranges holding -inf attention masks) show up as a low accuracy,
+    # which the build reports with advice.
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             yield
     finally:
         root.setLevel(level)
@@ -103,9 +107,10 @@ def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample]
 def _dynamic(src: Path, dst: Path, config: QuantConfig) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), per_channel=config.per_channel,
-                     reduce_range=config.reduce_range, weight_type=_qtype(config.weight_type),
-                     nodes_to_exclude=list(config.exclude) or None)
+    with _quiet_quantizer():
+        quantize_dynamic(str(src), str(dst), per_channel=config.per_channel,
+                         reduce_range=config.reduce_range, weight_type=_qtype(config.weight_type),
+                         nodes_to_exclude=list(config.exclude) or None)
 
 
 def _fp16(src: Path, dst: Path) -> None:

@@ -96,8 +96,12 @@ def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
 
 
 def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
-                     *, batch: int | None = 1) -> onnx.ModelProto:
-    """Return a copy of *model* with static input shapes and inferred static shapes throughout."""
+                     *, batch: int | None = 1, strict: bool = True) -> onnx.ModelProto:
+    """Return a copy of *model* with static input shapes and inferred static shapes throughout.
+
+    With *strict* False, tensors whose shapes only a simplifier can resolve (shape arithmetic
+    that constant folding removes) may stay dynamic; the build checks again after simplifying.
+    """
     resolved = resolve_input_shapes(model, shapes, batch=batch)
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for value in graph_inputs(model):
@@ -110,7 +114,7 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
         out.type.tensor_type.ClearField("shape")
     model = infer_static(model)
     dynamic = dynamic_tensors(model)
-    if dynamic:
+    if dynamic and strict:
         name, producer, dims = dynamic[0]
         why = ("its shape could not be inferred" if dims is None
                else f"its shape {dims} depends on values computed at run time")

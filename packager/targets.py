@@ -19,6 +19,7 @@ FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")
 METHODS = ("minmax", "entropy", "percentile")
 OPT_LEVELS = ("disabled", "basic", "extended", "all")
+FAMILIES = ("transformer",)   # model families a profile can give their own preset
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class Target:
     latency_p90_ms: float | None
     min_cosine: float
     path: Path
+    family_quantization: dict[str, QuantPreset] = field(default_factory=dict)
+
+    def preset_for(self, family: str) -> QuantPreset:
+        """The preset for a model family ('transformer', ...), else the default preset."""
+        return self.family_quantization.get(family, self.quantization)
 
 
 def builtin_dir() -> Path:
@@ -115,6 +121,22 @@ def _unknown(table: dict, allowed: set, where: str) -> None:
                           f"allowed keys: {', '.join(sorted(allowed))}")
 
 
+def _preset(q: dict, base: QuantPreset, w: str) -> QuantPreset:
+    """Read a [quantization] table; keys it leaves out come from *base*."""
+    if w.endswith(FAMILIES):
+        _unknown(q, set(QuantPreset.__dataclass_fields__), w)
+    return QuantPreset(
+        precision=_choice(q, "precision", PRECISIONS, w, base.precision),
+        mode=_choice(q, "mode", MODES, w, base.mode),
+        format=_choice(q, "format", FORMATS, w, base.format),
+        activation_type=_choice(q, "activation_type", INT8_TYPES, w, base.activation_type),
+        weight_type=_choice(q, "weight_type", INT8_TYPES, w, base.weight_type),
+        per_channel=_get(q, "per_channel", bool, w, base.per_channel),
+        reduce_range=_get(q, "reduce_range", bool, w, base.reduce_range),
+        calibration_method=_choice(q, "calibration_method", METHODS, w, base.calibration_method),
+    )
+
+
 def _parse(data: dict, path: Path) -> Target:
     f = str(path)
     _unknown(data, {"name", "description", "arch", "python", "batch", "runtime", "providers",
@@ -142,17 +164,10 @@ def _parse(data: dict, path: Path) -> Target:
     _choice(session, "execution_mode", ("sequential", "parallel"), f"{f}: session", "sequential")
     q = _get(data, "quantization", dict, f, {})
     w = f"{f}: quantization"
-    _unknown(q, set(QuantPreset.__dataclass_fields__), w)
-    preset = QuantPreset(
-        precision=_choice(q, "precision", PRECISIONS, w, "int8"),
-        mode=_choice(q, "mode", MODES, w, "static"),
-        format=_choice(q, "format", FORMATS, w, "qdq"),
-        activation_type=_choice(q, "activation_type", INT8_TYPES, w, "uint8"),
-        weight_type=_choice(q, "weight_type", INT8_TYPES, w, "int8"),
-        per_channel=_get(q, "per_channel", bool, w, True),
-        reduce_range=_get(q, "reduce_range", bool, w, False),
-        calibration_method=_choice(q, "calibration_method", METHODS, w, "minmax"),
-    )
+    _unknown(q, set(QuantPreset.__dataclass_fields__) | set(FAMILIES), w)
+    preset = _preset(q, QuantPreset(), w)
+    families = {fam: _preset(_get(q, fam, dict, w), preset, f"{w}.{fam}")
+                for fam in FAMILIES if fam in q}
     budget = _get(data, "budget", dict, f, {})
     _unknown(budget, {"latency_p90_ms", "min_cosine"}, f"{f}: budget")
     batch = _get(data, "batch", int, f, 1)
@@ -165,6 +180,7 @@ def _parse(data: dict, path: Path) -> Target:
         min_onnxruntime=_get(runtime, "min_version", str, f"{f}: runtime"),
         install=_get(runtime, "install", str, f"{f}: runtime", ""),
         providers=tuple(providers), session=dict(session), quantization=preset,
+        family_quantization=families,
         latency_p90_ms=_get(budget, "latency_p90_ms", float, f"{f}: budget", None),
         min_cosine=_get(budget, "min_cosine", float, f"{f}: budget", 0.98), path=path,
     )

@@ -47,22 +47,29 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     checks = [{"name": "integrity", "passed": not check.get("integrity"),
                "detail": "; ".join(check.get("integrity", [])) or "all file hashes match"}]
     bench: dict[str, Any] = {}
+    several = len(manifest["parts"]) > 1
     if checks[0]["passed"]:
-        for name, stats in check.get("outputs", {}).items():
-            checks.append({"name": f"accuracy:{name}", "passed": stats["passed"],
-                           "detail": f"cosine min {stats['cosine_min']:.5f} >= "
-                                     f"{check['min_cosine']:.4f} vs golden FP32"})
+        for part, entry in check.get("parts", {}).items():
+            for name, stats in entry["outputs"].items():
+                checks.append({"name": f"accuracy:{_label(part, name, several)}",
+                               "passed": stats["passed"],
+                               "detail": f"cosine min {stats['cosine_min']:.5f} >= "
+                                         f"{entry['min_cosine']:.4f} vs golden FP32"})
         _, bench, _ = run_runner(bundle, ["bench", "--runs", str(runs), "--warmup", str(warmup),
                                           *common], python=python, timeout=timeout)
         budget = latency_budget_ms or manifest.get("budget", {}).get("latency_p90_ms")
         if budget:
-            p90 = bench["latency_ms"]["p90"]
-            checks.append({"name": "latency", "passed": p90 <= budget,
-                           "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
+            for part, entry in bench["parts"].items():
+                p90 = entry["latency_ms"]["p90"]
+                checks.append({"name": "latency" + (f":{part}" if several else ""),
+                               "passed": p90 <= budget,
+                               "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
     report = {
         "bundle": manifest.get("name"), "target": manifest["target"]["name"],
-        "precision": manifest["precision"].get("description"),
-        "accuracy_at_build": manifest.get("accuracy", {}),
+        "precision": "; ".join((f"{p['name']}: " if several else "")
+                               + p["precision"].get("description", "?")
+                               for p in manifest["parts"]),
+        "accuracy_at_build": {p["name"]: p.get("accuracy", {}) for p in manifest["parts"]},
         "passed": all(c["passed"] for c in checks), "checks": checks,
         "providers": check.get("providers", []),
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
@@ -88,15 +95,21 @@ def render_markdown(report: dict[str, Any]) -> str:
               for c in report["checks"]]
     bench = report.get("bench")
     if bench:
-        lat, dev = bench["latency_ms"], bench["device"]
+        dev = bench["device"]
         rss = bench.get("peak_rss_mb")
-        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up, "
-                      f"batch {bench['batch']})", "",
-                  "| p50 ms | p90 ms | p99 ms | mean ms | std ms | throughput/s | peak RSS MB |",
-                  "| --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['mean']:.3f} | "
-                  f"{lat['std']:.3f} | {bench['throughput_per_s']:.1f} | "
-                  f"{f'{rss:.1f}' if rss is not None else 'n/a'} |", "",
-                  f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
-                  f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
+        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up)", "",
+                  "| model | batch | p50 ms | p90 ms | p99 ms | mean ms | std ms | throughput/s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for part, entry in bench["parts"].items():
+            lat = entry["latency_ms"]
+            lines.append(f"| {part} | {entry['batch']} | {lat['p50']:.3f} | {lat['p90']:.3f} | "
+                         f"{lat['p99']:.3f} | {lat['mean']:.3f} | {lat['std']:.3f} | "
+                         f"{entry['throughput_per_s']:.1f} |")
+        lines += ["", f"Peak RSS {f'{rss:.1f} MB' if rss is not None else 'n/a'}. "
+                      f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
+                      f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
     return "\n".join(lines) + "\n"
+
+
+def _label(part: str, output: str, several: bool) -> str:
+    return f"{part}/{output}" if several else output

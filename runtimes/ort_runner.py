@@ -8,6 +8,7 @@ the standard library, numpy and onnxruntime only (OpenCV only for image inputs).
     python3 run.py check                 # integrity + accuracy against the golden FP32 outputs
     python3 run.py bench --runs 200 --json
     python3 run.py infer photo.jpg --json
+    python3 run.py bench --part decoder  # bundles with several models: one of them
 
 Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
 bundle.
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 MANIFEST = "manifest.json"
-SUPPORTED_SCHEMA = 1
+SUPPORTED_SCHEMA = 2
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -131,6 +132,20 @@ def load_manifest(bundle):
     return manifest
 
 
+def select_parts(manifest, name=None):
+    """The parts (models) of the bundle to run: all of them, or the one named."""
+    parts = manifest.get("parts") or []
+    if not parts:
+        raise BundleError("the manifest lists no models; rebuild the bundle with edgepack")
+    if name is None:
+        return parts
+    for part in parts:
+        if part["name"] == name:
+            return [part]
+    raise BundleError("no part named %r in this bundle (parts: %s)"
+                      % (name, ", ".join(p["name"] for p in parts)))
+
+
 def sha256(path):
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -186,10 +201,10 @@ def provider_list(ort, bundle, manifest):
     return names, options
 
 
-def open_session(bundle, manifest, threads=None, require=None):
+def open_session(bundle, manifest, part, threads=None, require=None):
     import onnxruntime as ort
 
-    model = os.path.join(bundle, manifest["model"]["file"])
+    model = os.path.join(bundle, part["model"]["file"])
     requested = [p["name"] for p in manifest.get("providers", [])]
     names, options = provider_list(ort, bundle, manifest)
     start = time.perf_counter()
@@ -198,7 +213,7 @@ def open_session(bundle, manifest, threads=None, require=None):
     load_ms = (time.perf_counter() - start) * 1000.0
     running = session.get_providers()
     missing = [p for p in requested if p not in running]
-    line = "edgepack: running on %s" % running[0]
+    line = "edgepack: %s running on %s" % (part["name"], running[0])
     if missing:
         line += " (requested but not running here: %s)" % ", ".join(missing)
     sys.stderr.write(line + "\n")
@@ -269,8 +284,8 @@ def peak_rss_mb():
 # --------------------------------------------------------------------------- commands
 
 
-def load_golden(bundle, manifest):
-    golden = manifest.get("golden")
+def load_golden(bundle, part):
+    golden = part.get("golden")
     if not golden:
         raise BundleError("the manifest has no golden data; rebuild the bundle with edgepack")
     with np.load(os.path.join(bundle, golden["inputs"])) as f:
@@ -289,34 +304,34 @@ def run_samples(session, inputs):
 
 
 def cmd_check(bundle, manifest, args):
-    report = {"bundle": manifest.get("name"), "integrity": integrity_problems(bundle, manifest)}
+    report = {"bundle": manifest.get("name"), "integrity": integrity_problems(bundle, manifest),
+              "parts": {}}
     if report["integrity"]:
         report["passed"] = False
         return report
-    session, _ = open_session(bundle, manifest, args.threads, args.require_provider)
-    report["providers"] = session.get_providers()
-    inputs, reference = load_golden(bundle, manifest)
-    got = run_samples(session, inputs)
-    min_cosine = manifest["golden"].get("min_cosine", 0.99)
-    report["outputs"] = {}
     passed = True
-    for name, ref in reference.items():
-        stats = compare(got[name], ref)
-        stats["passed"] = stats["cosine_min"] >= min_cosine
-        passed = passed and stats["passed"]
-        report["outputs"][name] = stats
-    report["min_cosine"] = min_cosine
-    report["samples"] = len(next(iter(inputs.values())))
+    for part in select_parts(manifest, args.part):
+        session, _ = open_session(bundle, manifest, part, args.threads, args.require_provider)
+        report.setdefault("providers", session.get_providers())
+        inputs, reference = load_golden(bundle, part)
+        got = run_samples(session, inputs)
+        min_cosine = part["golden"].get("min_cosine", 0.99)
+        entry = {"outputs": {}, "min_cosine": min_cosine,
+                 "samples": len(next(iter(inputs.values()))), "providers": session.get_providers()}
+        for name, ref in reference.items():
+            stats = compare(got[name], ref)
+            stats["passed"] = stats["cosine_min"] >= min_cosine
+            passed = passed and stats["passed"]
+            entry["outputs"][name] = stats
+        entry["passed"] = all(o["passed"] for o in entry["outputs"].values())
+        report["parts"][part["name"]] = entry
     report["passed"] = passed
     return report
 
 
-def cmd_bench(bundle, manifest, args):
-    problems = integrity_problems(bundle, manifest)
-    if problems:
-        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
-    session, load_ms = open_session(bundle, manifest, args.threads, args.require_provider)
-    inputs, _ = load_golden(bundle, manifest)
+def bench_part(bundle, manifest, part, args):
+    session, load_ms = open_session(bundle, manifest, part, args.threads, args.require_provider)
+    inputs, _ = load_golden(bundle, part)
     feed = {k: v[0] for k, v in inputs.items()}
     names = [o.name for o in session.get_outputs()]
     for _ in range(args.warmup):
@@ -329,17 +344,31 @@ def cmd_bench(bundle, manifest, args):
     t = np.asarray(times)
     batch = max(int(next(iter(feed.values())).shape[0]) if feed else 1, 1)
     return {
-        "bundle": manifest.get("name"),
-        "target": manifest.get("target", {}).get("name"),
-        "precision": manifest.get("precision", {}).get("precision"),
-        "runs": args.runs, "warmup": args.warmup, "batch": batch,
-        "threads": session_options_threads(manifest, args.threads),
+        "precision": part.get("precision", {}).get("precision"), "batch": batch,
         "latency_ms": {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
                        "p99": float(np.percentile(t, 99)), "mean": float(t.mean()),
                        "std": float(t.std()), "min": float(t.min()), "max": float(t.max())},
         "throughput_per_s": float(1000.0 * batch / t.mean()),
         "session_load_ms": load_ms,
         "providers": session.get_providers(),
+    }
+
+
+def cmd_bench(bundle, manifest, args):
+    problems = integrity_problems(bundle, manifest)
+    if problems:
+        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+    parts = {}
+    for part in select_parts(manifest, args.part):
+        parts[part["name"]] = bench_part(bundle, manifest, part, args)
+    first = next(iter(parts.values()))
+    return {
+        "bundle": manifest.get("name"),
+        "target": manifest.get("target", {}).get("name"),
+        "runs": args.runs, "warmup": args.warmup,
+        "threads": session_options_threads(manifest, args.threads),
+        "parts": parts,
+        "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
         "device": device_info(),
         "onnxruntime": __import__("onnxruntime").__version__,
@@ -351,9 +380,9 @@ def session_options_threads(manifest, threads):
                else threads)
 
 
-def load_input_file(path, manifest):
+def load_input_file(path, part):
     """Return {input name: tensor} for one .npy/.npz/image file."""
-    inputs = manifest["inputs"]
+    inputs = part["inputs"]
     lower = path.lower()
     if lower.endswith(".npz"):
         with np.load(path) as f:
@@ -368,9 +397,10 @@ def load_input_file(path, manifest):
                               % (path, len(inputs)))
         feed = {inputs[0]["name"]: np.load(path)}
     elif lower.endswith(IMAGE_SUFFIXES):
-        spec = manifest.get("preprocess")
+        spec = part.get("preprocess")
         if not spec:
-            raise BundleError("%s: this bundle has no image preprocessing; pass .npy/.npz" % path)
+            raise BundleError("%s: %s has no image preprocessing; pass .npy/.npz"
+                              % (path, part["name"]))
         feed = {inputs[0]["name"]: preprocess(read_image(path, spec), spec)}
     else:
         raise BundleError("%s: unsupported input (use an image, .npy or .npz)" % path)
@@ -384,14 +414,19 @@ def load_input_file(path, manifest):
 
 
 def cmd_infer(bundle, manifest, args):
-    session, _ = open_session(bundle, manifest, args.threads, args.require_provider)
+    parts = select_parts(manifest, args.part)
+    if len(parts) > 1:
+        raise BundleError("this bundle holds %d models (%s); pick one with --part NAME"
+                          % (len(parts), ", ".join(p["name"] for p in parts)))
+    part = parts[0]
+    session, _ = open_session(bundle, manifest, part, args.threads, args.require_provider)
     names = [o.name for o in session.get_outputs()]
-    labels = manifest.get("labels")
+    labels = part.get("labels")
     results, arrays = [], {}
     for path in args.files:
         if not os.path.isfile(path):
             raise BundleError("%s: no such file" % path)
-        outputs = session.run(names, load_input_file(path, manifest))
+        outputs = session.run(names, load_input_file(path, part))
         entry = {"file": path, "outputs": {}}
         for name, value in zip(names, outputs):
             arrays["%s/%s" % (os.path.basename(path), name)] = value
@@ -417,24 +452,26 @@ def print_human(command, report):
     if command == "check":
         for line in report.get("integrity", []):
             print("integrity: " + line)
-        for name, s in report.get("outputs", {}).items():
-            extra = ""
-            if "top1_agreement" in s:
-                extra = ", top-1 agreement %.1f%%" % (100 * s["top1_agreement"])
-            print("%s: cosine min %.5f (need >= %.4f), max abs %.4g%s: %s" % (
-                name, s["cosine_min"], report["min_cosine"], s["max_abs"], extra,
-                "ok" if s["passed"] else "FAILED"))
+        for part, entry in report.get("parts", {}).items():
+            for name, s in entry["outputs"].items():
+                extra = ""
+                if "top1_agreement" in s:
+                    extra = ", top-1 agreement %.1f%%" % (100 * s["top1_agreement"])
+                print("%s/%s: cosine min %.5f (need >= %.4f), max abs %.4g%s: %s" % (
+                    part, name, s["cosine_min"], entry["min_cosine"], s["max_abs"], extra,
+                    "ok" if s["passed"] else "FAILED"))
         print("check %s" % ("passed" if report["passed"] else "FAILED"))
     elif command == "bench":
-        lat = report["latency_ms"]
-        print("%s on %s (%s, %s cores), %s, %d runs" % (
+        print("%s on %s (%s, %s cores), %d runs" % (
             report["bundle"], report["providers"][0], report["device"]["arch"],
-            report["device"]["cores"], report["precision"], report["runs"]))
-        print("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f" % (
-            lat["p50"], lat["p90"], lat["p99"], lat["mean"], lat["std"]))
+            report["device"]["cores"], report["runs"]))
+        for part, entry in report["parts"].items():
+            lat = entry["latency_ms"]
+            print("%s (%s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
+                part, entry["precision"], lat["p50"], lat["p90"], lat["p99"], lat["mean"],
+                lat["std"], entry["throughput_per_s"]))
         rss = report["peak_rss_mb"]
-        print("throughput %.1f/s, peak RSS %s MB" % (
-            report["throughput_per_s"], "%.1f" % rss if rss is not None else "n/a"))
+        print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
     else:
         for entry in report["results"]:
             for output, item in entry["outputs"].items():
@@ -460,6 +497,8 @@ def parse_args(argv):
         p.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
         p.add_argument("--require-provider", default=None,
                        help="fail (exit 1) unless this execution provider runs")
+        p.add_argument("--part", default=None,
+                       help="only this model of a multi-model bundle (default: all)")
         if name == "bench":
             p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--warmup", type=int, default=10, help="untimed runs first")

@@ -12,18 +12,20 @@ from packager.pipeline import build
 def test_manifest_contract(built):
     d = built.bundle.directory
     m = json.loads((d / "manifest.json").read_text())
-    assert m["schema_version"] == 1 and m["target"]["name"] == "x86_64-cpu"
+    assert m["schema_version"] == 2 and m["target"]["name"] == "x86_64-cpu"
     for rel, digest in m["files"].items():
         assert hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
     assert set(m["files"]) == {"model.onnx", "run.py", "requirements.txt", "README.md",
-                               "golden/inputs.npz", "golden/outputs.npz"}
-    assert m["model"]["sha256"] == m["files"]["model.onnx"]
-    assert m["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
-    assert m["outputs"] == [{"name": "scores", "shape": [1, 10], "dtype": "float32"}]
-    assert m["preprocess"] == PREP
-    assert m["precision"]["activation_type"] == "uint8" and m["precision"]["format"] == "qdq"
-    assert m["precision"]["calibration_samples"] == 16
-    assert m["accuracy"]["samples"] == 4 and m["accuracy"]["cosine_min"] > 0.98
+                               "golden/model.inputs.npz", "golden/model.outputs.npz"}
+    [part] = m["parts"]
+    assert part["name"] == "model" and part["model"]["sha256"] == m["files"]["model.onnx"]
+    assert part["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    assert part["outputs"] == [{"name": "scores", "shape": [1, 10], "dtype": "float32"}]
+    assert part["preprocess"] == PREP and part["labels"][0] == "class0"
+    assert part["precision"]["activation_type"] == "uint8" and part["precision"]["format"] == "qdq"
+    assert part["precision"]["calibration_samples"] == 16 and part["precision"]["family"] == "default"
+    assert part["accuracy"]["samples"] == 4 and part["accuracy"]["cosine_min"] > 0.98
+    assert part["golden"]["samples"] == 4 and part["source"]["file"] == "cnn.onnx"
     assert m["providers"] == [{"name": "CPUExecutionProvider", "options": {}}]
     assert {"edgepack", "onnx", "onnxruntime", "onnxsim", "numpy"} <= set(m["tools"])
     assert m["target"]["min_onnxruntime"] == "1.17"

@@ -37,9 +37,10 @@ def test_build_then_verify_end_to_end(cnn_onnx, image_dir, tmp_path):
                "--preprocess", PREP_TEXT, "-o", out, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert data["accuracy"]["cosine_min"] > 0.98 and data["calibration_samples"] == 16
+    [part] = data["parts"]
+    assert part["accuracy"]["cosine_min"] > 0.98 and part["calibration_samples"] == 16
     manifest = read_manifest(out)
-    assert manifest["precision"]["description"].startswith("INT8 static QDQ U8S8")
+    assert manifest["parts"][0]["precision"]["description"].startswith("INT8 static QDQ U8S8")
     v = invoke("verify", out, "--runs", "10", "--json")
     assert v.exit_code == 0, v.output
     assert json.loads(v.stdout)["passed"] is True
@@ -64,7 +65,7 @@ def test_stages_one_by_one(cnn_onnx, image_dir, tmp_path):
                image_dir, "--preprocess", PREP_TEXT, "--labels", tmp_path / "labels.txt",
                "-o", tmp_path / "b")
     assert r.exit_code == 0, r.output
-    assert read_manifest(tmp_path / "b")["labels"][3] == "c3"
+    assert read_manifest(tmp_path / "b")["parts"][0]["labels"][3] == "c3"
     targets = json.loads(invoke("targets", "--json").stdout)
     assert "x86_64-cpu" in [t["name"] for t in targets]
 

@@ -43,15 +43,15 @@ def test_check_bench_infer_from_unpacked_archive(built, tmp_path):
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout)
     assert report["passed"] and report["integrity"] == []
-    assert report["outputs"]["scores"]["cosine_min"] > 0.98
-    assert "running on CPUExecutionProvider" in check.stderr
+    assert report["parts"]["model"]["outputs"]["scores"]["cosine_min"] > 0.98
+    assert "model running on CPUExecutionProvider" in check.stderr
 
     bench = run_py(bundle, "bench", "--runs", "20", "--warmup", "2", "--json")
     assert bench.returncode == 0, bench.stderr
     b = json.loads(bench.stdout)
-    lat = b["latency_ms"]
+    lat = b["parts"]["model"]["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] and lat["std"] >= 0
-    assert b["throughput_per_s"] > 0 and b["peak_rss_mb"] > 10
+    assert b["parts"]["model"]["throughput_per_s"] > 0 and b["peak_rss_mb"] > 10
     assert b["providers"] == ["CPUExecutionProvider"] and b["runs"] == 20
     assert b["device"]["arch"] and b["device"]["cores"] >= 1 and b["onnxruntime"]
 

@@ -13,11 +13,11 @@ def test_verify_passes_and_writes_reports(built):
     names = [c["name"] for c in report["checks"]]
     assert names == ["integrity", "accuracy:scores", "latency"]
     assert report["providers"] == ["CPUExecutionProvider"]
-    assert report["bench"]["latency_ms"]["p50"] > 0
+    assert report["bench"]["parts"]["model"]["latency_ms"]["p50"] > 0
     reports = built.bundle.directory / "reports"
     assert json.loads((reports / "report.json").read_text())["passed"] is True
     md = (reports / "report.md").read_text()
-    assert "PASSED" in md and "| p50 ms |" in md
+    assert "PASSED" in md and "| model | batch | p50 ms |" in md
 
 
 def test_budget_miss_fails(built, tmp_path):
@@ -31,9 +31,10 @@ def test_budget_miss_fails(built, tmp_path):
 def test_missing_golden_file_fails_integrity(built, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(built.bundle.directory, bundle)
-    (bundle / "golden" / "outputs.npz").unlink()
+    (bundle / "golden" / "model.outputs.npz").unlink()
     report = verify(bundle, runs=5)
-    assert not report["passed"] and "golden/outputs.npz: missing" in report["checks"][0]["detail"]
+    assert not report["passed"]
+    assert "golden/model.outputs.npz: missing" in report["checks"][0]["detail"]
 
 
 def test_broken_bundle_is_a_verify_error(tmp_path):
@@ -41,6 +42,6 @@ def test_broken_bundle_is_a_verify_error(tmp_path):
         verify(tmp_path)
     bundle = tmp_path / "b"
     bundle.mkdir()
-    (bundle / "manifest.json").write_text(json.dumps({"schema_version": 1, "name": "x"}))
+    (bundle / "manifest.json").write_text(json.dumps({"schema_version": 2, "name": "x"}))
     with pytest.raises(VerifyError, match="run.py check failed"):
         verify(bundle)
