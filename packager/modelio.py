@@ -39,14 +39,18 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
+def is_large(model: onnx.ModelProto) -> bool:
+    """True when *model* must keep its weights in an external data file (protobuf's limit)."""
+    return has_external_data(model) or model.ByteSize() >= PROTOBUF_LIMIT
+
+
 def save_model(model: onnx.ModelProto, path: Path, *, location: str | None = None) -> Path:
     """Save *model* to *path*, self-contained below 2 GiB, else with a `<name>.data` file.
 
     *location* names the data file when *path* is a temporary name for the final file.
     """
     path = Path(path)
-    large = model.ByteSize() >= PROTOBUF_LIMIT if not has_external_data(model) else True
-    if large:
+    if is_large(model):
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=location or path.name + ".data", size_threshold=1024)
     else:

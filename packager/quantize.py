@@ -14,6 +14,7 @@ from typing import Any
 from .atomic import atomic_file
 from .calibration import Sample
 from .errors import QuantizationError
+from . import modelio
 from .modelio import load_model, save_model
 from .targets import QuantPreset
 
@@ -87,7 +88,7 @@ def _quiet_quantizer():
 
 
 def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample],
-            progress: Progress | None) -> None:
+            progress: Progress | None, large: bool) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     if not samples:
@@ -101,16 +102,18 @@ def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample]
             per_channel=config.per_channel, reduce_range=config.reduce_range,
             activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
             nodes_to_exclude=list(config.exclude) or None, calibrate_method=method,
+            use_external_data_format=large,
         )
 
 
-def _dynamic(src: Path, dst: Path, config: QuantConfig) -> None:
+def _dynamic(src: Path, dst: Path, config: QuantConfig, large: bool) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
     with _quiet_quantizer():
         quantize_dynamic(str(src), str(dst), per_channel=config.per_channel,
                          reduce_range=config.reduce_range, weight_type=_qtype(config.weight_type),
-                         nodes_to_exclude=list(config.exclude) or None)
+                         nodes_to_exclude=list(config.exclude) or None,
+                         use_external_data_format=large)
 
 
 def _fp16(src: Path, dst: Path) -> None:
@@ -121,11 +124,19 @@ def _fp16(src: Path, dst: Path) -> None:
 
 
 def quantize_file(model: Path, output: Path, *, config: QuantConfig,
-                  samples: Sequence[Sample] = (), progress: Progress | None = None) -> Path:
-    """Quantize *model* into *output* (no overwrite checks; the pipeline's building block)."""
+                  samples: Sequence[Sample] = (), progress: Progress | None = None,
+                  location: str | None = None) -> Path:
+    """Quantize *model* into *output* (no overwrite checks; the pipeline's building block).
+
+    *location* names the external data file (models above 2 GiB) when *output* is a temporary
+    name for the final file.
+    """
     with tempfile.TemporaryDirectory(prefix="edgepack-q-") as tmp:
         src = Path(tmp) / "fp32.onnx"
-        save_model(load_model(model), src)  # self-contained copy: the quantizer rewrites paths
+        proto = load_model(model)
+        large = modelio.is_large(proto)
+        save_model(proto, src)  # a copy of our own: the quantizer rewrites paths
+        del proto
         dst = Path(tmp) / "quantized.onnx"
         try:
             if config.precision == "fp32":
@@ -133,9 +144,9 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
             elif config.precision == "fp16":
                 _fp16(src, dst)
             elif config.mode == "dynamic":
-                _dynamic(src, dst, config)
+                _dynamic(src, dst, config, large)
             else:
-                _static(src, dst, config, samples, progress)
+                _static(src, dst, config, samples, progress, large)
         except QuantizationError:
             raise
         except Exception as exc:
@@ -144,7 +155,11 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
                                     "exclude the failing node with --exclude NODE, or try "
                                     "--mode dynamic / --precision fp16") from None
         check_runs(dst, samples[:1])
-        shutil.move(str(dst), output)
+        if modelio.has_external_data(load_model(dst, check=False, external_data=False)):
+            # move the weights out of this temporary folder, named after the final file
+            save_model(load_model(dst, check=False), Path(output), location=location)
+        else:
+            shutil.move(str(dst), output)
     return Path(output)
 
 
@@ -167,5 +182,6 @@ def quantize(model: Path, output: Path, *, config: QuantConfig, samples: Sequenc
              progress: Progress | None = None, force: bool = False) -> Path:
     """Quantize *model* into *output* as *config* says, calibrating on *samples*."""
     with atomic_file(Path(output), force=force) as tmp:
-        quantize_file(model, tmp, config=config, samples=samples, progress=progress)
+        quantize_file(model, tmp, config=config, samples=samples, progress=progress,
+                      location=Path(output).name + ".data")
     return Path(output)

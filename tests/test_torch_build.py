@@ -131,3 +131,47 @@ def test_part_mistakes(tmp_path, kwargs, error, match):
         build(f"{MODELS}:two_part", tmp_path / "out", target="x86_64-cpu",
               parts={"encoder": "enc", "decoder": "dec"}, **kwargs)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_build_two_parts_from_pytorch(tmp_path):
+    from click.testing import CliRunner
+
+    from packager.cli import main
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "enc.npz", ids=rng.integers(0, 64, (20, 1, 16)).astype(np.int64))
+    np.savez(tmp_path / "dec.npz", features=rng.standard_normal((20, 1, 32, 16)).astype(np.float32))
+    out = tmp_path / "tts"
+    r = CliRunner().invoke(main, [
+        "build", f"{MODELS}:two_part", "--part", "encoder=enc", "--part", "decoder=dec",
+        "--input", "encoder/ids:1x16:int64", "--input", "decoder/features:1x32x16",
+        "--calib", f"encoder={tmp_path / 'enc.npz'}", "--calib", f"decoder={tmp_path / 'dec.npz'}",
+        "--part-precision", "encoder=fp32", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    parts = {p["name"]: p for p in json.loads(r.stdout)["parts"]}
+    assert parts["encoder"]["precision"] == "FP32"
+    assert parts["decoder"]["precision"].startswith("INT8 static QDQ U8S8")
+    assert parts["decoder"]["calibration_samples"] == 16
+    assert parts["decoder"]["export"]["validation"]["calibration"] == 16
+    bad = CliRunner().invoke(main, ["build", f"{MODELS}:two_part", "--part", "encoder=enc",
+                                    "--input", "encoder/ids:1x16:int64", "--dynamic", "ids:1=t",
+                                    "-o", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "bundles have static shapes" in bad.stderr
+
+
+def test_models_above_the_protobuf_limit_keep_external_data(tmp_path, monkeypatch, image_dir):
+    """The >2 GiB path, with the limit lowered: one .onnx.data file beside the model, carried
+    into the bundle, hashed, and loaded by the runner."""
+    import packager.modelio as modelio
+    from packager.export import export
+
+    monkeypatch.setattr(modelio, "PROTOBUF_LIMIT", 10_000)
+    r = export(f"{MODELS}:cnn", tmp_path / "big.onnx", inputs=[parse_input("image:1x3x32x32")])
+    assert (tmp_path / "big.onnx.data").stat().st_size > 10_000
+    assert r.path.stat().st_size < 10_000
+    build(tmp_path / "big.onnx", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
+          preprocess=PREP)   # static INT8: the quantizer writes external data too
+    files = json.loads((tmp_path / "b" / "manifest.json").read_text())["files"]
+    assert "model.onnx.data" in files
+    check = run_py(tmp_path / "b", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
