@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import modelio
 from .atomic import atomic_file
 from .calibration import Sample
 from .errors import QuantizationError
-from . import modelio
 from .modelio import load_model, save_model
 from .targets import QuantPreset
 
