@@ -1,5 +1,7 @@
 """The built-in demo: draw a labelled image set with OpenCV, train a small CNN on it in seconds,
-export it to ONNX, build FP32 and INT8 bundles for x86_64-cpu, verify both, compare.
+save its weights as safetensors, build FP32 and INT8 bundles for x86_64-cpu straight from the
+PyTorch factory (`packager.demo:make_net` + the weights: export, validation against PyTorch,
+simplify, quantize), verify both, compare.
 
 Nothing is downloaded: the images are drawn here and the weights are trained here.
 """
@@ -115,16 +117,6 @@ def train(x: np.ndarray, y: np.ndarray, *, epochs: int, log: Callable[[str], Non
     return net.eval()
 
 
-def export(net, path: Path) -> None:
-    import torch
-
-    dummy = torch.zeros(1, 3, SIZE, SIZE)
-    # TorchScript exporter: clean opset 17, one self-contained file; dynamic batch on purpose,
-    # so the build has to fix it.
-    torch.onnx.export(net, (dummy,), str(path), input_names=["image"], output_names=["scores"],
-                      opset_version=17, dynamic_axes={"image": {0: "batch"}}, dynamo=False)
-
-
 def accuracy_on(model: Path, x: np.ndarray, y: np.ndarray) -> float:
     from .accuracy import run_model
 
@@ -137,7 +129,10 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
     """Run the whole demo in *work*; return figures and a printable summary."""
     import torch
 
-    from .pipeline import build
+    from safetensors.torch import save_file
+
+    from .pipeline import ExportOptions, build
+    from .specs import TensorSpec
     from .verify import verify
 
     torch.set_num_threads(2)
@@ -149,15 +144,18 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
     x_train, y_train = load_labelled(data / "train")
     x_test, y_test = load_labelled(data / "test")
     net = train(x_train, y_train, epochs=epochs, log=log)
-    model = work / "shapes_cnn.onnx"
-    export(net, model)
+    weights = work / "shapes_cnn.safetensors"
+    save_file(net.state_dict(), str(weights))
+    source = "packager.demo:make_net"   # what `edgepack build packager.demo:make_net` loads
     (work / "labels.txt").write_text("\n".join(CLASSES) + "\n")
     prep = dict(PREPROCESS)
     results = {}
     for precision in ("fp32", "int8"):
         out = work / f"bundle-{precision}"
         log(f"demo: building {out}")
-        built = build(model, out, target="x86_64-cpu", calib=data / "calib", preprocess=prep,
+        built = build(source, out, target="x86_64-cpu", calib=data / "calib", preprocess=prep,
+                      inputs=[TensorSpec("image", (1, 3, SIZE, SIZE))],
+                      export_options=ExportOptions(weights=weights, output_names=["scores"]),
                       quant={"precision": precision}, labels=CLASSES, force=True, log=log)
         report = verify(out, runs=runs)
         results[precision] = {
@@ -167,6 +165,7 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
             "p90_ms": report["bench"]["parts"]["model"]["latency_ms"]["p90"],
             "model_bytes": (out / "model.onnx").stat().st_size,
             "agreement_vs_fp32": built.parts[0].accuracy,
+            "export_validation": built.parts[0].export["validation"],
         }
     fp32, int8 = results["fp32"], results["int8"]
     speedup = fp32["p50_ms"] / int8["p50_ms"]
@@ -178,6 +177,9 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
         f"{int8['model_bytes'] / 1024:.0f} KiB, verify {'passed' if int8['verified'] else 'FAILED'}",
         f"  INT8 speedup over FP32 (p50): {speedup:.2f}x; top-1 agreement with FP32 on held-out "
         f"calibration images: {100 * int8['agreement_vs_fp32'].get('top1_agreement', 0):.1f}%",
+        f"  export vs PyTorch: max abs {int8['export_validation']['max_abs']:.2g}, cosine min "
+        f"{int8['export_validation']['cosine_min']:.6f} on "
+        f"{int8['export_validation']['samples']} inputs",
         f"  bundle: {int8['bundle']}/ and {int8['bundle']}.tar.gz",
     ])
     result = {"fp32": fp32, "int8": int8, "speedup_p50": speedup, "summary": summary,

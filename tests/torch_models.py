@@ -25,11 +25,12 @@ def cnn(width: int = 16, classes: int = 10, seed: int = 0) -> nn.Module:
 class Encoder(nn.Module):
     """A sentence-embedding model: token ids + attention mask -> mean-pooled embedding."""
 
-    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, layers: int = 2):
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, layers: int = 2,
+                 ffn: int = 128):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.position = nn.Embedding(128, dim)
-        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+        layer = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, activation="gelu",
                                            batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
@@ -108,26 +109,28 @@ def broken_factory():
     raise ValueError("config file model.yaml not found")
 
 
-def topic_batch(generator: torch.Generator, n: int = 32, length: int = 32):
+def topic_batch(generator: torch.Generator, n: int = 32, length: int = 32, vocab: int = 1000):
     """Token sequences whose class is the 'topic' (a quarter of the vocabulary) they draw from."""
     y = torch.randint(0, 4, (n,), generator=generator)
-    ids = torch.randint(1, 1000, (n, length), generator=generator)
-    topic = torch.randint(0, 250, (n, length), generator=generator) + y[:, None] * 250
+    ids = torch.randint(1, vocab, (n, length), generator=generator)
+    quarter = vocab // 4
+    topic = torch.randint(0, quarter, (n, length), generator=generator) + y[:, None] * quarter
     ids = torch.where(torch.rand(n, length, generator=generator) < 0.5, topic, ids)
     lengths = torch.randint(8, length + 1, (n,), generator=generator)
     mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
     return ids * mask, mask, y
 
 
-def train_encoder(steps: int = 150) -> nn.Module:
+def train_encoder(steps: int = 150, model: nn.Module | None = None, batch: int = 32,
+                  length: int = 32) -> nn.Module:
     """A briefly trained encoder: random weights make a pooled embedding of near-random tokens,
     whose quantization error says nothing about real models."""
-    model = encoder()
-    head = nn.Linear(64, 4)
+    model = model if model is not None else encoder()
+    head = nn.Linear(model.embed.embedding_dim, 4)
     opt = torch.optim.Adam([*model.parameters(), *head.parameters()], 1e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        ids, mask, y = topic_batch(g)
+        ids, mask, y = topic_batch(g, batch, length, model.embed.num_embeddings)
         loss = nn.functional.cross_entropy(head(model(ids, mask)), y)
         opt.zero_grad()
         loss.backward()
