@@ -128,7 +128,6 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
              runs: int = 200) -> dict[str, Any]:
     """Run the whole demo in *work*; return figures and a printable summary."""
     import torch
-
     from safetensors.torch import save_file
 
     from .pipeline import ExportOptions, build
