@@ -141,23 +141,28 @@ def inspect_cmd(model: Path, as_json: bool) -> None:
          f"\n{io}\n  ops: {ops}")
 
 
-def export_options(func):
-    """Options shared by export and build for PyTorch sources."""
+def export_options(func=None, *, dynamic: bool = True):
+    """Options shared by export and build for PyTorch sources (build has no --dynamic)."""
+    if func is None:
+        return lambda f: export_options(f, dynamic=dynamic)
     opts = [
         click.option("--weights", type=click.Path(path_type=Path),
                      help=".safetensors, or .pt/.pth state dict (loaded weights_only)"),
         click.option("--factory-arg", "factory_args", multiple=True, metavar="KEY=VALUE",
                      help="keyword argument for the factory (repeatable; Python literals)"),
         click.option("--submodule", help="export only this attribute path, e.g. decoder.g_net"),
-        click.option("--dynamic", "dynamic", multiple=True, metavar="NAME:AXIS=label,...",
-                     help="keep these axes dynamic (exported file only; bundles are static)"),
         click.option("--opset", type=int, default=None,
                      help="ONNX opset (default: the newest the target's oldest onnxruntime reads)"),
         click.option("--output-name", "output_names", multiple=True,
                      help="name of each output, in order (repeatable)"),
-        click.option("--tolerance", type=float, default=None, show_default="1e-3",
-                     help="max error vs PyTorch, relative to the output's largest magnitude"),
+        click.option("--tolerance", type=float, default=None,
+                     help="max error vs PyTorch, relative to the output's largest magnitude "
+                          "(default 1e-3)"),
     ]
+    if dynamic:
+        opts.append(click.option("--dynamic", "dynamic", multiple=True,
+                                 metavar="NAME:AXIS=label,...",
+                                 help="keep these axes dynamic (bundles are always static)"))
     for opt in reversed(opts):
         func = opt(func)
     return func
@@ -169,10 +174,10 @@ def export_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
     from .torchload import parse_factory_args
 
     tolerance = kw.pop("tolerance")
-    return {"weights": kw.pop("weights"),
+    return {"weights": kw.pop("weights"), "dynamic": parse_dynamic(kw.pop("dynamic", ())),
             "factory_args": parse_factory_args(parse_assignments(kw.pop("factory_args"),
                                                                  "--factory-arg")),
-            "submodule": kw.pop("submodule"), "dynamic": parse_dynamic(kw.pop("dynamic")),
+            "submodule": kw.pop("submodule"),
             "opset": kw.pop("opset"), "output_names": list(kw.pop("output_names")),
             "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance}
 
@@ -434,7 +439,7 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
 @quant_options
-@export_options
+@export_options(dynamic=False)
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
@@ -459,9 +464,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
     from .specs import parse_assignments, parse_input
 
     opts = export_kwargs(kw)
-    if opts.pop("dynamic"):
-        raise SpecError("--dynamic does not apply to build: bundles have static shapes",
-                        "use `edgepack export --dynamic` for a dynamic .onnx")
+    opts.pop("dynamic")
     single = [c for c in calib if "=" not in c or Path(c).exists()]
     if len(single) > 1 or (single and len(single) != len(calib)):
         raise SpecError("--calib: give one DIR, or PART=DIR for each part", "see --help")

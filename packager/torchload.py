@@ -94,6 +94,10 @@ def load_source(spec: str, *, factory_args: Mapping[str, Any] | None = None,
     import torch
 
     text = str(spec)
+    if not is_torch_source(text):
+        raise ExportError(f"{text} is not a PyTorch model source",
+                          "give path/to/file.py:factory, pkg.module:factory, a TorchScript file "
+                          "or a .pt2 file; an .onnx file needs no export (use build or simplify)")
     if text.endswith(EXPORTED_SUFFIXES):
         loaded = _load_exported(Path(text))
     elif text.endswith(TORCHSCRIPT_SUFFIXES):

@@ -177,6 +177,14 @@ def test_unexportable_models_get_one_line(tmp_path, factory, spec, pattern):
     assert "\n" not in str(err.value) and not out.exists()
 
 
+def test_not_a_torch_source(tmp_path):
+    for source in ("model.onnx", "net.py"):
+        with pytest.raises(ExportError, match="not a PyTorch model source"):
+            export(source, tmp_path / "x.onnx", inputs=IMAGE)
+    with pytest.raises(ExportError, match="no module named 'nonexistent_pkg.net'"):
+        export("nonexistent_pkg.net:build", tmp_path / "x.onnx", inputs=IMAGE)
+
+
 def test_cli_export_json_and_error(tmp_path):
     cmd = [sys.executable, "-m", "packager", "export", f"{MODELS}:cnn", "--input",
            "image:1x3x32x32", "--opset", "17", "-o", str(tmp_path / "c.onnx"), "--json"]
