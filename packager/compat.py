@@ -27,14 +27,24 @@ def runtime_limits(version: str) -> tuple[int, int]:
     return RUNTIME_LIMITS[max(k for k in known if k <= (major, minor))]
 
 
+# Operator domains onnxruntime's CPU build implements; anything else needs a custom-op library.
+RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+
+
 def fit_to_runtime(model: onnx.ModelProto, min_version: str) -> onnx.ModelProto:
-    """Lower the IR version stamp for *min_version*, or raise if the opset is too new for it."""
+    """Lower the IR version stamp for *min_version*, or raise if an op is too new for it."""
     max_ir, max_opset = runtime_limits(min_version)
     opset = opset_of(model)
     if opset > max_opset:
         raise BundleError(f"the model uses opset {opset}, onnxruntime {min_version} on the target "
                           f"implements up to {max_opset}",
                           f"export with opset <= {max_opset}, or raise the target's min_version")
+    for node in model.graph.node:
+        if node.domain not in RUNTIME_DOMAINS:
+            raise BundleError(f"node '{node.name or node.op_type}' is {node.domain}.{node.op_type}, "
+                              f"an operator onnxruntime {min_version} does not implement",
+                              "replace it with standard ONNX ops before export, or export the "
+                              "parts around it (--part)")
     if model.ir_version > max_ir:
         # the IR stamp follows the onnx package that saved the file, not the features used
         model.ir_version = max_ir

@@ -39,8 +39,11 @@ class QuantConfig(QuantPreset):
             return f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights)"
         act = "U8" if self.activation_type == "uint8" else "S8"
         wt = "U8" if self.weight_type == "uint8" else "S8"
+        extra = (", symmetric" if self.symmetric_activations else "") + \
+            ("" if self.quantize_bias else ", float bias")
         return (f"INT8 static {self.format.upper()} {act}{wt}, "
-                f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.calibration_method}")
+                f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.calibration_method}"
+                f"{extra}")
 
 
 class _Reader:
@@ -103,6 +106,8 @@ def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample]
             activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
             nodes_to_exclude=list(config.exclude) or None, calibrate_method=method,
             use_external_data_format=large,
+            extra_options={"ActivationSymmetric": config.symmetric_activations,
+                           "QuantizeBias": config.quantize_bias},
         )
 
 

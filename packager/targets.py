@@ -40,6 +40,8 @@ class QuantPreset:
     per_channel: bool = True
     reduce_range: bool = False
     calibration_method: str = "minmax"
+    symmetric_activations: bool = False   # zero point 0 for activations (TensorRT needs it)
+    quantize_bias: bool = True            # False: biases stay float (TensorRT fuses them itself)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ def _preset(q: dict, base: QuantPreset, w: str) -> QuantPreset:
         per_channel=_get(q, "per_channel", bool, w, base.per_channel),
         reduce_range=_get(q, "reduce_range", bool, w, base.reduce_range),
         calibration_method=_choice(q, "calibration_method", METHODS, w, base.calibration_method),
+        symmetric_activations=_get(q, "symmetric_activations", bool, w,
+                                   base.symmetric_activations),
+        quantize_bias=_get(q, "quantize_bias", bool, w, base.quantize_bias),
     )
 
 

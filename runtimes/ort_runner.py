@@ -9,16 +9,21 @@ the standard library, numpy and onnxruntime only (OpenCV only for image inputs).
     python3 run.py bench --runs 200 --json
     python3 run.py infer photo.jpg --json
     python3 run.py bench --part decoder  # bundles with several models: one of them
+    python3 run.py serve --port 8080     # HTTP: POST /infer, GET /health, GET /metadata
 
 Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
 bundle.
 """
 
 import argparse
+import glob
 import hashlib
+import io
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
 import time
 
@@ -43,6 +48,11 @@ class BundleError(Exception):
 
 def read_image(path, spec):
     """Decode an image file into an HxWxC uint8 array in the spec's colour order."""
+    return decode_image(np.fromfile(str(path), dtype=np.uint8), spec, path)
+
+
+def decode_image(data, spec, path):
+    """Decode encoded image bytes (a uint8 array) named *path* in messages."""
     try:
         import cv2
     except ImportError:
@@ -50,7 +60,6 @@ def read_image(path, spec):
                           "(or pass .npy/.npz tensors)") from None
     if hasattr(cv2, "setLogLevel"):
         cv2.setLogLevel(0)  # a broken file gets our one-line message, not decoder noise
-    data = np.fromfile(str(path), dtype=np.uint8)
     image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
     if image is None:
         raise BundleError("%s: not a readable image (corrupt or unsupported format); "
@@ -166,11 +175,24 @@ def integrity_problems(bundle, manifest):
     return problems
 
 
-def session_options(ort, manifest, threads=None):
-    conf = manifest.get("session", {})
+SESSION_OVERRIDES = (("intra_op_threads", "threads"), ("inter_op_threads", "inter_threads"),
+                     ("graph_optimization_level", "opt_level"),
+                     ("execution_mode", "execution_mode"))
+
+
+def session_settings(manifest, args=None):
+    """The target's session options with the command line's overrides applied."""
+    conf = dict(manifest.get("session", {}))
+    for key, attr in SESSION_OVERRIDES:
+        value = getattr(args, attr, None)
+        if value is not None:
+            conf[key] = value
+    return conf
+
+
+def session_options(ort, conf):
     so = ort.SessionOptions()
-    intra = conf.get("intra_op_threads", 0) if threads is None else threads
-    so.intra_op_num_threads = int(intra)
+    so.intra_op_num_threads = int(conf.get("intra_op_threads", 0))
     so.inter_op_num_threads = int(conf.get("inter_op_threads", 0))
     level = OPT_LEVELS.get(conf.get("graph_optimization_level", "all"), "ORT_ENABLE_ALL")
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
@@ -179,37 +201,106 @@ def session_options(ort, manifest, threads=None):
     return so
 
 
-def provider_list(ort, bundle, manifest):
-    """Return (providers, options) available here, in manifest order, CPU always last."""
-    available = ort.get_available_providers()
-    names, options = [], []
+# --------------------------------------------------------------------------- TensorRT caches
+
+
+def tensorrt_version():
+    """TensorRT's version from its library's file name (libnvinfer.so.X.Y.Z), else 'unknown'."""
+    dirs = ["/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64"]
+    dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    found = []
+    for d in dirs:
+        for path in glob.glob(os.path.join(d, "libnvinfer.so.*")):
+            match = re.search(r"libnvinfer\.so\.([\d.]+)$", path)
+            if match:
+                found.append(match.group(1))
+    return max(found, key=lambda v: [int(x) for x in v.split(".") if x]) if found else "unknown"
+
+
+def gpu_name():
+    """The Jetson module's name, or the first GPU's name and compute capability, else 'unknown'."""
+    try:
+        with open("/proc/device-tree/model") as f:
+            model = f.read().strip("\x00\n ")
+        if model:
+            return model
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def trt_cache_key(part, trt_version, gpu):
+    """Engines depend on the model, its input shapes, the TensorRT version and the GPU."""
+    shapes = ";".join("%s:%s:%s" % (i["name"], "x".join(map(str, i["shape"])), i["dtype"])
+                      for i in part["inputs"])
+    raw = "|".join([part["model"]["sha256"], shapes, trt_version, gpu])
+    return "%s-%s" % (part["name"], hashlib.sha256(raw.encode()).hexdigest()[:16])
+
+
+def trt_cache_dir(bundle, part):
+    """Create and return cache/trt/<key>/ for *part*, with key.json saying what the key holds."""
+    version, gpu = tensorrt_version(), gpu_name()
+    key = trt_cache_key(part, version, gpu)
+    path = os.path.join(bundle, "cache", "trt", key)
+    if not os.path.isdir(path):
+        os.makedirs(path)
+        with open(os.path.join(path, "key.json"), "w") as f:
+            json.dump({"model_sha256": part["model"]["sha256"], "inputs": part["inputs"],
+                       "tensorrt": version, "gpu": gpu}, f, indent=2)
+    return path
+
+
+def provider_list(available, bundle, manifest, part):
+    """(providers, options, notes) available here, in manifest order, CPU always last.
+
+    Option values "{bundle}/..." become paths in the bundle; "{cache}" becomes the part's keyed
+    TensorRT cache folder.
+    """
+    names, options, notes = [], [], []
     for entry in manifest.get("providers", [{"name": "CPUExecutionProvider"}]):
         name = entry["name"]
         if name not in available or name in names:
             continue
         opts = dict(entry.get("options", {}))
         for key, value in list(opts.items()):
-            if isinstance(value, str) and value.startswith("{bundle}"):
+            if value == "{cache}":
+                opts[key] = trt_cache_dir(bundle, part)
+            elif isinstance(value, str) and value.startswith("{bundle}"):
                 opts[key] = os.path.join(bundle, value[len("{bundle}/"):])
                 if key.endswith("_path"):
                     os.makedirs(opts[key], exist_ok=True)
+        cache = opts.get("trt_engine_cache_path")
+        if name == "TensorrtExecutionProvider" and cache and \
+                not glob.glob(os.path.join(cache, "*.engine")):
+            notes.append("building the TensorRT engine for %s: first run with this model, input "
+                         "shape, TensorRT and GPU; this takes minutes on a Jetson and is cached "
+                         "in %s" % (part["name"], os.path.relpath(cache, bundle)))
         names.append(name)
         options.append(opts)
     if "CPUExecutionProvider" not in names:
         names.append("CPUExecutionProvider")
         options.append({})
-    return names, options
+    return names, options, notes
 
 
-def open_session(bundle, manifest, part, threads=None, require=None):
+def open_session(bundle, manifest, part, args=None):
     import onnxruntime as ort
 
     model = os.path.join(bundle, part["model"]["file"])
     requested = [p["name"] for p in manifest.get("providers", [])]
-    names, options = provider_list(ort, bundle, manifest)
+    names, options, notes = provider_list(ort.get_available_providers(), bundle, manifest, part)
+    for note in notes:
+        sys.stderr.write("edgepack: %s\n" % note)
     start = time.perf_counter()
-    session = ort.InferenceSession(model, sess_options=session_options(ort, manifest, threads),
-                                   providers=names, provider_options=options)
+    session = ort.InferenceSession(model, sess_options=session_options(
+        ort, session_settings(manifest, args)), providers=names, provider_options=options)
     load_ms = (time.perf_counter() - start) * 1000.0
     running = session.get_providers()
     missing = [p for p in requested if p not in running]
@@ -217,6 +308,7 @@ def open_session(bundle, manifest, part, threads=None, require=None):
     if missing:
         line += " (requested but not running here: %s)" % ", ".join(missing)
     sys.stderr.write(line + "\n")
+    require = getattr(args, "require_provider", None)
     if require and require not in running:
         raise ProviderMissing("required provider %s is not running (running: %s)"
                               % (require, ", ".join(running)))
@@ -264,12 +356,29 @@ def device_info():
                     break
     except OSError:
         pass
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") as f:
-            info["governor"] = f.read().strip()
-    except OSError:
-        pass
+    for key, path in (("governor", "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+                      ("cpu_max_mhz", "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"),
+                      ("board", "/proc/device-tree/model")):
+        try:
+            with open(path) as f:
+                value = f.read().strip("\x00\n ")
+        except OSError:
+            continue
+        info[key] = int(value) // 1000 if key == "cpu_max_mhz" and value.isdigit() else value
+    power = jetson_power_mode()
+    if power:
+        info["nvpmodel"] = power
     return info
+
+
+def jetson_power_mode():
+    """The Jetson power mode (`nvpmodel -q`), e.g. 'MAXN', or None off a Jetson."""
+    try:
+        out = subprocess.run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"NV Power Mode:\s*(.+)", out.stdout)
+    return match.group(1).strip() if match else None
 
 
 def peak_rss_mb():
@@ -311,7 +420,7 @@ def cmd_check(bundle, manifest, args):
         return report
     passed = True
     for part in select_parts(manifest, args.part):
-        session, _ = open_session(bundle, manifest, part, args.threads, args.require_provider)
+        session, _ = open_session(bundle, manifest, part, args)
         report.setdefault("providers", session.get_providers())
         inputs, reference = load_golden(bundle, part)
         got = run_samples(session, inputs)
@@ -330,7 +439,7 @@ def cmd_check(bundle, manifest, args):
 
 
 def bench_part(bundle, manifest, part, args):
-    session, load_ms = open_session(bundle, manifest, part, args.threads, args.require_provider)
+    session, load_ms = open_session(bundle, manifest, part, args)
     inputs, _ = load_golden(bundle, part)
     feed = {k: v[0] for k, v in inputs.items()}
     names = [o.name for o in session.get_outputs()]
@@ -366,7 +475,7 @@ def cmd_bench(bundle, manifest, args):
         "bundle": manifest.get("name"),
         "target": manifest.get("target", {}).get("name"),
         "runs": args.runs, "warmup": args.warmup,
-        "threads": session_options_threads(manifest, args.threads),
+        "session": session_settings(manifest, args),
         "parts": parts,
         "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
@@ -375,74 +484,216 @@ def cmd_bench(bundle, manifest, args):
     }
 
 
-def session_options_threads(manifest, threads):
-    return int(manifest.get("session", {}).get("intra_op_threads", 0) if threads is None
-               else threads)
+def check_feed(feed, part, source):
+    """Check names and shapes against the part's inputs; cast to its dtypes."""
+    out = {}
+    for spec in part["inputs"]:
+        if spec["name"] not in feed:
+            raise BundleError("%s: no input named %s (has: %s)"
+                              % (source, spec["name"], ", ".join(sorted(feed)) or "none"))
+        arr = np.asarray(feed[spec["name"]])
+        if list(arr.shape) != list(spec["shape"]):
+            raise BundleError("%s: %s has shape %s, the model wants %s"
+                              % (source, spec["name"], list(arr.shape), spec["shape"]))
+        out[spec["name"]] = arr.astype(spec["dtype"], copy=False)
+    return out
+
+
+def image_feed(data, part, source):
+    spec = part.get("preprocess")
+    if not spec:
+        raise BundleError("%s: %s has no image preprocessing; send .npy/.npz/JSON tensors"
+                          % (source, part["name"]))
+    return {part["inputs"][0]["name"]: preprocess(decode_image(data, spec, source), spec)}
+
+
+def single_input(arr, part, source):
+    if len(part["inputs"]) != 1:
+        raise BundleError("%s: %s has %d inputs (%s); send an .npz or JSON keyed by input name"
+                          % (source, part["name"], len(part["inputs"]),
+                             ", ".join(i["name"] for i in part["inputs"])))
+    return {part["inputs"][0]["name"]: arr}
 
 
 def load_input_file(path, part):
     """Return {input name: tensor} for one .npy/.npz/image file."""
-    inputs = part["inputs"]
     lower = path.lower()
     if lower.endswith(".npz"):
         with np.load(path) as f:
-            missing = [i["name"] for i in inputs if i["name"] not in f.files]
-            if missing:
-                raise BundleError("%s: no array named %s (has: %s)"
-                                  % (path, ", ".join(missing), ", ".join(f.files)))
-            feed = {i["name"]: f[i["name"]] for i in inputs}
+            feed = {k: f[k] for k in f.files}
     elif lower.endswith(".npy"):
-        if len(inputs) != 1:
-            raise BundleError("%s: the model has %d inputs; pass an .npz keyed by input name"
-                              % (path, len(inputs)))
-        feed = {inputs[0]["name"]: np.load(path)}
+        feed = single_input(np.load(path), part, path)
     elif lower.endswith(IMAGE_SUFFIXES):
-        spec = part.get("preprocess")
-        if not spec:
-            raise BundleError("%s: %s has no image preprocessing; pass .npy/.npz"
-                              % (path, part["name"]))
-        feed = {inputs[0]["name"]: preprocess(read_image(path, spec), spec)}
+        feed = image_feed(np.fromfile(path, dtype=np.uint8), part, path)
     else:
         raise BundleError("%s: unsupported input (use an image, .npy or .npz)" % path)
-    for spec in inputs:
-        arr = feed[spec["name"]]
-        if list(arr.shape) != list(spec["shape"]):
-            raise BundleError("%s: %s has shape %s, the model wants %s"
-                              % (path, spec["name"], list(arr.shape), spec["shape"]))
-        feed[spec["name"]] = arr.astype(spec["dtype"], copy=False)
-    return feed
+    return check_feed(feed, part, path)
 
 
-def cmd_infer(bundle, manifest, args):
-    parts = select_parts(manifest, args.part)
+IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8", b"BM", b"RIFF")
+
+
+def decode_body(body, content_type, part):
+    """An HTTP request body (image, .npy, .npz or JSON) as a checked feed for *part*."""
+    source = "request body"
+    ctype = content_type.split(";")[0].strip().lower()
+    if not body:
+        raise BundleError("empty request body; POST an image, a .npy/.npz file or JSON")
+    try:
+        if ctype.startswith("image/") or body.startswith(IMAGE_MAGIC):
+            feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source)
+        elif body.startswith(b"\x93NUMPY"):
+            feed = single_input(np.load(io.BytesIO(body), allow_pickle=False), part, source)
+        elif body.startswith(b"PK"):
+            with np.load(io.BytesIO(body), allow_pickle=False) as f:
+                feed = {k: f[k] for k in f.files}
+        elif ctype == "application/json" or body.lstrip()[:1] in (b"{", b"["):
+            data = json.loads(body.decode("utf-8"))
+            if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+                data = data["inputs"]
+            feed = (dict((k, np.asarray(v)) for k, v in data.items()) if isinstance(data, dict)
+                    else single_input(np.asarray(data), part, source))
+        else:
+            raise BundleError("unsupported body (Content-Type %r); send an image, a .npy/.npz "
+                              "file or JSON {\"inputs\": {name: nested list}}" % ctype)
+    except (ValueError, OSError) as exc:
+        raise BundleError("cannot decode the request body: %s" % exc) from None
+    return check_feed(feed, part, source)
+
+
+def describe_outputs(names, outputs, labels, top):
+    """Per output: shape, plus top classes for class scores or the values otherwise."""
+    result = {}
+    for name, value in zip(names, outputs):
+        item = {"shape": list(value.shape)}
+        if looks_like_scores(value[None]):
+            order = np.argsort(-value[0])[:top]
+            item["top"] = [{"index": int(i), "score": float(value[0][i]),
+                            "label": labels[i] if labels and i < len(labels) else None}
+                           for i in order]
+        else:
+            item["values"] = value.tolist()
+        result[name] = item
+    return result
+
+
+def one_part(manifest, name):
+    parts = select_parts(manifest, name)
     if len(parts) > 1:
         raise BundleError("this bundle holds %d models (%s); pick one with --part NAME"
                           % (len(parts), ", ".join(p["name"] for p in parts)))
-    part = parts[0]
-    session, _ = open_session(bundle, manifest, part, args.threads, args.require_provider)
+    return parts[0]
+
+
+def cmd_infer(bundle, manifest, args):
+    part = one_part(manifest, args.part)
+    session, _ = open_session(bundle, manifest, part, args)
     names = [o.name for o in session.get_outputs()]
-    labels = part.get("labels")
     results, arrays = [], {}
     for path in args.files:
         if not os.path.isfile(path):
             raise BundleError("%s: no such file" % path)
         outputs = session.run(names, load_input_file(path, part))
-        entry = {"file": path, "outputs": {}}
         for name, value in zip(names, outputs):
             arrays["%s/%s" % (os.path.basename(path), name)] = value
-            item = {"shape": list(value.shape)}
-            if looks_like_scores(value[None]):
-                order = np.argsort(-value[0])[:args.top]
-                item["top"] = [{"index": int(i), "score": float(value[0][i]),
-                                "label": labels[i] if labels and i < len(labels) else None}
-                               for i in order]
-            else:
-                item["values"] = value.tolist()
-            entry["outputs"][name] = item
-        results.append(entry)
+        results.append({"file": path, "outputs": describe_outputs(
+            names, outputs, part.get("labels"), args.top)})
     if args.out:
         np.savez(args.out, **arrays)
     return {"results": results, "providers": session.get_providers(), "passed": True}
+
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+def cmd_serve(bundle, manifest, args):
+    """A small HTTP endpoint (stdlib only). Bad requests get a 4xx; the server keeps running."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    problems = integrity_problems(bundle, manifest)
+    if problems:
+        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+    parts = select_parts(manifest, args.part)
+    sessions = {}
+    for part in parts:
+        session, _ = open_session(bundle, manifest, part, args)
+        sessions[part["name"]] = (part, session, [o.name for o in session.get_outputs()])
+    default = parts[0]["name"] if len(parts) == 1 else None
+    metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
+                "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
+                           "preprocess": p.get("preprocess"), "labels": p.get("labels"),
+                           "precision": p.get("precision", {}).get("description")}
+                          for p in parts]}
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "edgepack-run"
+
+        def log_message(self, fmt, *values):
+            if not args.quiet:
+                sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
+
+        def reply(self, code, obj):
+            body = json.dumps(obj).encode("utf-8")
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            path = urlparse(self.path).path
+            if path == "/health":
+                self.reply(200, {"status": "ok", "bundle": manifest.get("name"),
+                                 "providers": dict((n, s.get_providers())
+                                                   for n, (_, s, _) in sessions.items())})
+            elif path == "/metadata":
+                self.reply(200, metadata)
+            else:
+                self.reply(404, {"error": "no such path %s: use POST /infer, GET /health, "
+                                          "GET /metadata" % path})
+
+        def do_POST(self):
+            try:
+                url = urlparse(self.path)
+                if url.path != "/infer" and not url.path.startswith("/infer/"):
+                    return self.reply(404, {"error": "no such path %s: POST /infer" % url.path})
+                name = url.path[len("/infer/"):] or parse_qs(url.query).get("part", [default])[0]
+                if name is None:
+                    return self.reply(400, {"error": "this bundle holds several models (%s); "
+                                                     "POST /infer/<part>" % ", ".join(sessions)})
+                if name not in sessions:
+                    return self.reply(404, {"error": "no part named %s (parts: %s)"
+                                                     % (name, ", ".join(sessions))})
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_BODY:
+                    return self.reply(413, {"error": "body of %d bytes is over the %d MB limit"
+                                                     % (length, MAX_BODY // 2 ** 20)})
+                body = self.rfile.read(length) if length > 0 else b""
+                part, session, names = sessions[name]
+                feed = decode_body(body, self.headers.get("Content-Type", ""), part)
+                start = time.perf_counter()
+                outputs = session.run(names, feed)
+                ms = (time.perf_counter() - start) * 1000.0
+                self.reply(200, {"part": name, "latency_ms": ms, "outputs": describe_outputs(
+                    names, outputs, part.get("labels"), args.top)})
+            except BundleError as exc:
+                self.reply(400, {"error": str(exc)})
+            except Exception as exc:  # the model failed on this input: report, keep serving
+                self.reply(500, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])})
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    host, port = server.server_address[:2]
+    sys.stderr.write("edgepack: serving %s on http://%s:%d (POST /infer, GET /health, "
+                     "GET /metadata)\n" % (manifest.get("name"), host, port))
+    sys.stderr.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return None
 
 
 # --------------------------------------------------------------------------- CLI
@@ -491,21 +742,35 @@ def parse_args(argv):
     sub = parser.add_subparsers(dest="command")
     for name, text in (("check", "verify file hashes and accuracy against the golden outputs"),
                        ("bench", "measure latency, throughput and peak memory"),
-                       ("infer", "run the model on image / .npy / .npz files")):
+                       ("infer", "run the model on image / .npy / .npz files"),
+                       ("serve", "serve the model over HTTP (POST /infer, GET /health, "
+                                 "GET /metadata)")):
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--json", action="store_true", help="print one JSON object")
-        p.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
+        if name != "serve":
+            p.add_argument("--json", action="store_true", help="print one JSON object")
         p.add_argument("--require-provider", default=None,
                        help="fail (exit 1) unless this execution provider runs")
         p.add_argument("--part", default=None,
                        help="only this model of a multi-model bundle (default: all)")
+        g = p.add_argument_group("session options (default: the target's, from the manifest)")
+        g.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
+        g.add_argument("--inter-threads", type=int, default=None, help="inter-op threads")
+        g.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default=None,
+                       help="graph optimisation level")
+        g.add_argument("--execution-mode", choices=("sequential", "parallel"), default=None)
         if name == "bench":
             p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
         if name == "infer":
             p.add_argument("files", nargs="+", help="image, .npy or .npz files")
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
+        if name in ("infer", "serve"):
             p.add_argument("--top", type=int, default=5, help="classes shown per output")
+        if name == "serve":
+            p.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (0.0.0.0 for the network)")
+            p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+            p.add_argument("--quiet", action="store_true", help="do not log requests")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -517,7 +782,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer}
+    commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer, "serve": cmd_serve}
     try:
         manifest = load_manifest(args.bundle)
         report = commands[args.command](args.bundle, manifest, args)
@@ -527,6 +792,11 @@ def main(argv=None):
     except ProviderMissing as exc:
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_FAILED
+    except OSError as exc:  # e.g. serve's port in use
+        sys.stderr.write("error: %s\n" % exc)
+        return EXIT_BAD_INPUT
+    if report is None:  # serve: stopped with Ctrl-C
+        return EXIT_OK
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
