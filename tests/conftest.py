@@ -111,3 +111,17 @@ def run_py(bundle: Path, *args: str) -> subprocess.CompletedProcess:
     """Run a bundle's run.py as the device would: its own folder, a fresh process."""
     return subprocess.run([sys.executable, "-I", "run.py", *args], cwd=bundle,
                           capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def encoder_files(tmp_path_factory):
+    """Trained encoder weights (.safetensors) and a tokenised calibration set (.npz)."""
+    import torch
+    import torch_models
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("encoder")
+    save_file(torch_models.train_encoder().state_dict(), str(folder / "enc.safetensors"))
+    ids, mask, _ = torch_models.topic_batch(torch.Generator().manual_seed(1), n=40)
+    np.savez(folder / "tokens.npz", input_ids=ids.numpy(), attention_mask=mask.numpy())
+    return folder / "enc.safetensors", folder / "tokens.npz"

@@ -5,8 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import torch_models
 
 from conftest import PREP, run_py
 from packager.errors import CalibrationError, SpecError
@@ -15,18 +13,6 @@ from packager.specs import parse_input
 from packager.verify import verify
 
 MODELS = Path(__file__).parent / "torch_models.py"
-
-
-@pytest.fixture(scope="session")
-def encoder_files(tmp_path_factory):
-    """Trained encoder weights (.safetensors) and a tokenised calibration set (.npz)."""
-    from safetensors.torch import save_file
-
-    folder = tmp_path_factory.mktemp("encoder")
-    save_file(torch_models.train_encoder().state_dict(), str(folder / "enc.safetensors"))
-    ids, mask, _ = torch_models.topic_batch(torch.Generator().manual_seed(1), n=40)
-    np.savez(folder / "tokens.npz", input_ids=ids.numpy(), attention_mask=mask.numpy())
-    return folder / "enc.safetensors", folder / "tokens.npz"
 
 
 def test_cnn_factory_to_verified_bundle(image_dir, tmp_path):
