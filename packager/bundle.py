@@ -99,6 +99,15 @@ def _accuracy_text(acc: dict[str, Any]) -> str:
     return text
 
 
+def _provider_text(p: Any) -> str:
+    name = p.name.replace("ExecutionProvider", "")
+    notes = [label for key, label in (("trt_fp16_enable", "FP16"), ("trt_int8_enable", "INT8 from "
+                                      "the QDQ graph")) if p.options.get(key)]
+    if p.options.get("trt_engine_cache_enable"):
+        notes.append("engines cached in cache/trt/, built on first run")
+    return name + (f" ({', '.join(notes)})" if notes else "")
+
+
 def _readme(m: Manifest, target: Target) -> str:
     sections = []
     for p in m.parts:
@@ -114,6 +123,7 @@ Outputs:
 """)
     several = len(m.parts) > 1
     part_arg = f" --part {m.parts[0]['name']}" if several else ""
+    providers = " → ".join(_provider_text(p) for p in target.providers)
     return f"""# {m.name}
 
 Bundle for **{target.name}** ({target.description}), built by edgepack
@@ -127,6 +137,9 @@ Python {target.python}+ and:
 
 (`requirements.txt` lists the same.) Nothing else is needed; `run.py` installs nothing.
 
+Execution providers, tried in this order: {providers}. The runner prints which one runs;
+`--require-provider NAME` makes a fallback an error.
+
 ## Run
 
     python3 run.py check                  # file hashes + outputs vs the golden FP32 outputs
@@ -134,6 +147,7 @@ Python {target.python}+ and:
         " (each model)" if several else ""}
     python3 run.py bench --json           # the same as one JSON object
     python3 run.py infer{part_arg} input.npy --json # or an image file when it has preprocessing
+    python3 run.py serve --port 8080      # HTTP: POST /infer, GET /health, GET /metadata
 
 {"Every command takes `--part NAME` to run one model only. " if several else ""}Exit codes: 0
 passed, 1 a check failed, 2 bad input or a broken bundle.

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -30,6 +31,20 @@ def test_runner_imports_only_stdlib_numpy_onnxruntime_cv2():
 def test_runner_parses_as_python_38():
     for path in RUNNER.parent.glob("*.py"):
         ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+
+
+def vermin(path) -> subprocess.CompletedProcess:
+    tool = Path(sys.executable).with_name("vermin")   # the console script beside this Python
+    return subprocess.run([str(tool), "--no-tips", "--violations", "-t=3.8-", str(path)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_runner_needs_nothing_newer_than_python_38(tmp_path):
+    r = vermin(RUNNER)
+    assert r.returncode == 0, r.stdout + r.stderr
+    newer = tmp_path / "newer.py"   # the checker itself: a 3.9 string method must be caught
+    newer.write_text("print('v1.2'.removeprefix('v'))\n")
+    assert vermin(newer).returncode != 0
 
 
 def test_check_bench_infer_from_unpacked_archive(built, tmp_path):
