@@ -419,6 +419,77 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
                           f"see {bundle}/reports/report.md")
 
 
+@main.command("deploy")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("hosts", nargs=-1)
+@click.option("--hosts", "inventory", type=click.Path(path_type=Path),
+              help="inventory: one host per line, or Ansible INI")
+@click.option("--port", type=int, help="ssh port (default: ssh's, or ~/.ssh/config)")
+@click.option("--identity", type=click.Path(path_type=Path), help="private key for ssh -i")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config file")
+@click.option("--remote-dir", help="where the bundle goes (default ~/edgepack/NAME)")
+@click.option("--python", "remote_python", default="python3", show_default=True,
+              help="the device's Python")
+@click.option("--transfer", type=click.Choice(["auto", "rsync", "scp"]), default="auto",
+              show_default=True, help="rsync when both ends have it, else scp")
+@click.option("--checksum", is_flag=True, help="compare contents, not size and time (rsync)")
+@click.option("--bwlimit", type=int, default=None, metavar="KB/S",
+              help="limit the copy's bandwidth (slow or metered links)")
+@click.option("--runs", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--threads", type=int, default=None, help="override the session's threads")
+@click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
+@click.option("--require-provider", default=None, help="fail unless this provider runs")
+@click.option("--allow-fallback", is_flag=True,
+              help="run even when the device lacks the target's providers")
+@click.option("--parallel", type=int, default=4, show_default=True,
+              help="devices deployed at once")
+@click.option("--timeout", type=float, default=900.0, show_default=True,
+              help="seconds per remote step")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, port: int | None,
+               identity: Path | None, ssh_config: Path | None, remote_dir: str | None,
+               remote_python: str, transfer: str, checksum: bool, bwlimit: int | None,
+               runs: int, warmup: int,
+               threads: int | None, latency_budget_ms: float | None,
+               require_provider: str | None, allow_fallback: bool, parallel: int,
+               timeout: float, as_json: bool) -> None:
+    """Copy BUNDLE to devices over SSH, check them, verify there, bring the reports back.
+
+    Uses your OpenSSH client and ~/.ssh/config; host keys are checked strictly and no
+    password is ever used (keys or the agent). Reports land in BUNDLE/reports/HOST/.
+    Exit 0 all passed, 1 a check failed, 2 a device was unreachable or failed preflight.
+
+    \b
+    Example:
+        edgepack deploy out/net.tar.gz pi@raspberrypi.local
+        edgepack deploy out/net --hosts devices.ini --parallel 8 --json > fleet.json
+    """
+    from .deploy import DeployOptions, deploy, summary_table
+    from .inventory import parse_host, read_inventory
+
+    targets = [parse_host(h) for h in hosts] + (read_inventory(inventory) if inventory else [])
+    options = DeployOptions(remote_dir=remote_dir, python=remote_python, ssh_config=ssh_config,
+                            port=port, identity=identity, transfer=transfer, checksum=checksum,
+                            bwlimit_kbps=bwlimit,
+                            runs=runs, warmup=warmup, threads=threads,
+                            latency_budget_ms=latency_budget_ms,
+                            require_provider=require_provider, allow_fallback=allow_fallback,
+                            timeout=timeout)
+    results = deploy(bundle, targets, options=options, parallel=parallel, log=log)
+    code = max(r.exit_code for r in results)
+    if as_json:
+        emit({"passed": code == 0, "hosts": [r.to_dict() for r in results]}, True, "")
+    else:
+        if len(results) == 1 and results[0].report:
+            from .verify import render_markdown
+
+            click.echo(render_markdown(results[0].report).rstrip())
+        click.echo(summary_table(results))
+    if code:
+        click.get_current_context().exit(code)
+
+
 @main.command("build")
 @click.argument("model")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +13,32 @@ from .manifest import read_manifest
 REPORTS = "reports"
 
 
-def run_runner(bundle: Path, args: list[str], *, python: str, timeout: float) -> tuple[int, dict, str]:
-    """Run `python run.py ARGS --json` inside *bundle*: (exit code, parsed JSON, stderr)."""
-    cmd = [python, "run.py", *args, "--json"]
-    try:
-        proc = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise VerifyError(f"python interpreter '{python}' not found", "fix --python") from None
-    except subprocess.TimeoutExpired:
-        raise VerifyError(f"run.py {args[0]} did not finish in {timeout:.0f} s",
-                          "raise --timeout or lower --runs") from None
+# Runs `run.py ARGS --json` where the bundle is: (exit code, stdout, stderr).
+Execute = Callable[[list[str]], tuple[int, str, str]]
+
+
+def local_runner(bundle: Path, *, python: str, timeout: float) -> Execute:
+    """Run the bundle's run.py in a separate local process, in the bundle's folder."""
+    def execute(args: list[str]) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run([python, "run.py", *args], cwd=bundle, capture_output=True,
+                                  text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise VerifyError(f"python interpreter '{python}' not found", "fix --python") from None
+        except subprocess.TimeoutExpired:
+            raise VerifyError(f"run.py {args[0]} did not finish in {timeout:.0f} s",
+                              "raise --timeout or lower --runs") from None
+        return proc.returncode, proc.stdout, proc.stderr
+    return execute
+
+
+def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict, str]:
+    """`run.py ARGS --json` through *execute*: (exit code, parsed JSON, stderr)."""
+    code, stdout, stderr = execute([*args, "--json"])
+    proc = subprocess.CompletedProcess(args, code, stdout, stderr)
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode == 2 or (proc.returncode != 0 and not proc.stdout.strip()):
-        raise VerifyError(f"run.py {args[0]} failed in {bundle} (exit {proc.returncode}): {last}",
+        raise VerifyError(f"run.py {args[0]} failed in {where} (exit {proc.returncode}): {last}",
                           "rebuild or copy the bundle again")
     try:
         report = json.loads(proc.stdout)
@@ -40,10 +54,23 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     """Check integrity and accuracy, benchmark, apply budgets; write reports/ in *bundle*."""
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
+    report = run_checks(manifest, local_runner(bundle, python=python, timeout=timeout),
+                        str(bundle), runs=runs, warmup=warmup, threads=threads,
+                        latency_budget_ms=latency_budget_ms, require_provider=require_provider)
+    write_reports(bundle / REPORTS, report)
+    return report
+
+
+def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: int = 100,
+               warmup: int = 10, threads: int | None = None,
+               latency_budget_ms: float | None = None, require_provider: str | None = None,
+               progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """run.py check then bench through *execute*, judged against the bundle's budgets."""
     common = [] if threads is None else ["--threads", str(threads)]
     if require_provider:
         common += ["--require-provider", require_provider]
-    _, check, check_log = run_runner(bundle, ["check", *common], python=python, timeout=timeout)
+    progress("check: integrity and accuracy against the golden outputs")
+    _, check, check_log = run_runner(execute, ["check", *common], where)
     checks = [{"name": "integrity", "passed": not check.get("integrity"),
                "detail": "; ".join(check.get("integrity", [])) or "all file hashes match"}]
     bench: dict[str, Any] = {}
@@ -55,8 +82,9 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
                                "passed": stats["passed"],
                                "detail": f"cosine min {stats['cosine_min']:.5f} >= "
                                          f"{entry['min_cosine']:.4f} vs golden FP32"})
-        _, bench, _ = run_runner(bundle, ["bench", "--runs", str(runs), "--warmup", str(warmup),
-                                          *common], python=python, timeout=timeout)
+        progress(f"bench: {runs} runs after {warmup} warm-up")
+        _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),
+                                           *common], where)
         budget = latency_budget_ms or manifest.get("budget", {}).get("latency_p90_ms")
         if budget:
             for part, entry in bench["parts"].items():
@@ -75,13 +103,12 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
         "check": check, "bench": bench,
     }
-    write_reports(bundle, report)
     return report
 
 
-def write_reports(bundle: Path, report: dict[str, Any]) -> None:
-    out = bundle / REPORTS
-    out.mkdir(exist_ok=True)
+def write_reports(out: Path, report: dict[str, Any]) -> None:
+    """report.json and report.md into the folder *out*."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     (out / "report.md").write_text(render_markdown(report))
 

@@ -1,0 +1,261 @@
+"""deploy(): copy a bundle to devices over SSH, preflight them, verify there, bring reports home."""
+
+import shlex
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BundleError, PackagerError, VerifyError
+from .inventory import Host
+from .manifest import read_manifest
+from .remote import Connection, DeviceError, have_local
+from .verify import run_checks, write_reports
+
+Log = Callable[[str], None]
+EXCLUDE = ("reports/", "cache/")   # local results and device-built engines stay where they are
+MIN_PYTHON = (3, 8)
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    remote_dir: str | None = None          # default: edgepack/<bundle name> in the login's home
+    python: str = "python3"
+    ssh_config: Path | None = None
+    port: int | None = None
+    identity: Path | None = None
+    transfer: str = "auto"                 # auto (rsync when both ends have it), rsync, scp
+    checksum: bool = False                 # compare file contents, not size and time
+    bwlimit_kbps: int | None = None        # slow or metered links
+    runs: int = 100
+    warmup: int = 10
+    threads: int | None = None
+    latency_budget_ms: float | None = None
+    require_provider: str | None = None
+    allow_fallback: bool = False           # run even if the target's providers are missing
+    timeout: float = 900.0
+
+
+@dataclass
+class HostResult:
+    host: str
+    exit_code: int                         # 0 passed, 1 a check failed, 2 error
+    error: str = ""
+    device: dict[str, Any] = field(default_factory=dict)
+    copied: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    reports_dir: str = ""
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return {0: "pass", 1: "FAIL"}.get(self.exit_code, "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "status": self.status}
+
+
+@contextmanager
+def bundle_folder(path: Path):
+    """A bundle directory, or a .tar.gz unpacked into a temporary one (reports go beside it)."""
+    path = Path(path)
+    if path.is_dir():
+        read_manifest(path)
+        yield path, path / "reports"
+        return
+    if not path.is_file() or not path.name.endswith(".tar.gz"):
+        raise BundleError(f"{path}: not a bundle directory or .tar.gz",
+                          "pass what `edgepack build` wrote (out/NAME or out/NAME.tar.gz)")
+    with tempfile.TemporaryDirectory(prefix="edgepack-deploy-") as tmp:
+        try:
+            with tarfile.open(path) as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise BundleError(f"{path}: cannot unpack ({exc})", "build the bundle again") from None
+        folders = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        if len(folders) != 1:
+            raise BundleError(f"{path}: expected one bundle folder inside", "build it again")
+        read_manifest(folders[0])
+        yield folders[0], path.with_name(path.name[:-len(".tar.gz")] + ".reports")
+
+
+def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
+           parallel: int = 4, log: Log = lambda _: None) -> list[HostResult]:
+    """Deploy *bundle* to every host, at most *parallel* at once; one host's failure is its own."""
+    if not hosts:
+        raise PackagerError("no hosts given", "name a host (alias or user@host) or --hosts FILE")
+    with bundle_folder(bundle) as (folder, reports):
+        manifest = read_manifest(folder)
+        if len(hosts) == 1:
+            return [deploy_one(folder, manifest, hosts[0], reports, options, log)]
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
+            futures = [pool.submit(deploy_one, folder, manifest, h, reports, options, log)
+                       for h in hosts]
+            return [f.result() for f in futures]
+
+
+def deploy_one(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
+               options: DeployOptions, log: Log) -> HostResult:
+    start = time.monotonic()
+    result = HostResult(host.name, 2)
+
+    def say(message: str) -> None:
+        log(f"[{host.name}] {message}")
+
+    try:
+        _deploy(folder, manifest, host, reports, options, say, result)
+    except (DeviceError, VerifyError, BundleError) as exc:
+        result.exit_code, result.error = 2, str(exc)
+        say(f"error: {exc}")
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
+            options: DeployOptions, say: Log, result: HostResult) -> None:
+    from ._runtimes import device_probe
+
+    host = Host(host.name, host.destination, host.port or options.port,
+                host.identity or options.identity, host.python, host.remote_dir)
+    conn = Connection(host, ssh_config=options.ssh_config)
+    python = host.python or options.python
+    remote = host.remote_dir or options.remote_dir or f"edgepack/{manifest['name']}"
+    probe = Path(device_probe.__file__).read_text()
+    quoted = shlex.quote(remote)
+
+    say("preflight: python, numpy, onnxruntime, providers, disk")
+    proc = conn.run(f"command -v rsync >/dev/null 2>&1 && echo RSYNC; "
+                    f"{python} - preflight {quoted}", stdin=probe, timeout=options.timeout)
+    info = _probe_json(proc, host, python)
+    info["rsync"] = proc.stdout.startswith("RSYNC")
+    result.device = info
+    problems = preflight_problems(info, manifest, _size(folder), options)
+    if problems:
+        raise DeviceError(f"{host.name}: preflight failed: " + "; ".join(problems),
+                          "install what is missing on the device, then deploy again")
+    say(f"preflight ok: {info['arch']}, Python {info['python']}, onnxruntime "
+        f"{info['onnxruntime']}, {info['free_mb']:.0f} MB free")
+
+    method = options.transfer
+    if method == "auto":
+        method = "rsync" if info["rsync"] and have_local("rsync") else "scp"
+    elif method == "rsync" and not (info["rsync"] and have_local("rsync")):
+        raise DeviceError(f"{host.name}: --transfer rsync, but rsync is missing "
+                          f"{'on the device' if not info['rsync'] else 'here'}",
+                          "install rsync, or use --transfer scp")
+    conn.run(f"mkdir -p {quoted}", timeout=options.timeout)
+    say(f"copying with {method} to {remote}/")
+    copied = conn.copy(folder, remote, method=method, checksum=options.checksum, exclude=EXCLUDE,
+                       bwlimit_kbps=options.bwlimit_kbps)
+    result.copied = copied.__dict__
+    say(f"copied {copied.files} file(s), {copied.bytes_sent / 1e6:.2f} MB sent")
+
+    proc = conn.run(f"{python} - integrity {quoted}", stdin=probe, timeout=options.timeout)
+    found = _probe_json(proc, host, python)["problems"]
+    if found:
+        raise DeviceError(f"{host.name}: refused: {found[0]} on the device"
+                          + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+                          + "; nothing was run", "deploy again with --checksum to replace "
+                          "changed files (rsync skips files whose size and time still match)")
+    say(f"integrity: all {len(manifest['files'])} files match the manifest")
+
+    def execute(args: list[str]) -> tuple[int, str, str]:
+        proc = conn.run(f"cd {quoted} && {python} run.py {shlex.join(args)}",
+                        timeout=options.timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    require = options.require_provider
+    report = run_checks(manifest, execute, f"{host.name}:{remote}", runs=options.runs,
+                        warmup=options.warmup, threads=options.threads,
+                        latency_budget_ms=options.latency_budget_ms,
+                        require_provider=require, progress=say)
+    report["host"] = host.name
+    out = reports / host.label
+    write_reports(out, report)
+    result.report, result.reports_dir = report, str(out)
+    result.exit_code = 0 if report["passed"] else 1
+    say(f"{'passed' if report['passed'] else 'FAILED'}; report in {out}/")
+
+
+def _probe_json(proc, host: Host, python: str) -> dict[str, Any]:
+    import json
+
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        if proc.returncode == 127 or "not found" in proc.stderr:
+            raise DeviceError(f"{host.name}: preflight failed: '{python}' is not on the device",
+                              "install Python 3.8+ there, or pass --python PATH")
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise DeviceError(f"{host.name}: the device probe failed ({last})",
+                          "check that python3 runs on the device")
+    return json.loads(lines[-1])
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (text or "0").split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def preflight_problems(info: dict[str, Any], manifest: dict[str, Any], bundle_bytes: int,
+                       options: DeployOptions) -> list[str]:
+    """One line per thing the device lacks for this bundle, saying what to install."""
+    target = manifest["target"]
+    install = target.get("install") or f"pip install {target['runtime_package']}"
+    package, minimum = target["runtime_package"], target["min_onnxruntime"]
+    problems = []
+    if _version(info["python"]) < MIN_PYTHON:
+        problems.append(f"Python {info['python']} is older than 3.8, which run.py needs")
+    if not info.get("numpy"):
+        problems.append(f"numpy is missing ({info.get('numpy_error', 'not installed')}); "
+                        "install it: python3 -m pip install numpy")
+    if not info.get("onnxruntime"):
+        problems.append(f"{package} is missing ({info.get('onnxruntime_error', 'not installed')})"
+                        f"; install it: {install}")
+    elif _version(info["onnxruntime"]) < _version(minimum):
+        problems.append(f"onnxruntime {info['onnxruntime']} is older than {minimum}, the oldest "
+                        f"this bundle is built for; upgrade: {install}")
+    elif not options.allow_fallback:
+        wanted = [p["name"] for p in manifest.get("providers", [])]
+        missing = [p for p in wanted if p not in info.get("providers", [])]
+        if missing:
+            problems.append(f"onnxruntime {info['onnxruntime']} on the device has no "
+                            f"{', '.join(missing)} (it has {', '.join(info['providers'])}); "
+                            f"{package} with them: {install}; or pass --allow-fallback")
+    need_mb = 2 * bundle_bytes / 1e6 + 50
+    if info.get("free_mb", 0) < need_mb:
+        problems.append(f"only {info['free_mb']:.0f} MB free where the bundle goes, it needs "
+                        f"about {need_mb:.0f} MB; free some space or pass --remote-dir")
+    return problems
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()
+               and p.relative_to(folder).parts[0] not in ("reports", "cache"))
+
+
+def summary_table(results: Sequence[HostResult]) -> str:
+    """One row per host: arch, Python, onnxruntime, provider, latency, accuracy, result."""
+    lines = ["| host | arch | python | onnxruntime | provider | p50 ms | p90 ms | p99 ms | "
+             "accuracy (cosine min) | result |", "|" + " --- |" * 10]
+    for r in results:
+        dev, rep = r.device, r.report
+        bench = rep.get("bench", {}).get("parts", {})
+        lat = [e["latency_ms"] for e in bench.values()]
+        cos = [o["cosine_min"] for p in rep.get("check", {}).get("parts", {}).values()
+               for o in p["outputs"].values()]
+        cells = [r.host, dev.get("arch", "?"), dev.get("python", "?"),
+                 dev.get("onnxruntime") or "missing",
+                 (rep.get("providers") or ["?"])[0].replace("ExecutionProvider", ""),
+                 *(" / ".join(f"{x[k]:.2f}" for x in lat) or "-" for k in ("p50", "p90", "p99")),
+                 f"{min(cos):.4f}" if cos else "-",
+                 r.status + (f": {r.error}" if r.error else "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
