@@ -27,7 +27,9 @@ class Group(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written", err=True)
+            note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
+                    "deploy" else "nothing was written")
+            click.echo(f"interrupted: {note}", err=True)
             ctx.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise

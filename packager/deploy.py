@@ -127,6 +127,7 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     remote = host.remote_dir or options.remote_dir or f"edgepack/{manifest['name']}"
     probe = Path(device_probe.__file__).read_text()
     quoted = shlex.quote(remote)
+    python = shlex.quote(python)
 
     say("preflight: python, numpy, onnxruntime, providers, disk")
     proc = conn.run(f"command -v rsync >/dev/null 2>&1 && echo RSYNC; "
@@ -252,7 +253,7 @@ def summary_table(results: Sequence[HostResult]) -> str:
         cos = [o["cosine_min"] for p in rep.get("check", {}).get("parts", {}).values()
                for o in p["outputs"].values()]
         cells = [r.host, dev.get("arch", "?"), dev.get("python", "?"),
-                 dev.get("onnxruntime") or "missing",
+                 dev.get("onnxruntime") or ("missing" if dev else "?"),
                  (rep.get("providers") or ["?"])[0].replace("ExecutionProvider", ""),
                  *(" / ".join(f"{x[k]:.2f}" for x in lat) or "-" for k in ("p50", "p90", "p99")),
                  f"{min(cos):.4f}" if cos else "-",

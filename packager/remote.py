@@ -109,8 +109,8 @@ def ssh_failure(host: Host, stderr: str) -> DeviceError:
     text = stderr.strip()
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
         return DeviceError(f"{host.name}: refused: the host key changed since it was recorded in "
-                           "known_hosts", "if the device was reinstalled, check its key and run "
-                           f"ssh-keygen -R {host.destination.split('@')[-1]}")
+                           "known_hosts", "if the device was reinstalled, check its new key, "
+                           "then remove the old one: ssh-keygen -R HOST")
     if "Host key verification failed" in text:
         return DeviceError(f"{host.name}: refused: the host key is not in known_hosts or does "
                            "not match it", f"check the key, then connect once with "
