@@ -76,8 +76,9 @@ def progress_bar(label: str):
 def quant_options(func):
     """Options that override the target's quantization preset."""
     opts = [
-        click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), default=None,
-                     help="override the target's precision"),
+        click.option("--precision", type=click.Choice(["int8", "fp16", "fp32", "auto"]),
+                     default=None, help="override the target's precision; auto (build only): "
+                     "the fastest that keeps the accuracy budget, timed here"),
         click.option("--mode", type=click.Choice(["static", "dynamic"]), default=None,
                      help="INT8 static (calibrated) or dynamic"),
         click.option("--format", "format_", type=click.Choice(["qdq", "qoperator"]), default=None,
@@ -308,6 +309,9 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     from .targets import load_target
 
     config = QuantConfig.from_preset(load_target(target).quantization, **quant_overrides(kw))
+    if config.precision == "auto":
+        raise click.UsageError("--precision auto needs the whole build (it times candidates); "
+                               "use `edgepack build --precision auto`, or `edgepack compare`")
     spec = preprocess_option(preprocess)
     calib_set, held = [], []
     if calib is not None:
@@ -511,6 +515,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
+@click.option("--min-cosine", type=float, default=None,
+              help="accuracy budget vs FP32 (default: the target's)")
 @quant_options
 @export_options(dynamic=False)
 @click.option("--force", is_flag=True, help="replace an existing output")
@@ -518,7 +524,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               preprocess: str | None, inputs: tuple[str, ...], parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
-              labels: Path | None, force: bool, as_json: bool, **kw: Any) -> None:
+              labels: Path | None, min_cosine: float | None, force: bool, as_json: bool,
+              **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -543,8 +550,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
         raise SpecError("--calib: give one DIR, or PART=DIR for each part", "see --help")
     precisions = parse_assignments(part_precision, "--part-precision")
     for part, value in precisions.items():
-        if value not in ("int8", "fp16", "fp32"):
-            raise SpecError(f"--part-precision {part}={value}: not int8, fp16 or fp32",
+        if value not in ("int8", "fp16", "fp32", "auto"):
+            raise SpecError(f"--part-precision {part}={value}: not int8, fp16, fp32 or auto",
                             "pick one of those")
     r = build(model, output, target=target,
               calib=Path(single[0]) if single else None,
@@ -556,11 +563,70 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts=parse_assignments(parts, "--part"),
               part_quant={k: {"precision": v} for k, v in precisions.items()},
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
+              min_cosine=min_cosine,
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(
              (f"{p.name} " if len(r.parts) > 1 else "") + p.config.describe() for p in r.parts))
+
+
+@main.command("compare")
+@click.argument("model")
+@click.option("--input", "inputs", multiple=True, metavar="NAME:1x3x224x224[:dtype]",
+              help=INPUT_HELP)
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="samples for calibration and accuracy (default: random inputs)")
+@click.option("--preprocess", help="image spec for --calib images")
+@click.option("--target", default="x86_64-cpu", show_default=True,
+              help="quantization presets and threads")
+@click.option("--batch", "batches", type=int, multiple=True,
+              help="batch sizes (default: 1 and 8)")
+@click.option("--variant", "variants", multiple=True,
+              help="only these variants (repeatable; default: all)")
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--block", type=int, default=20, show_default=True,
+              help="timed calls per engine per round (fewer for larger batches)")
+@click.option("--threads", type=int, default=None, help="intra-op threads for every engine")
+@click.option("--cold/--no-cold", default=True, show_default=True,
+              help="also time import + load + first call in fresh processes")
+@click.option("--chart", type=click.Path(path_type=Path), help="write a PNG bar chart here")
+@click.option("--weights", type=click.Path(path_type=Path),
+              help=".safetensors or weights-only .pt (PyTorch sources)")
+@click.option("--factory-arg", "factory_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--submodule", help="compare only this attribute path")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preprocess: str | None,
+                target: str, batches: tuple[int, ...], variants: tuple[str, ...], rounds: int,
+                block: int, threads: int | None, cold: bool, chart: Path | None,
+                weights: Path | None, factory_args: tuple[str, ...], submodule: str | None,
+                as_json: bool) -> None:
+    """Time every way to run MODEL on this machine, with accuracy: PyTorch eager and
+    torch.compile, ONNX Runtime FP32 and optimised, INT8 static (QDQ U8S8 / S8S8, QOperator),
+    INT8 dynamic, FP16; batch 1 and a larger batch; cold start apart.
+
+    \b
+    Example:
+        edgepack compare models/net.py:build_net --weights net.safetensors \\
+            --input image:1x3x224x224 --calib images/ --preprocess prep.toml --chart cmp.png
+    """
+    from .compare import compare, markdown
+    from .specs import parse_assignments, parse_input
+    from .torchload import parse_factory_args
+
+    result = compare(model, inputs=[parse_input(v) for v in inputs], calib=calib,
+                     preprocess=preprocess_option(preprocess), target=target,
+                     batches=batches or (1, 8), rounds=rounds, block=block, threads=threads,
+                     variants=variants or None, weights=weights,
+                     factory_args=parse_factory_args(parse_assignments(factory_args,
+                                                                       "--factory-arg")),
+                     submodule=submodule, cold=cold, log=log)
+    if chart:
+        from .chart import render
+
+        render(result, chart)
+        result["chart"] = str(chart)
+    emit(result, as_json, markdown(result).rstrip())
 
 
 @main.command("targets")

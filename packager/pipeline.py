@@ -110,7 +110,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           name: str | None = None, force: bool = False,
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
           part_quant: Mapping[str, Mapping[str, Any]] = {},
-          export_options: ExportOptions = ExportOptions(), log: Log = lambda _: None,
+          export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
+          log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
@@ -120,6 +121,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     in *part_calib* and per-part quantization overrides in *part_quant*.
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
+    precision "auto" builds the candidates, times them here and ships the fastest that keeps
+    *min_cosine* (default: the target's budget).
     """
     target = load_target(target) if isinstance(target, str | Path) else target
     output = Path(output)
@@ -137,7 +140,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         for req in requests:
             part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
             payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
-                                          options=export_options, log=part_log, progress=progress)
+                                          options=export_options, min_cosine=min_cosine,
+                                          log=part_log, progress=progress)
             payloads.append(payload)
             results.append(result)
         out = bundle(payloads, output, target=target, name=name, force=force)
@@ -198,7 +202,7 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
 
 
 def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, golden: int,
-                options: ExportOptions, log: Log,
+                options: ExportOptions, min_cosine: float | None, log: Log,
                 progress: Callable[[int, int], None] | None) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
@@ -250,7 +254,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     config = QuantConfig.from_preset(target.preset_for(family), **req.quant)
     if family != "default" and family in target.family_quantization:
         log(f"{family} model: using the target's {family} preset")
-    needs_calib = config.precision == "int8" and config.mode == "static"
+    auto = config.precision == "auto"
+    needs_calib = config.precision in ("int8", "auto") and config.mode == "static"
     if samples is None and req.calib is not None:
         samples = load_samples(req.calib, inputs=inputs, preprocess=req.preprocess,
                                progress=progress)
@@ -275,18 +280,31 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
     fp32 = save_model(simplified, tmp / f"{req.name}.fp32.onnx")
-    candidate = tmp / f"{req.name}.onnx"
-    log(f"quantize: {config.describe()}")
-    quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
+    budget = target.min_cosine if min_cosine is None else min_cosine
+    decision = None
+    if auto:
+        from .autoprecision import choose
+
+        best, decision = choose(fp32, tmp, target=target, family=family,
+                                overrides=dict(req.quant), calib=calib_set, held_out=held_out,
+                                budget=budget, log=log)
+        config, candidate = best.config, best.path
+        needs_calib = config.precision == "int8" and config.mode == "static"
+    else:
+        candidate = tmp / f"{req.name}.onnx"
+        log(f"quantize: {config.describe()}")
+        quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
     accuracy = {**measure_accuracy(candidate, fp32, held_out), "data": data}
     log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
-    if accuracy["cosine_min"] < target.min_cosine:
-        log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the target's "
-            f"min_cosine {target.min_cosine}; try --method entropy/percentile, --exclude "
-            "sensitive nodes, or --precision fp16")
+    if accuracy["cosine_min"] < budget:
+        log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the accuracy budget "
+            f"(min_cosine {budget}); try --method entropy/percentile, --exclude "
+            "sensitive nodes, --precision fp16 or --precision auto")
     precision = {**config.__dict__, "exclude": list(config.exclude), "family": family,
                  "description": config.describe(),
                  "calibration_samples": len(calib_set) if needs_calib else 0}
+    if decision:
+        precision["auto"] = decision
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,

@@ -33,6 +33,8 @@ class QuantConfig(QuantPreset):
         return replace(cls(**asdict(preset)), **given)
 
     def describe(self) -> str:
+        if self.precision == "auto":
+            return "auto (fastest precision within the accuracy budget)"
         if self.precision != "int8":
             return self.precision.upper()
         if self.mode == "dynamic":

@@ -13,7 +13,7 @@ PROVIDERS = (
     "OpenVINOExecutionProvider", "XnnpackExecutionProvider", "ArmNNExecutionProvider",
     "ACLExecutionProvider", "CoreMLExecutionProvider", "QNNExecutionProvider",
 )
-PRECISIONS = ("int8", "fp16", "fp32")
+PRECISIONS = ("int8", "fp16", "fp32", "auto")
 MODES = ("static", "dynamic")
 FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")

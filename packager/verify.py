@@ -102,6 +102,8 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
         "providers": check.get("providers", []),
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
         "check": check, "bench": bench,
+        "precision_choice": {p["name"]: p["precision"]["auto"] for p in manifest["parts"]
+                             if "auto" in p.get("precision", {})},
     }
     return report
 
@@ -135,6 +137,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak RSS {f'{rss:.1f} MB' if rss is not None else 'n/a'}. "
                       f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
                       f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
+    for part, choice in report.get("precision_choice", {}).items():
+        lines += ["", f"## Precision chosen at build ({part}): {choice['chosen']}", "",
+                  choice["reason"], "", "| candidate | p50 ms | p90 ms | cosine min | bytes | "
+                  "within budget |", "| --- | --- | --- | --- | --- | --- |"]
+        for c in choice["candidates"]:
+            cos = f"{c['cosine_min']:.4f}" if c["cosine_min"] is not None else "-"
+            lines.append(f"| {c['precision']} | {c['p50_ms']:.3f} | {c['p90_ms']:.3f} | {cos} | "
+                         f"{c['bytes'] or '-'} | {'yes' if c['meets_budget'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,16 +1,13 @@
-"""make bench: PyTorch eager vs ORT FP32 vs the INT8 bundle: ResNet-18- and MobileNetV2-class
-CNNs (224x224) and a MiniLM-L6-class sentence encoder (128 tokens).
+"""make bench: `edgepack compare` for a ResNet-18-class CNN, a MobileNetV2-class CNN (224x224)
+and a MiniLM-L6-class sentence encoder (128 tokens); prints the tables and writes BENCHMARKS.md.
 
-All engines run in this one process with 2 intra-op threads, batch 1, interleaved in blocks
-(alternating single calls between PyTorch and ORT makes their thread pools fight and inflates
-PyTorch's latency). Figures are medians of every timed call; ratios are within this run.
+Every engine runs in one process per model, interleaved in blocks (packager/timing.py), at batch
+1 and 8, with the target's threads. Ratios are within one run; the machine is shared and noisy.
 """
 
 import argparse
-import platform
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -96,168 +93,93 @@ def init_bn(net, seed):
     return net.eval()
 
 
-def time_blocks(engines, rounds, block):
-    times = {name: [] for name in engines}
-    for fn in engines.values():  # warm-up
-        for _ in range(5):
-            fn()
-    for _ in range(rounds):
-        for name, fn in engines.items():
-            for _ in range(block):
-                t = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t) * 1000)
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
-def session(path):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = THREADS
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def bench_model(name, net, work, rounds, block):
+def resnet18_bn():
     import torch
 
-    from packager.demo import make_dataset
-    from packager.pipeline import build
-
-    calib = work / "calib"
-    if not calib.is_dir():
-        make_dataset(work / "data", per_class={"calib": 10})
-        calib = work / "data" / "calib"
-    onnx_path = work / f"{name}.onnx"
-    x = torch.randn(1, 3, 224, 224)
-    torch.onnx.export(net, (x,), str(onnx_path), input_names=["image"], output_names=["logits"],
-                      opset_version=17, dynamo=False)
-    bundle = work / f"{name}-int8"
-    built = build(onnx_path, bundle, target="x86_64-cpu", calib=calib, preprocess=PREP,
-                  force=True)
-    fp32, int8 = session(onnx_path), session(bundle / "model.onnx")
-    feed = {"image": x.numpy()}
-    torch.set_num_threads(THREADS)
-
-    def eager():
-        with torch.inference_mode():
-            net(x)
-
-    medians = time_blocks({"PyTorch eager": eager, "ORT FP32": lambda: fp32.run(None, feed),
-                           "bundle INT8": lambda: int8.run(None, feed)}, rounds, block)
-    sizes = {"PyTorch eager": sum(p.numel() * 4 for p in net.parameters()),
-             "ORT FP32": onnx_path.stat().st_size,
-             "bundle INT8": (bundle / "model.onnx").stat().st_size}
-    cosine = {"bundle INT8": built.parts[0].accuracy["cosine_min"]}
-    return medians, sizes, cosine, {"bundle INT8": built.parts[0].config.describe()}
+    torch.manual_seed(0)
+    return init_bn(resnet18(), 0)
 
 
-def bench_encoder(work, rounds, block, steps=60):
-    """MiniLM-L6-class: 6 layers, 384 wide, 12 heads, 30522 tokens; briefly trained, because a
-    random encoder's pooled output is near-random and says nothing about quantization error."""
+def mobilenet_v2_bn():
+    import torch
+
+    torch.manual_seed(1)
+    return init_bn(mobilenet_v2(), 1)
+
+
+def encoder_files(work: Path, steps: int = 60):
+    """MiniLM-L6-class (6 layers, 384 wide, 12 heads, 30522 tokens), briefly trained: a random
+    encoder's pooled output is near-random and says nothing about quantization error."""
     import torch
     import torch_models
     from safetensors.torch import save_file
-
-    from packager.pipeline import ExportOptions, build
-    from packager.specs import parse_input
 
     torch.manual_seed(0)
     net = torch_models.Encoder(vocab=30522, dim=384, heads=12, layers=6, ffn=1536)
     torch_models.train_encoder(steps, net, batch=8, length=64)
     save_file(net.state_dict(), str(work / "minilm.safetensors"))
-    g = torch.Generator().manual_seed(1)
-    ids, mask, _ = torch_models.topic_batch(g, 40, 128, 30522)
+    ids, mask, _ = torch_models.topic_batch(torch.Generator().manual_seed(1), 40, 128, 30522)
     np.savez(work / "tokens.npz", input_ids=ids.numpy(), attention_mask=mask.numpy())
-    factory = Path(torch_models.__file__).as_posix() + ":Encoder"
-    args = dict(target="x86_64-cpu", calib=work / "tokens.npz", force=True,
-                inputs=[parse_input("input_ids:1x128:int64"),
-                        parse_input("attention_mask:1x128:int64")],
-                export_options=ExportOptions(
-                    weights=work / "minilm.safetensors",
-                    factory_args={"vocab": 30522, "dim": 384, "heads": 12, "layers": 6,
-                                  "ffn": 1536}))
-    fp32 = build(factory, work / "minilm-fp32", quant={"precision": "fp32"}, **args)
-    default = build(factory, work / "minilm-int8", **args)       # the target's transformer preset
-    static = build(factory, work / "minilm-static", quant={"mode": "static"}, **args)
-    feed = {"input_ids": ids[:1].numpy(), "attention_mask": mask[:1].numpy()}
-    sessions = {"ORT FP32": session(work / "minilm-fp32" / "model.onnx"),
-                "bundle INT8": session(work / "minilm-int8" / "model.onnx"),
-                "static QDQ INT8": session(work / "minilm-static" / "model.onnx")}
-    torch.set_num_threads(THREADS)
-    t_ids, t_mask = ids[:1], mask[:1]
-
-    def eager():
-        with torch.inference_mode():
-            net(t_ids, t_mask)
-
-    engines = {"PyTorch eager": eager}
-    engines.update({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()})
-    medians = time_blocks(engines, rounds, block)
-    sizes = {"PyTorch eager": sum(p.numel() * 4 for p in net.parameters())}
-    sizes.update({k: (work / d / "model.onnx").stat().st_size for k, d in
-                  (("ORT FP32", "minilm-fp32"), ("bundle INT8", "minilm-int8"),
-                   ("static QDQ INT8", "minilm-static"))})
-    cosine = {"bundle INT8": default.parts[0].accuracy["cosine_min"],
-              "static QDQ INT8": static.parts[0].accuracy["cosine_min"]}
-    del fp32
-    return medians, sizes, cosine, {"bundle INT8": default.parts[0].config.describe(),
-                                    "static QDQ INT8": static.parts[0].config.describe()}
-
-
-def cpu_line():
-    model, flags = platform.processor(), set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    feats = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
-    import os
-    return f"{model or '?'} ({platform.machine()}, {os.cpu_count()} cores; {' '.join(feats)})"
+    return work / "minilm.safetensors", work / "tokens.npz"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent /
+                        "BENCHMARKS.md")
     args = parser.parse_args()
-    import onnxruntime
     import torch
 
-    print(f"CPU: {cpu_line()}")
-    print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {THREADS} threads, "
-          f"batch 1, {args.rounds} rounds x {args.block} calls per engine, interleaved")
-    rows, notes = [], {}
+    from packager.compare import compare, markdown
+    from packager.demo import make_dataset
+    from packager.specs import parse_input
+    from packager.timing import machine, machine_line
+
+    here = Path(__file__).resolve().parent
+    threads = 2
+    sections = []
     with tempfile.TemporaryDirectory(prefix="edgepack-bench-") as tmp:
-        runs = [(name, lambda n=net, s=seed, w=Path(tmp): bench_model(
-                    n.__name__, init_bn(n(), s), w, args.rounds, args.block))
-                for seed, (name, net) in enumerate((("resnet18", resnet18),
-                                                    ("mobilenetv2", mobilenet_v2)))]
-        runs.append(("minilm-l6", lambda w=Path(tmp): bench_encoder(w, args.rounds, args.block)))
-        for seed, (name, run) in enumerate(runs):
-            import torch
-            torch.manual_seed(seed)
-            medians, sizes, cosine, how = run()
-            notes.update({f"{name} {k}": v for k, v in how.items()})
-            for engine, ms in medians.items():
-                rows.append((name, engine, ms, medians["ORT FP32"] / ms,
-                             medians["PyTorch eager"] / ms, sizes[engine] / 1e6,
-                             f"{cosine[engine]:.4f}" if engine in cosine else ""))
-    print()
-    print(f"| {'model':12} | {'engine':15} | {'median ms':>9} | {'vs ORT FP32':>11} | "
-          f"{'vs eager':>8} | {'size MB':>7} | {'cosine':>6} |")
-    print(f"|{'-' * 14}|{'-' * 17}|{'-' * 11}|{'-' * 13}|{'-' * 10}|{'-' * 9}|{'-' * 8}|")
-    for model, engine, ms, vs_ort, vs_eager, mb, cos in rows:
-        print(f"| {model:12} | {engine:15} | {ms:9.2f} | {vs_ort:10.2f}x | {vs_eager:7.2f}x | "
-              f"{mb:7.2f} | {cos:>6} |")
-    print("\ncosine: INT8 vs FP32 outputs on held-out calibration data (images drawn by OpenCV; "
-          "token sequences). CNNs 224x224, encoder 1x128 tokens.")
-    for key, value in notes.items():
-        print(f"{key}: {value}")
+        work = Path(tmp)
+        make_dataset(work / "data", per_class={"calib": 10})
+        weights, tokens = encoder_files(work)
+        image = [parse_input("image:1x3x224x224")]
+        runs = [
+            ("ResNet-18-class CNN, 224x224", f"{here / 'bench.py'}:resnet18_bn",
+             dict(inputs=image, calib=work / "data" / "calib", preprocess=PREP)),
+            ("MobileNetV2-class CNN, 224x224", f"{here / 'bench.py'}:mobilenet_v2_bn",
+             dict(inputs=image, calib=work / "data" / "calib", preprocess=PREP)),
+            ("MiniLM-L6-class sentence encoder, 128 tokens (briefly trained)",
+             f"{here / 'torch_models.py'}:Encoder",
+             dict(inputs=[parse_input("input_ids:1x128:int64"),
+                          parse_input("attention_mask:1x128:int64")], calib=tokens,
+                  weights=weights, factory_args={"vocab": 30522, "dim": 384, "heads": 12,
+                                                 "layers": 6, "ffn": 1536})),
+        ]
+        for title, source, kw in runs:
+            print(f"== {title}", flush=True)
+            result = compare(source, batches=(1, 8), rounds=args.rounds, block=args.block,
+                             threads=threads, log=lambda m: print(m, flush=True), **kw)
+            table = markdown(result)
+            print(table, flush=True)
+            sections.append(f"## {title}\n\n{table}")
+    info = machine()
+    text = f"""# Benchmarks
+
+Written by `make bench` (tests/bench.py, which runs `edgepack compare` on each model). Every
+variant of a model was timed in one process, interleaved in blocks, with {threads} intra-op
+threads; p50/p90 are over all timed calls. Cold start (import + load + first call) was measured
+in fresh processes. Accuracy is cosine / top-1 agreement against PyTorch on held-out calibration
+data. The CNNs have random weights with non-trivial BatchNorm statistics and see images drawn by
+OpenCV; the encoder was trained for 60 steps on a synthetic task.
+
+Machine: {machine_line(info)}; Python {info['python']}, torch {torch.__version__}. The machine
+is shared, so compare ratios within one table, not across runs.
+
+""" + "\n".join(sections)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -136,3 +136,31 @@ def train_encoder(steps: int = 150, model: nn.Module | None = None, batch: int =
         loss.backward()
         opt.step()
     return model.eval()
+
+
+class ConvHeavy(nn.Module):
+    """Wide 3x3 convolutions: where INT8 kernels beat FP32 by a wide margin."""
+
+    def __init__(self):
+        super().__init__()
+        layers, width = [], 3
+        for out in (64, 64, 64, 64):
+            layers += [nn.Conv2d(width, out, 3, padding=1), nn.ReLU()]
+            width = out
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(64, 10))
+
+    def forward(self, image):
+        return self.body(image)
+
+
+def conv_heavy() -> nn.Module:
+    torch.manual_seed(0)
+    return ConvHeavy()
+
+
+class Elementwise(nn.Module):
+    """No convolution or matrix product: nothing INT8 kernels can speed up."""
+
+    def forward(self, x):
+        return torch.sigmoid(x * 1.5 + 0.5) * x

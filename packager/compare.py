@@ -1,0 +1,383 @@
+"""compare(): what actually runs fastest on this machine, and at what accuracy.
+
+PyTorch eager and torch.compile (for PyTorch sources), ONNX Runtime FP32 as exported and after
+offline optimisation, INT8 static (QDQ U8S8, QDQ S8S8, QOperator), INT8 dynamic and FP16, at
+batch 1 and a larger batch. Warm latency is timed in one process, interleaved in blocks
+(timing.py); cold start (import + load + first call) is measured apart, in fresh processes.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .calibration import Sample, load_samples, split_holdout
+from .errors import PackagerError
+from .export import export_loaded, make_inputs
+from .inspection import graph_inputs, io_specs
+from .modelio import load_model, save_model
+from .quantize import QuantConfig, quantize_file
+from .shapes import fix_shapes_proto
+from .simplify import simplify_proto
+from .specs import TensorSpec
+from .targets import Target, load_target
+from .timing import machine, time_blocks
+from .torchload import LoadedModel, is_torch_source, load_source
+
+Log = Callable[[str], None]
+EAGER, COMPILED, ORT_FP32, ORT_OPT = ("PyTorch eager", "torch.compile", "ORT FP32",
+                                      "ORT FP32 optimised")
+QUANTIZED = {
+    "INT8 QDQ U8S8": {"precision": "int8", "mode": "static", "format": "qdq",
+                      "activation_type": "uint8", "weight_type": "int8"},
+    "INT8 QDQ S8S8": {"precision": "int8", "mode": "static", "format": "qdq",
+                      "activation_type": "int8", "weight_type": "int8"},
+    "INT8 QOperator": {"precision": "int8", "mode": "static", "format": "qoperator",
+                       "activation_type": "uint8", "weight_type": "int8"},
+    "INT8 dynamic": {"precision": "int8", "mode": "dynamic"},
+    "FP16": {"precision": "fp16"},
+}
+VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, *QUANTIZED)
+EVAL_SAMPLES = 16   # random inputs drawn when no calibration data is given
+
+COLD_ORT = """import json, sys, time
+t0 = time.perf_counter()
+import numpy as np, onnxruntime as ort
+t1 = time.perf_counter()
+so = ort.SessionOptions(); so.intra_op_num_threads = int(sys.argv[3])
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+t2 = time.perf_counter()
+feed = dict(np.load(sys.argv[2]))
+t3 = time.perf_counter()
+s.run(None, feed)
+t4 = time.perf_counter()
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
+                  "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
+"""
+COLD_TORCH = """import json, sys, time
+t0 = time.perf_counter()
+import numpy as np, torch
+t1 = time.perf_counter()
+from packager.torchload import load_source
+args = json.loads(sys.argv[3])
+m = load_source(sys.argv[1], factory_args=args["factory_args"], weights=args["weights"],
+                submodule=args["submodule"]).module
+torch.set_num_threads(max(1, int(args["threads"])) if int(args["threads"]) else torch.get_num_threads())
+t2 = time.perf_counter()
+with np.load(sys.argv[2]) as f:
+    feed = [torch.from_numpy(f[n]) for n in args["names"]]
+t3 = time.perf_counter()
+with torch.inference_mode():
+    m(*feed)
+t4 = time.perf_counter()
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
+                  "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
+"""
+
+
+def session(path: Path, threads: int, level: str = "ORT_ENABLE_ALL"):
+    """A CPU session for timing next to other engines.
+
+    Intra-op spinning is off: with it on, the idle sessions' spinning threads stalled PyTorch
+    calls by up to 40 ms (p90) on a 2-core machine; it costs ORT ~0.01 ms per call there.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def batched(samples: Sequence[Sample], batch: int, count: int | None = None) -> list[Sample]:
+    """Concatenate consecutive batch-1 samples into batches (cycling when there are too few)."""
+    if not samples:
+        return []
+    groups = max(1, len(samples) // batch) if count is None else count
+    out = []
+    for g in range(groups):
+        picks = [samples[(g * batch + i) % len(samples)] for i in range(batch)]
+        out.append({k: np.concatenate([p[k] for p in picks], axis=0) for k in picks[0]})
+    return out
+
+
+def agreement(got: Sequence[Sequence[np.ndarray]], ref: Sequence[Sequence[np.ndarray]]) -> dict:
+    """Cosine (min over samples and outputs) and top-1 agreement of class scores."""
+    cosines, top1 = [], []
+    for g_out, r_out in zip(got, ref, strict=True):
+        for g, r in zip(g_out, r_out, strict=True):
+            a = np.asarray(g, np.float64).reshape(len(g), -1)
+            b = np.asarray(r, np.float64).reshape(len(r), -1)
+            norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+            cosines += list(np.where(norms > 0, (a * b).sum(1) / np.maximum(norms, 1e-30), 1.0))
+            if b.shape[1] >= 2 and np.asarray(r).ndim == 2:
+                top1 += list(a.argmax(1) == b.argmax(1))
+    result = {"cosine_min": float(min(cosines))}
+    if top1:
+        result["top1"] = float(np.mean(top1))
+    return result
+
+
+def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Path | None = None,
+            preprocess: dict[str, Any] | None = None, target: Target | str = "x86_64-cpu",
+            batches: Sequence[int] = (1, 8), rounds: int = 5, block: int = 20,
+            threads: int | None = None, variants: Sequence[str] | None = None,
+            weights: Path | None = None, factory_args: dict[str, Any] | None = None,
+            submodule: str | None = None, cold: bool = True,
+            log: Log = lambda _: None) -> dict[str, Any]:
+    """Benchmark every variant of *source* (PyTorch or .onnx) on this machine; see module doc."""
+    target = load_target(target) if isinstance(target, str | Path) else target
+    wanted = list(variants or VARIANTS)
+    unknown = [v for v in wanted if v not in VARIANTS]
+    if unknown:
+        raise PackagerError(f"unknown variant '{unknown[0]}'", f"variants: {', '.join(VARIANTS)}")
+    if threads is None:
+        threads = int(target.session.get("intra_op_threads", 0))
+    loaded = None
+    if is_torch_source(source):
+        loaded = load_source(str(source), factory_args=factory_args, weights=weights,
+                             submodule=submodule)
+        specs = list(inputs) or loaded.example_inputs
+        if not specs:
+            raise PackagerError("no --input given for a PyTorch model",
+                                "give one per forward() argument: --input NAME:1x3x224x224")
+    else:
+        wanted = [v for v in wanted if v not in (EAGER, COMPILED)]
+        model = load_model(Path(source))
+        given = {s.name: s for s in inputs}
+        specs = [given.get(i["name"]) or TensorSpec(
+            i["name"], tuple(d if isinstance(d, int) and d > 0 else 1 for d in i["shape"]),
+            i["dtype"]) for i in io_specs(graph_inputs(model))]
+    one = [TensorSpec(s.name, (1, *s.shape[1:]), s.dtype) for s in specs]
+    if calib is not None:
+        samples = load_samples(calib, inputs=[{"name": s.name, "shape": list(s.shape),
+                                               "dtype": s.dtype} for s in one],
+                               preprocess=preprocess)
+    else:
+        samples = [dict(zip([s.name for s in one], make_inputs(one, loaded.module if loaded
+                                                                 else _NoModule(), seed=i),
+                            strict=True)) for i in range(EVAL_SAMPLES)]
+    calib_set, held = split_holdout(samples, fraction=0.25)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
+        for batch in batches:
+            log(f"compare: batch {batch}")
+            rows += _compare_batch(Path(tmp), source, loaded, specs, batch, calib_set, held,
+                                   target, threads, wanted, rounds, block, log)
+        if cold:
+            _cold_starts(Path(tmp), source, loaded, rows, threads, weights, factory_args,
+                         submodule, log)
+    return {"source": str(source), "machine": machine(), "threads": threads,
+            "reference": "PyTorch" if loaded is not None else "ORT FP32",
+            "batches": list(batches), "rounds": rounds, "block": block,
+            "samples": {"calibration": len(calib_set), "held_out": len(held),
+                        "data": "calibration" if calib is not None else "random"},
+            "rows": rows}
+
+
+class _NoModule:
+    def modules(self):
+        return []
+
+
+def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
+                   calib_set, held, target: Target, threads: int, wanted, rounds: int,
+                   block: int, log: Log) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+
+    shaped = [TensorSpec(s.name, (batch, *s.shape[1:]), s.dtype) for s in specs]
+    calib_b, held_b = batched(calib_set, batch), batched(held, batch, count=max(2, len(held) //
+                                                                             batch))
+    raw = tmp / f"raw_b{batch}.onnx"
+    if loaded is not None:
+        export_loaded(loaded, raw, inputs=shaped, target=target, force=True)
+    else:
+        proto = fix_shapes_proto(load_model(Path(source)), {s.name: list(s.shape)
+                                                            for s in shaped}, strict=False)
+        save_model(proto, raw)
+    fixed = fix_shapes_proto(load_model(raw), {}, batch=batch, strict=False)
+    simplified, _, _ = simplify_proto(fixed, raw)
+    simple = save_model(fix_shapes_proto(simplified, {}, batch=batch), tmp / f"sim_b{batch}.onnx")
+    paths: dict[str, Path] = {}
+    prepare: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    if ORT_FP32 in wanted:
+        paths[ORT_FP32] = raw
+    if ORT_OPT in wanted:
+        start = time.perf_counter()
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(tmp / f"opt_b{batch}.onnx")
+        ort.InferenceSession(str(simple), so, providers=["CPUExecutionProvider"])
+        paths[ORT_OPT] = tmp / f"opt_b{batch}.onnx"
+        prepare[ORT_OPT] = time.perf_counter() - start
+    for name, overrides in QUANTIZED.items():
+        if name not in wanted:
+            continue
+        out = tmp / f"{name.replace(' ', '_')}_b{batch}.onnx"
+        start = time.perf_counter()
+        try:
+            quantize_file(simple, out, config=QuantConfig.from_preset(target.quantization,
+                                                                      **overrides),
+                          samples=calib_b)
+            paths[name] = out
+            prepare[name] = time.perf_counter() - start
+        except PackagerError as exc:
+            errors[name] = exc.message
+    feeds = [{s.name: h[s.name].astype(s.dtype) for s in shaped} for h in held_b]
+    names = [s.name for s in shaped]
+    engines: dict[str, Callable[[], Any]] = {}
+    outputs: dict[str, list[list[np.ndarray]]] = {}
+    if loaded is not None:
+        import torch
+
+        torch.set_num_threads(threads or torch.get_num_threads())
+        module = loaded.module
+        tensors = [[torch.from_numpy(f[n]) for n in names] for f in feeds]
+
+        def torch_out(fn):
+            with torch.inference_mode():
+                return [[t.numpy() for t in _flat(fn(*ts))] for ts in tensors]
+
+        reference = torch_out(module)
+        if EAGER in wanted:
+            outputs[EAGER] = reference
+            engines[EAGER] = lambda: _no_grad(module, tensors[0])
+        if COMPILED in wanted:
+            try:
+                # Inductor's pool of compile workers otherwise keeps the CPU busy in the
+                # background while the other engines are timed (22 ms instead of 0.2 ms for
+                # eager on a 2-core machine).
+                import torch._inductor.config as inductor
+
+                inductor.compile_threads = 1
+                start = time.perf_counter()
+                compiled = torch.compile(module)
+                outputs[COMPILED] = torch_out(compiled)
+                prepare[COMPILED] = time.perf_counter() - start
+                engines[COMPILED] = lambda: _no_grad(compiled, tensors[0])
+            except Exception as exc:   # no C++ compiler, unsupported op, ...
+                errors[COMPILED] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+    for name, path in paths.items():
+        try:
+            sess = session(path, threads)
+            outputs[name] = [sess.run(None, f) for f in feeds]
+            engines[name] = (lambda s=sess: s.run(None, feeds[0]))
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+    if loaded is None:
+        reference = outputs.get(ORT_FP32) or [session(raw, threads).run(None, f) for f in feeds]
+    scale = max(1, batch)
+    log(f"compare: timing {len(engines)} engines, batch {batch}")
+    medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale))
+    eager = medians.get(EAGER, {}).get("p50")
+    base = medians.get(ORT_FP32, {}).get("p50")
+    rows = []
+    for name in wanted:
+        row: dict[str, Any] = {"variant": name, "batch": batch}
+        if name in errors or name not in medians:
+            row["error"] = errors.get(name, "not run")
+            rows.append(row)
+            continue
+        p50 = medians[name]["p50"]
+        row.update({"p50_ms": p50, "p90_ms": medians[name]["p90"],
+                    "per_sample_ms": p50 / batch,
+                    "vs_eager": eager / p50 if eager else None,
+                    "vs_ort_fp32": base / p50 if base else None,
+                    "size_mb": (paths[name].stat().st_size / 1e6 if name in paths else
+                                sum(p.numel() * p.element_size()
+                                    for p in loaded.module.parameters()) / 1e6),
+                    **agreement(outputs[name], reference)})
+        if name in prepare:
+            row["prepare_s"] = prepare[name]
+        row["_path"] = str(paths.get(name, ""))
+        rows.append(row)
+    np.savez(tmp / f"feed_b{batch}.npz", **feeds[0])
+    return rows
+
+
+def _no_grad(fn, tensors):
+    import torch
+
+    with torch.inference_mode():
+        return fn(*tensors)
+
+
+def _flat(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for v in value for t in _flat(v)]
+
+
+def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args, submodule,
+                 log: Log) -> None:
+    """Import + load + first call in a fresh process, batch 1 only."""
+    first = min((r["batch"] for r in rows), default=1)
+    feed = tmp / f"feed_b{first}.npz"
+    for row in rows:
+        if row["batch"] != first or "error" in row or row["variant"] == COMPILED:
+            continue
+        if row["variant"] == EAGER:
+            with np.load(feed) as f:
+                names = list(f.files)
+            args = json.dumps({"factory_args": factory_args or {}, "weights":
+                               str(weights) if weights else None, "submodule": submodule,
+                               "threads": threads, "names": names})
+            cmd = [sys.executable, "-c", COLD_TORCH, str(source), str(feed), args]
+        else:
+            cmd = [sys.executable, "-c", COLD_ORT, row["_path"], str(feed), str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode == 0 and proc.stdout.strip():
+            row["cold_start"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            row["cold_start_error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:160]
+    for row in rows:
+        row.pop("_path", None)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The comparison as a Markdown table (one row per variant and batch)."""
+    from .timing import machine_line
+
+    lines = [f"Machine: {machine_line(result['machine'])}; {result['threads'] or 'default'} "
+             f"intra-op threads (ORT spinning off); {result['rounds']} rounds, interleaved in "
+             "blocks.", "",
+             "| variant | batch | p50 ms | p90 ms | per sample ms | vs eager | vs ORT FP32 | "
+             "size MB | cosine min | top-1 | cold start ms | prepare s |",
+             "|" + " --- |" * 12]
+
+    def num(value, fmt):
+        return format(value, fmt) if isinstance(value, int | float) else "-"
+
+    def ratio(value):
+        return "-" if not value else f"{value:.2f}x" if value >= 0.1 else f"{value:.3f}x"
+
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['batch']} | failed: {r['error']} |" +
+                         " |" * 9)
+            continue
+        cold = r.get("cold_start", {}).get("total_ms")
+        lines.append(
+            f"| {r['variant']} | {r['batch']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
+            f"{r['per_sample_ms']:.2f} | {ratio(r['vs_eager'])} | {ratio(r['vs_ort_fp32'])} | "
+            f"{r['size_mb']:.2f} | {r['cosine_min']:.4f} | "
+            f"{num(100 * r['top1'], '.1f') + '%' if 'top1' in r else '-'} | "
+            f"{num(cold, '.0f')} | {num(r.get('prepare_s'), '.1f')} |")
+    lines += ["", f"cosine / top-1: against {result['reference']} on "
+        f"{result['samples']['held_out']} held-out {result['samples']['data']} samples. Cold "
+        "start: import + load + first call in a fresh process (batch "
+        f"{min(result['batches'])}). prepare: quantization, offline optimisation or compile time."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,60 @@
+"""Latency measurement that is fair between engines sharing one noisy machine.
+
+Engines run interleaved in blocks: every round gives each engine a few untimed calls (its thread
+pool and caches warm up after the switch) and then a block of timed calls. Alternating single
+calls between PyTorch and ONNX Runtime makes their thread pools fight; measured here, it
+inflated PyTorch's latency up to 4x.
+"""
+
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
+                switch_warmup: int = 3, warmup: int = 5) -> dict[str, dict[str, float]]:
+    """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks."""
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for fn in engines.values():
+        for _ in range(warmup):
+            fn()
+    for _ in range(rounds):
+        for name, fn in engines.items():
+            for _ in range(switch_warmup):
+                fn()
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1000.0)
+    return {name: {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+                   "mean": float(np.mean(t)), "calls": len(t)} for name, t in times.items()}
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores and the instruction-set flags that decide INT8 speed."""
+    model, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith(("flags", "Features")) and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16", "asimddp",
+              "i8mm", "sve")
+    import onnxruntime
+
+    return {"cpu": model or "?", "arch": platform.machine(), "cores": os.cpu_count(),
+            "flags": [f for f in wanted if f in flags], "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__}
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (f"{info['cpu']} ({info['arch']}, {info['cores']} cores; "
+            f"{' '.join(info['flags']) or 'no VNNI/AMX flags'}), onnxruntime {info['onnxruntime']}")

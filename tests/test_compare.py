@@ -1,0 +1,113 @@
+"""compare (every way to run a model, timed here) and build --precision auto."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+
+from conftest import PREP
+from packager.compare import COMPILED, EAGER, ORT_FP32, VARIANTS, compare, markdown
+from packager.pipeline import build
+from packager.specs import parse_input
+
+MODELS = Path(__file__).parent / "torch_models.py"
+IMAGE = [parse_input("image:1x3x32x32")]
+
+
+@pytest.fixture(scope="module")
+def result():
+    return compare(f"{MODELS}:cnn", inputs=IMAGE, batches=(1, 2), rounds=1, block=4)
+
+
+def test_compare_returns_every_variant_with_sane_fields(result):
+    assert [(r["variant"], r["batch"]) for r in result["rows"]] == \
+        [(v, b) for b in (1, 2) for v in VARIANTS]
+    for r in result["rows"]:
+        if "error" in r:   # torch.compile needs a C++ compiler; nothing else may fail
+            assert r["variant"] == COMPILED, r
+            continue
+        assert 0 < r["p50_ms"] <= r["p90_ms"] and r["size_mb"] > 0
+        assert r["per_sample_ms"] == pytest.approx(r["p50_ms"] / r["batch"])
+        assert 0.98 < r["cosine_min"] <= 1.0 + 1e-9 and 0.5 <= r["top1"] <= 1.0
+        if r["batch"] == 1 and r["variant"] != COMPILED:
+            cold = r["cold_start"]
+            assert cold["total_ms"] >= cold["load_ms"] > 0 and cold["import_ms"] > 0
+    rows = {(r["variant"], r["batch"]): r for r in result["rows"]}
+    assert rows[(ORT_FP32, 1)]["vs_ort_fp32"] == pytest.approx(1.0)
+    assert rows[(EAGER, 1)]["vs_eager"] == pytest.approx(1.0)
+    assert rows[("INT8 QDQ U8S8", 1)]["size_mb"] < rows[(ORT_FP32, 1)]["size_mb"]
+    assert result["reference"] == "PyTorch" and result["machine"]["cores"] >= 1
+    table = markdown(result)
+    assert all(v in table for v in VARIANTS) and "cold start ms" in table
+
+
+def test_chart_is_a_png_that_decodes(result, tmp_path):
+    from packager.chart import render
+
+    image = cv2.imread(str(render(result, tmp_path / "chart.png")))
+    assert image is not None and image.shape[1] == 1000 and image.shape[0] > 300
+    assert (image < 128).any()   # bars and text were drawn
+
+
+def test_cli_compare_onnx_model_json_and_chart(cnn_onnx, image_dir, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "packager", "compare", str(cnn_onnx), "--calib",
+                        str(image_dir), "--preprocess", "size=32x32,scale=1/255", "--batch", "1",
+                        "--rounds", "1", "--block", "3", "--no-cold", "--variant", "ORT FP32",
+                        "--variant", "INT8 dynamic", "--chart", str(tmp_path / "c.png"),
+                        "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [row["variant"] for row in data["rows"]] == ["ORT FP32", "INT8 dynamic"]
+    assert data["reference"] == "ORT FP32" and data["samples"]["data"] == "calibration"
+    assert cv2.imread(data["chart"]) is not None
+
+
+def has_qdq(bundle: Path) -> bool:
+    model = onnx.load(str(bundle / "model.onnx"))
+    return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+
+
+def test_auto_ships_int8_where_it_wins(image_dir, tmp_path):
+    r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
+              preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
+              quant={"precision": "auto"})
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["auto"]
+    assert r.parts[0].config.precision == "int8" and has_qdq(tmp_path / "b")
+    assert "faster than FP32" in decision["reason"]
+    fp32, int8 = decision["candidates"][:2]
+    assert int8["p50_ms"] * 1.05 <= fp32["p50_ms"] and int8["meets_budget"]
+    assert decision["measured_on"]["cpu"] and len(decision["candidates"]) == 3
+    from packager.verify import verify
+
+    report = verify(tmp_path / "b", runs=3, warmup=1)
+    assert report["precision_choice"]["model"]["chosen"].startswith("INT8 static")
+    md = (tmp_path / "b" / "reports" / "report.md").read_text()
+    assert "## Precision chosen at build (model): INT8 static" in md and "| candidate |" in md
+
+
+def test_auto_keeps_fp32_when_int8_cannot_win(tmp_path):
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).standard_normal((20, 1, 256))
+             .astype(np.float32))
+    r = build(f"{MODELS}:Elementwise", tmp_path / "b", target="x86_64-cpu",
+              calib=tmp_path / "x.npz", inputs=[parse_input("x:1x256")],
+              quant={"precision": "auto"})
+    assert r.parts[0].config.precision == "fp32" and not has_qdq(tmp_path / "b")
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["auto"]
+    assert decision["reason"].startswith("FP32: ") and "not faster than FP32" in decision["reason"]
+
+
+def test_auto_honours_the_accuracy_budget(image_dir, tmp_path):
+    r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
+              preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
+              quant={"precision": "auto"}, min_cosine=0.999999)
+    assert r.parts[0].config.precision == "fp32"
+    reason = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["auto"]["reason"]
+    assert "missed the accuracy budget" in reason and "< 0.999999" in reason
