@@ -47,6 +47,8 @@ def candidate_configs(target: Target, family: str, overrides: dict[str, Any]) ->
     preset = target.preset_for(family)
     fixed = {k: v for k, v in overrides.items() if k != "precision"}
     base = QuantConfig.from_preset(preset, **fixed)
+    if base.calibration_method == "auto":   # the method search belongs to a chosen precision
+        base = replace(base, calibration_method="minmax")
     configs = [replace(base, precision="fp32"), replace(base, precision="int8")]
     if base.mode == "static":
         configs.append(replace(base, precision="int8", mode="dynamic"))

@@ -149,14 +149,39 @@ def stack(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
+def holdout_indices(count: int, fraction: float) -> set[int]:
+    """Every k-th index, spread over the set: the samples kept out of calibration."""
+    if count < 2:
+        raise CalibrationError(f"{count} calibration sample(s): need at least 2 (one to "
+                               "calibrate, one held out to measure accuracy)", "add samples")
+    held = max(1, round(count * fraction))
+    step = count / held
+    return {int(i * step + step / 2) for i in range(held)}
+
+
 def split_holdout(samples: Sequence[Sample], *, fraction: float) -> tuple[list[Sample], list[Sample]]:
     """Every k-th sample held out for accuracy (never used to calibrate); the rest calibrate."""
-    if len(samples) < 2:
-        raise CalibrationError(f"{len(samples)} calibration sample(s): need at least 2 (one to "
-                               "calibrate, one held out to measure accuracy)", "add samples")
-    held = max(1, round(len(samples) * fraction))
-    step = len(samples) / held
-    picks = {int(i * step + step / 2) for i in range(held)}
+    picks = holdout_indices(len(samples), fraction)
     calib = [s for i, s in enumerate(samples) if i not in picks]
     holdout = [s for i, s in enumerate(samples) if i in picks]
     return calib, holdout
+
+
+def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None:
+    """Labels of the held-out samples, for a user's metric: the class folder of each image
+    (calib/cat/1.jpg -> "cat"), or the "labels" array of a single .npz; else None."""
+    files = list_sources(source)
+    if is_image_source(files):
+        root = Path(source)
+        labels = [p.parent.name if p.parent != root else None for p in files]
+        if None in labels or len(labels) != count:
+            return None
+    elif len(files) == 1 and files[0].suffix.lower() == ".npz":
+        with np.load(files[0]) as f:
+            if "labels" not in f.files or len(f["labels"]) != count:
+                return None
+            labels = [x.item() if hasattr(x, "item") else x for x in f["labels"]]
+    else:
+        return None
+    picks = holdout_indices(count, fraction)
+    return [label for i, label in enumerate(labels) if i in picks]

@@ -88,13 +88,39 @@ def quant_options(func):
         click.option("--per-channel/--per-tensor", default=None, help="weight scales"),
         click.option("--reduce-range/--no-reduce-range", default=None,
                      help="7-bit weights (AVX2-only CPUs)"),
-        click.option("--method", type=click.Choice(["minmax", "entropy", "percentile"]),
-                     default=None, help="calibration method"),
+        click.option("--method", type=click.Choice(["minmax", "entropy", "percentile", "auto"]),
+                     default=None, help="calibration method (auto: try all three, keep the "
+                     "best within the budget)"),
         click.option("--exclude", multiple=True, help="node name to keep in FP32 (repeatable)"),
     ]
     for opt in reversed(opts):
         func = opt(func)
     return func
+
+
+def budget_options(func):
+    """The accuracy budget: what quantization may cost."""
+    opts = [
+        click.option("--min-cosine", type=float, default=None,
+                     help="every held-out output's cosine to FP32 (default: the target's)"),
+        click.option("--max-accuracy-drop", default=None, metavar="PERCENT",
+                     help="e.g. 1%: accuracy may fall this much (top-1 agreement with FP32, "
+                          "or --metric)"),
+        click.option("--metric", default=None, metavar="FILE.py:FUNCTION",
+                     help="your accuracy: FUNCTION(outputs, labels) -> float, higher is better"),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def budget_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    from .budget import load_metric, parse_drop
+
+    drop, metric = kw.pop("max_accuracy_drop"), kw.pop("metric")
+    return {"min_cosine": kw.pop("min_cosine"),
+            "max_accuracy_drop": parse_drop(drop) if drop is not None else None,
+            "metric": load_metric(metric) if metric else None}
 
 
 def quant_overrides(kw: dict[str, Any]) -> dict[str, Any]:
@@ -285,6 +311,7 @@ def fix_shapes_cmd(model: Path, output: Path, inputs: tuple[str, ...], batch: in
 @click.option("--holdout", type=float, default=0.2, show_default=True,
               help="fraction of samples kept out of calibration to measure accuracy")
 @quant_options
+@budget_options
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
@@ -308,7 +335,9 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     from .quantize import QuantConfig, quantize
     from .targets import load_target
 
-    config = QuantConfig.from_preset(load_target(target).quantization, **quant_overrides(kw))
+    profile = load_target(target)
+    config = QuantConfig.from_preset(profile.quantization, **quant_overrides(kw))
+    limits = budget_kwargs(kw)
     if config.precision == "auto":
         raise click.UsageError("--precision auto needs the whole build (it times candidates); "
                                "use `edgepack build --precision auto`, or `edgepack compare`")
@@ -319,15 +348,79 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
         samples = load_samples(calib, inputs=inputs, preprocess=spec,
                                progress=progress_bar("decoding"))
         calib_set, held = split_holdout(samples, fraction=holdout)
-    quantize(model, output, config=config, samples=calib_set, force=force,
-             progress=progress_bar("calibrating"))
-    result = {"output": str(output), "config": config.describe(), "calibration_samples":
-              len(calib_set)}
+    result: dict[str, Any] = {}
+    wants_budget = any(v is not None for v in limits.values())
+    if config.calibration_method == "auto" or wants_budget:
+        from .budget import AccuracyBudget, quantize_checked
+        from .calibration import sample_labels
+
+        metric = limits["metric"]
+        guard = AccuracyBudget(
+            min_cosine=limits["min_cosine"] if limits["min_cosine"] is not None else
+            (profile.min_cosine if not limits["max_accuracy_drop"] else None),
+            max_drop=limits["max_accuracy_drop"], metric=metric[0] if metric else None,
+            metric_name=metric[1] if metric else "")
+        labels = sample_labels(calib, len(calib_set) + len(held), holdout) if metric and \
+            calib is not None else None
+        config, _, result["budget"] = quantize_checked(
+            model, output, config=config, calib=calib_set, held=held, budget=guard,
+            labels=labels, force=force, log=log, progress=progress_bar("calibrating"))
+    else:
+        quantize(model, output, config=config, samples=calib_set, force=force,
+                 progress=progress_bar("calibrating"))
+    result.update({"output": str(output), "config": config.describe(), "calibration_samples":
+                   len(calib_set)})
     text = f"{output}: {config.describe()}"
     if held:
         result["accuracy"] = measure_accuracy(output, model, held)
         text += "\naccuracy vs FP32: " + accuracy_line(result["accuracy"])
     emit(result, as_json, text)
+
+
+@main.command("debug-quant")
+@click.argument("fp32", type=click.Path(path_type=Path))
+@click.argument("quantized", type=click.Path(path_type=Path))
+@click.option("--calib", type=click.Path(path_type=Path), required=True,
+              help="samples to run both models on (images or .npy/.npz)")
+@click.option("--preprocess", help="image spec for --calib images")
+@click.option("--samples", type=int, default=8, show_default=True, help="samples compared")
+@click.option("--top", type=int, default=20, show_default=True, help="rows shown")
+@click.option("--damage", type=float, default=0.01, show_default=True,
+              help="cosine a node may lose before it is a candidate for FP32")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | None,
+                    samples: int, top: int, damage: float, as_json: bool) -> None:
+    """Per-layer error of QUANTIZED against FP32, worst first, and the nodes to keep in FP32.
+
+    Every intermediate tensor of both graphs is compared on the same inputs (cosine, SQNR);
+    a node's damage is the cosine it loses between its inputs and its output.
+
+    \b
+    Example:
+        edgepack debug-quant model.static.onnx model.int8.onnx --calib images/ \\
+            --preprocess prep.toml
+    """
+    from .calibration import load_samples
+    from .inspection import graph_inputs, io_specs
+    from .modelio import load_model
+    from .sensitivity import layer_errors, suggest
+
+    inputs = io_specs(graph_inputs(load_model(fp32)))
+    loaded = load_samples(calib, inputs=inputs, preprocess=preprocess_option(preprocess))
+    rows = layer_errors(fp32, quantized, loaded[:max(1, samples)])
+    risky = [r for r in rows if r["damage"] >= damage]
+    picks = suggest(risky, [], count=len(risky)) if risky else []
+    result = {"samples": min(len(loaded), samples), "layers": rows,
+              "would_exclude": [{"node": n, "why": why} for n, why in picks]}
+    lines = ["| node | op | output cosine | SQNR dB | damage | quantized |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['node'] or r['output']} | {r['op']} | {r['cosine']:.5f} | "
+              f"{r['sqnr_db']:.1f} | {r['damage']:.5f} | {'yes' if r['quantized'] else 'no'} |"
+              for r in rows[:top]]
+    lines.append("")
+    lines.append("would keep in FP32: " + ("; ".join(f"{n} ({why})" for n, why in picks)
+                                           if picks else f"nothing (no node loses {damage})"))
+    emit(result, as_json, "\n".join(lines))
 
 
 @main.command("bundle")
@@ -515,8 +608,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
-@click.option("--min-cosine", type=float, default=None,
-              help="accuracy budget vs FP32 (default: the target's)")
+@budget_options
 @quant_options
 @export_options(dynamic=False)
 @click.option("--force", is_flag=True, help="replace an existing output")
@@ -524,8 +616,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               preprocess: str | None, inputs: tuple[str, ...], parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
-              labels: Path | None, min_cosine: float | None, force: bool, as_json: bool,
-              **kw: Any) -> None:
+              labels: Path | None, force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -563,7 +654,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts=parse_assignments(parts, "--part"),
               part_quant={k: {"precision": v} for k, v in precisions.items()},
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
-              min_cosine=min_cosine,
+              **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "parts": [p.summary() for p in r.parts]}, as_json,

@@ -6,20 +6,30 @@ through export (PyTorch sources), fix shapes, simplify, quantize and measure on 
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .accuracy import measure_accuracy
 from .atomic import check_free
+from .budget import AccuracyBudget, calibration_record, hygiene, latency_cost, quantize_to_budget
 from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
-from .calibration import Sample, is_image_source, list_sources, load_samples, peek_shapes, split_holdout
+from .calibration import (
+    Sample,
+    is_image_source,
+    list_sources,
+    load_samples,
+    peek_shapes,
+    sample_labels,
+    split_holdout,
+)
 from .errors import CalibrationError, SpecError
 from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .inspection import dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
 from .quantize import QuantConfig, quantize_file
+from .sensitivity import name_nodes
 from .shapes import fix_shapes_proto
 from .simplify import simplify_proto
 from .specs import TensorSpec
@@ -111,6 +121,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
           part_quant: Mapping[str, Mapping[str, Any]] = {},
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
+          max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
@@ -141,6 +152,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
             payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
                                           options=export_options, min_cosine=min_cosine,
+                                          max_drop=max_accuracy_drop, metric=metric,
                                           log=part_log, progress=progress)
             payloads.append(payload)
             results.append(result)
@@ -202,7 +214,8 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
 
 
 def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, golden: int,
-                options: ExportOptions, min_cosine: float | None, log: Log,
+                options: ExportOptions, min_cosine: float | None, max_drop: float | None,
+                metric: tuple[Any, str] | None, log: Log,
                 progress: Callable[[int, int], None] | None) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
@@ -279,9 +292,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if needs_calib:
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
-    fp32 = save_model(simplified, tmp / f"{req.name}.fp32.onnx")
+    fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
-    decision = None
+    decision = budget_record = None
     if auto:
         from .autoprecision import choose
 
@@ -293,7 +306,27 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     else:
         candidate = tmp / f"{req.name}.onnx"
         log(f"quantize: {config.describe()}")
-        quantize_file(fp32, candidate, config=config, samples=calib_set, progress=progress)
+        if needs_calib:
+            for note in hygiene(calib_set, held_out):
+                log(f"warning: {note}")
+        drop = max_drop if max_drop is not None else target.max_accuracy_drop
+        guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
+                               metric=metric[0] if metric else None,
+                               metric_name=metric[1] if metric else "")
+        labels_held = (sample_labels(req.calib, len(samples), holdout)
+                       if metric and req.calib is not None else None)
+        config, _, budget_record = quantize_to_budget(
+            fp32, candidate, config=config, calib=calib_set, held=held_out, budget=guard,
+            labels=labels_held, log=log, progress=progress)
+        if budget_record["excluded"]:
+            log(f"kept in FP32 to meet the budget: {', '.join(budget_record['excluded'])}")
+            first = tmp / f"{req.name}.first.onnx"
+            quantize_file(fp32, first, config=replace(config, exclude=tuple(
+                n for n in config.exclude if n not in budget_record["excluded"])),
+                samples=calib_set)
+            budget_record["latency"] = latency_cost(fp32, first, candidate)
+            log("latency p50: FP32 {fp32_p50_ms:.3f} ms, INT8 {int8_first_p50_ms:.3f} ms, INT8 "
+                "with exclusions {int8_final_p50_ms:.3f} ms".format(**budget_record["latency"]))
     accuracy = {**measure_accuracy(candidate, fp32, held_out), "data": data}
     log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
     if accuracy["cosine_min"] < budget:
@@ -305,6 +338,10 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                  "calibration_samples": len(calib_set) if needs_calib else 0}
     if decision:
         precision["auto"] = decision
+    if needs_calib:
+        precision["calibration"] = calibration_record(calib_set, config.calibration_method)
+    if budget_record is not None:
+        precision["budget"] = budget_record
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,

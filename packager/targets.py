@@ -17,7 +17,7 @@ PRECISIONS = ("int8", "fp16", "fp32", "auto")
 MODES = ("static", "dynamic")
 FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")
-METHODS = ("minmax", "entropy", "percentile")
+METHODS = ("minmax", "entropy", "percentile", "auto")
 OPT_LEVELS = ("disabled", "basic", "extended", "all")
 FAMILIES = ("transformer",)   # model families a profile can give their own preset
 
@@ -61,6 +61,7 @@ class Target:
     min_cosine: float
     path: Path
     family_quantization: dict[str, QuantPreset] = field(default_factory=dict)
+    max_accuracy_drop: float | None = None
 
     def preset_for(self, family: str) -> QuantPreset:
         """The preset for a model family ('transformer', ...), else the default preset."""
@@ -174,7 +175,11 @@ def _parse(data: dict, path: Path) -> Target:
     families = {fam: _preset(_get(q, fam, dict, w), preset, f"{w}.{fam}")
                 for fam in FAMILIES if fam in q}
     budget = _get(data, "budget", dict, f, {})
-    _unknown(budget, {"latency_p90_ms", "min_cosine"}, f"{f}: budget")
+    _unknown(budget, {"latency_p90_ms", "min_cosine", "max_accuracy_drop"}, f"{f}: budget")
+    drop = _get(budget, "max_accuracy_drop", float, f"{f}: budget", None)
+    if drop is not None and not 0 <= drop < 1:
+        raise TargetError(f"{f}: budget: max_accuracy_drop = {drop} is not a fraction in [0, 1)",
+                          "write 0.01 for 1%")
     batch = _get(data, "batch", int, f, 1)
     if batch < 1:
         raise TargetError(f"{f}: batch must be >= 1", "fix the value")
@@ -188,4 +193,5 @@ def _parse(data: dict, path: Path) -> Target:
         family_quantization=families,
         latency_p90_ms=_get(budget, "latency_p90_ms", float, f"{f}: budget", None),
         min_cosine=_get(budget, "min_cosine", float, f"{f}: budget", 0.98), path=path,
+        max_accuracy_drop=drop,
     )

@@ -164,3 +164,32 @@ class Elementwise(nn.Module):
 
     def forward(self, x):
         return torch.sigmoid(x * 1.5 + 0.5) * x
+
+
+class Sensitive(nn.Module):
+    """A small classifier with one layer whose activations have a huge outlier channel.
+
+    With per-tensor INT8 activations, the outlier sets the scale and the other channels round
+    to a handful of levels: the classifier after it falls apart. Keeping that one layer in FP32
+    restores the accuracy.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.spike = nn.Linear(32, 64)
+        self.head = nn.Linear(64, 10)
+        with torch.no_grad():
+            self.spike.weight[0] *= 400.0          # channel 0: values ~400x the others
+            self.spike.bias[0] = 2000.0
+            self.head.weight[:, 0] *= 1e-3         # ... which the head barely uses
+
+    def forward(self, image):
+        return self.head(self.spike(self.stem(image)))
+
+
+def sensitive() -> nn.Module:
+    torch.manual_seed(0)
+    return Sensitive()

@@ -1,0 +1,174 @@
+"""Accuracy-aware quantization: budgets, sensitive layers kept in FP32, debug-quant, If models."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import PREP, PREP_TEXT, write_images
+from packager.accuracy import measure_accuracy
+from packager.budget import AccuracyBudget, parse_drop, quantize_checked
+from packager.calibration import load_samples, split_holdout
+from packager.errors import PackagerError
+from packager.export import export
+from packager.pipeline import build
+from packager.quantize import QuantConfig, quantize_file
+from packager.specs import parse_input
+from packager.targets import load_target
+
+MODELS = Path(__file__).parent / "torch_models.py"
+IMAGE = [parse_input("image:1x3x32x32")]
+X86 = load_target("x86_64-cpu")
+
+
+@pytest.fixture(scope="module")
+def sensitive(tmp_path_factory):
+    """The FP32 model with one outlier layer, and 40 real images split as the build does."""
+    root = tmp_path_factory.mktemp("sensitive")
+    export(f"{MODELS}:sensitive", root / "fp32.onnx", inputs=IMAGE, opset=17)
+    images = write_images(root / "images", 40)
+    samples = load_samples(images, inputs=[{"name": "image", "shape": [1, 3, 32, 32],
+                                            "dtype": "float32"}], preprocess=PREP)
+    calib, held = split_holdout(samples, fraction=0.2)
+    return root, images, calib, held
+
+
+def test_without_a_budget_accuracy_collapses_with_one_it_holds(sensitive):
+    root, _, calib, held = sensitive
+    config = QuantConfig.from_preset(X86.quantization)
+    quantize_file(root / "fp32.onnx", root / "plain.onnx", config=config, samples=calib)
+    plain = measure_accuracy(root / "plain.onnx", root / "fp32.onnx", held)
+    assert plain["cosine_min"] < 0.5
+    lines = []
+    final, acc, record = quantize_checked(root / "fp32.onnx", root / "guarded.onnx",
+                                          config=config, calib=calib, held=held,
+                                          budget=AccuracyBudget(min_cosine=0.98),
+                                          log=lines.append)
+    assert acc["cosine_min"] >= 0.98 and record["passed"]
+    assert record["excluded"][0] == "/head/Gemm" and "/spike/Gemm" in record["excluded"]
+    assert [r["passed"] for r in record["rounds"]][-1] and not record["rounds"][0]["passed"]
+    assert any("keeping /head/Gemm in FP32" in ln for ln in lines)
+    kept = {n.name for n in onnx.load(str(root / "guarded.onnx")).graph.node
+            if n.op_type == "Gemm"}
+    assert {"/head/Gemm", "/spike/Gemm"} <= kept   # still float Gemm nodes
+
+
+def test_build_meets_the_targets_budget_and_records_it(sensitive, tmp_path):
+    _, images, _, _ = sensitive
+    r = build(f"{MODELS}:sensitive", tmp_path / "b", target="x86_64-cpu", calib=images,
+              preprocess=PREP, inputs=IMAGE)
+    assert r.parts[0].accuracy["cosine_min"] >= 0.98
+    precision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]
+    budget = precision["budget"]
+    assert budget["budget"] == "cosine >= 0.98" and budget["passed"]
+    assert budget["excluded"][0] == "/head/Gemm"
+    assert set(budget["latency"]) == {"fp32_p50_ms", "int8_first_p50_ms", "int8_final_p50_ms"}
+    assert "/head/Gemm" in precision["exclude"]
+    calibration = precision["calibration"]
+    assert calibration["samples"] == 32 and calibration["method"] == "minmax"
+    assert len(calibration["sha256"]) == 64
+
+
+def test_debug_quant_ranks_the_sensitive_layer_first(sensitive):
+    root, images, calib, _ = sensitive
+    quantize_file(root / "fp32.onnx", root / "int8.onnx",
+                  config=QuantConfig.from_preset(X86.quantization), samples=calib)
+    r = subprocess.run([sys.executable, "-m", "packager", "debug-quant", str(root / "fp32.onnx"),
+                        str(root / "int8.onnx"), "--calib", str(images), "--preprocess",
+                        PREP_TEXT, "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["layers"][0]["node"] == "/head/Gemm" and data["layers"][0]["damage"] > 0.3
+    assert data["would_exclude"][0]["node"] == "/head/Gemm"
+    table = subprocess.run([sys.executable, "-m", "packager", "debug-quant",
+                            str(root / "fp32.onnx"), str(root / "int8.onnx"), "--calib",
+                            str(images), "--preprocess", PREP_TEXT], capture_output=True,
+                           text=True, timeout=300).stdout
+    assert table.splitlines()[2].startswith("| /head/Gemm | Gemm |")
+    assert "would keep in FP32: /head/Gemm" in table
+
+
+def test_method_auto_tries_three_methods_and_a_user_metric(sensitive, tmp_path):
+    root, _, calib, held = sensitive
+    metric = tmp_path / "metric.py"
+    metric.write_text("import numpy as np\n"
+                      "def agreement(outputs, labels):\n"
+                      "    assert labels is None or len(labels) > 0\n"
+                      "    return float(np.mean(outputs['output'][:, 0, 0] > 0))\n")
+    from packager.budget import load_metric
+
+    fn, name = load_metric(f"{metric}:agreement")
+    _, acc, record = quantize_checked(
+        root / "fp32.onnx", tmp_path / "q.onnx",
+        config=QuantConfig.from_preset(X86.quantization, calibration_method="auto"),
+        calib=calib, held=held, budget=AccuracyBudget(max_drop=0.01, metric=fn,
+                                                      metric_name=name))
+    assert [t["method"] for t in record["method_trials"]] == ["minmax", "entropy", "percentile"]
+    assert acc["metric"] == "agreement" and "metric_fp32" in acc
+    assert acc["drop"] <= 0.01 and record["budget"] == "agreement drop <= 1%"
+
+
+def test_cli_quantize_with_a_drop_budget(sensitive, tmp_path):
+    root, images, _, _ = sensitive
+    r = subprocess.run([sys.executable, "-m", "packager", "quantize", str(root / "fp32.onnx"),
+                        "--calib", str(images), "--preprocess", PREP_TEXT,
+                        "--min-cosine", "0.98", "--max-accuracy-drop", "1%",
+                        "-o", str(tmp_path / "q.onnx"), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["budget"]["passed"] and data["accuracy"]["cosine_min"] >= 0.98
+    assert "keeping /head/Gemm in FP32" in r.stderr
+    assert parse_drop("1%") == pytest.approx(0.01) and parse_drop("0.5") == 0.5
+    with pytest.raises(PackagerError, match="not a number"):
+        parse_drop("lots")
+
+
+def if_model(path: Path) -> Path:
+    """MatMul -> (sum > 0 ? x2 : x-1) in an If node -> MatMul."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    branch = [helper.make_graph([helper.make_node(op, ["h", arg], [out], name=f"{op}_branch")],
+                                name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                                                         [1, 16])])
+              for op, arg, out, name in (("Mul", "two", "t", "then"), ("Sub", "one", "e", "else"))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("ReduceSum", ["h"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=branch[0],
+                              else_branch=branch[1]),
+             helper.make_node("MatMul", ["y", "w2"], ["out"], name="mm2")]
+    graph = helper.make_graph(nodes, "ifnet",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("quant", [{}, {"mode": "dynamic"}, {"format": "qoperator"}])
+def test_model_with_an_if_node_quantizes_to_a_valid_graph(tmp_path, quant):
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(1).normal(size=(30, 1, 8))
+             .astype(np.float32))
+    r = build(if_model(tmp_path / "if.onnx"), tmp_path / "b", target="x86_64-cpu",
+              calib=tmp_path / "x.npz", quant=quant)
+    model = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert "If" in {n.op_type for n in model.graph.node}
+    assert r.parts[0].accuracy["cosine_min"] >= 0.98
+    session = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((1, 8), np.float32)})[0].shape == (1, 4)
