@@ -467,6 +467,15 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
          as_json, f"{r.directory}/ and {r.archive}")
 
 
+def _device_timer(host: str | None, ssh_config: Path | None, python: str):
+    if host is None:
+        return None
+    from .autoprecision import remote_timer
+    from .inventory import parse_host
+
+    return remote_timer(parse_host(host), ssh_config=ssh_config, python=python, log=log)
+
+
 def _labels(path: Path | None) -> list[str] | None:
     return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()] if path else None
 
@@ -608,6 +617,11 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
+@click.option("--time-on", "time_on", default=None, metavar="HOST",
+              help="--precision auto: time the candidates on this device over SSH")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")
+@click.option("--device-python", default="python3", show_default=True,
+              help="the --time-on device's Python")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -616,7 +630,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               preprocess: str | None, inputs: tuple[str, ...], parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
-              labels: Path | None, force: bool, as_json: bool, **kw: Any) -> None:
+              labels: Path | None, time_on: str | None, ssh_config: Path | None,
+              device_python: str, force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -654,7 +669,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts=parse_assignments(parts, "--part"),
               part_quant={k: {"precision": v} for k, v in precisions.items()},
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
-              **budget_kwargs(kw),
+              timer=_device_timer(time_on, ssh_config, device_python), **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "parts": [p.summary() for p in r.parts]}, as_json,

@@ -28,8 +28,6 @@ EXPORTER_MAX_OPSET = 20     # torch.onnx's TorchScript exporter writes opsets 7.
 DEFAULT_TOLERANCE = 1e-3    # max |onnx - torch| relative to the output's largest magnitude
 RANDOM_DRAWS = 3
 Log = Callable[[str], None]
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32",
-                 "bool": "bool", "uint8": "uint8", "int8": "int8"}
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           part_quant: Mapping[str, Mapping[str, Any]] = {},
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
-          log: Log = lambda _: None,
+          timer: Any = None, log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
@@ -132,8 +132,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     in *part_calib* and per-part quantization overrides in *part_quant*.
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
-    precision "auto" builds the candidates, times them here and ships the fastest that keeps
-    *min_cosine* (default: the target's budget).
+    precision "auto" builds the candidates, times them here (or with *timer*, e.g.
+    autoprecision.remote_timer on a device) and ships the fastest that keeps *min_cosine*
+    (default: the target's budget).
     """
     target = load_target(target) if isinstance(target, str | Path) else target
     output = Path(output)
@@ -153,7 +154,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
                                           options=export_options, min_cosine=min_cosine,
                                           max_drop=max_accuracy_drop, metric=metric,
-                                          log=part_log, progress=progress)
+                                          timer=timer, log=part_log, progress=progress)
             payloads.append(payload)
             results.append(result)
         out = bundle(payloads, output, target=target, name=name, force=force)
@@ -215,7 +216,7 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
 
 def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, golden: int,
                 options: ExportOptions, min_cosine: float | None, max_drop: float | None,
-                metric: tuple[Any, str] | None, log: Log,
+                metric: tuple[Any, str] | None, timer: Any, log: Log,
                 progress: Callable[[int, int], None] | None) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
@@ -300,7 +301,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
         best, decision = choose(fp32, tmp, target=target, family=family,
                                 overrides=dict(req.quant), calib=calib_set, held_out=held_out,
-                                budget=budget, log=log)
+                                budget=budget, timer=timer, log=log)
         config, candidate = best.config, best.path
         needs_calib = config.precision == "int8" and config.mode == "static"
     else:

@@ -234,3 +234,21 @@ def test_inventory_formats_and_errors(tmp_path):
             read_inventory(ini)
     with pytest.raises(PackagerError, match="no hosts given"):
         deploy(tmp_path, [])
+
+
+def test_precision_auto_timed_on_a_device(server, image_dir, tmp_path):
+    from dataclasses import replace
+
+    from packager.autoprecision import remote_timer
+
+    device = replace(host("device1"), python=sys.executable)
+    r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
+              preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
+              quant={"precision": "auto"},
+              timer=remote_timer(device, ssh_config=server.config, python=sys.executable))
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["auto"]
+    assert decision["measured_on"]["host"] == "device1" and decision["measured_on"]["onnxruntime"]
+    assert all(c["p50_ms"] > 0 for c in decision["candidates"])
+    assert r.parts[0].config.precision in ("int8", "fp32")
+    assert not list(Path.home().glob("edgepack/.auto-*"))   # the scratch folder is gone
