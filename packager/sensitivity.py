@@ -47,6 +47,10 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, flo
     b = np.concatenate([g.astype(np.float64).ravel() for g in got])
     if a.shape != b.shape:
         return 0.0, -np.inf
+    finite = np.isfinite(a)
+    if not np.array_equal(finite, np.isfinite(b)):
+        return 0.0, -np.inf   # inf/nan where the other graph has numbers (or vice versa)
+    a, b = a[finite], b[finite]   # e.g. -inf attention masks, identical in both
     noise = float(np.sum((a - b) ** 2))
     signal = float(np.sum(a ** 2))
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
