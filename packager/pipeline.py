@@ -295,7 +295,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
-    decision = budget_record = None
+    decision = budget_record = measured = None
     if auto:
         from .autoprecision import choose
 
@@ -316,7 +316,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                                metric_name=metric[1] if metric else "")
         labels_held = (sample_labels(req.calib, len(samples), holdout)
                        if metric and req.calib is not None else None)
-        config, _, budget_record = quantize_to_budget(
+        config, measured, budget_record = quantize_to_budget(
             fp32, candidate, config=config, calib=calib_set, held=held_out, budget=guard,
             labels=labels_held, log=log, progress=progress)
         if budget_record["excluded"]:
@@ -328,7 +328,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
             budget_record["latency"] = latency_cost(fp32, first, candidate)
             log("latency p50: FP32 {fp32_p50_ms:.3f} ms, INT8 {int8_first_p50_ms:.3f} ms, INT8 "
                 "with exclusions {int8_final_p50_ms:.3f} ms".format(**budget_record["latency"]))
-    accuracy = {**measure_accuracy(candidate, fp32, held_out), "data": data}
+    accuracy = {**(measured or measure_accuracy(candidate, fp32, held_out)), "data": data}
     log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
     if accuracy["cosine_min"] < budget:
         log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the accuracy budget "
