@@ -6,6 +6,7 @@ budget holds or nothing is left to exclude; report what was excluded and what it
 """
 
 import importlib.util
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 
 from .accuracy import measure_accuracy, run_model
 from .calibration import Sample
-from .errors import PackagerError, QuantizationError
+from .errors import PackagerError
 from .quantize import QuantConfig, quantize_file
 from .sensitivity import layer_errors, suggest
 
@@ -188,6 +189,8 @@ def quantize_to_budget(fp32: Path, output: Path, *, config: QuantConfig,
                        "drop": acc["drop"], "passed": acc["budget"]["passed"]})
         if not budget.active or acc["budget"]["passed"] or config.precision != "int8":
             break
+        if round_no == 0:   # the plain INT8 model, kept to price the exclusions in latency
+            shutil.copyfile(output, first_model(output))
         rows = layer_errors(fp32, output, worst_samples(fp32, output, held, PROBE_SAMPLES))
         picks = suggest(rows, excluded, count=1 if round_no < 4 else 2)
         if not picks:
@@ -204,13 +207,16 @@ def quantize_to_budget(fp32: Path, output: Path, *, config: QuantConfig,
     return current, acc, record
 
 
+def first_model(output: Path) -> Path:
+    """Where quantize_to_budget keeps the first (plain) INT8 model when it had to exclude."""
+    return output.with_name(output.stem + ".first.onnx")
+
+
 def latency_cost(fp32: Path, first: Path, final: Path, threads: int = 0) -> dict[str, float]:
     """p50 of FP32, the first INT8 model and the final one (with exclusions), interleaved."""
     from .compare import session
     from .timing import time_blocks
 
-    if not (first.exists() and final.exists()):
-        raise QuantizationError("latency cost needs both models", "internal")
     feeds = {}
     for name, path in (("fp32", fp32), ("int8_first", first), ("int8_final", final)):
         sess = session(path, threads)

@@ -6,13 +6,13 @@ through export (PyTorch sources), fix shapes, simplify, quantize and measure on 
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .accuracy import measure_accuracy
 from .atomic import check_free
-from .budget import AccuracyBudget, calibration_record, hygiene, latency_cost, quantize_to_budget
+from .budget import AccuracyBudget, calibration_record, first_model, hygiene, latency_cost, quantize_to_budget
 from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
 from .calibration import (
     Sample,
@@ -28,7 +28,7 @@ from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .inspection import dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
-from .quantize import QuantConfig, quantize_file
+from .quantize import QuantConfig
 from .sensitivity import name_nodes
 from .shapes import fix_shapes_proto
 from .simplify import simplify_proto
@@ -302,7 +302,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         best, decision = choose(fp32, tmp, target=target, family=family,
                                 overrides=dict(req.quant), calib=calib_set, held_out=held_out,
                                 budget=budget, timer=timer, log=log)
-        config, candidate = best.config, best.path
+        config, candidate, measured = best.config, best.path, best.accuracy
         needs_calib = config.precision == "int8" and config.mode == "static"
     else:
         candidate = tmp / f"{req.name}.onnx"
@@ -321,11 +321,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
             labels=labels_held, log=log, progress=progress)
         if budget_record["excluded"]:
             log(f"kept in FP32 to meet the budget: {', '.join(budget_record['excluded'])}")
-            first = tmp / f"{req.name}.first.onnx"
-            quantize_file(fp32, first, config=replace(config, exclude=tuple(
-                n for n in config.exclude if n not in budget_record["excluded"])),
-                samples=calib_set)
-            budget_record["latency"] = latency_cost(fp32, first, candidate)
+            budget_record["latency"] = latency_cost(fp32, first_model(candidate), candidate)
             log("latency p50: FP32 {fp32_p50_ms:.3f} ms, INT8 {int8_first_p50_ms:.3f} ms, INT8 "
                 "with exclusions {int8_final_p50_ms:.3f} ms".format(**budget_record["latency"]))
     accuracy = {**(measured or measure_accuracy(candidate, fp32, held_out)), "data": data}

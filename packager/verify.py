@@ -35,17 +35,16 @@ def local_runner(bundle: Path, *, python: str, timeout: float) -> Execute:
 def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict, str]:
     """`run.py ARGS --json` through *execute*: (exit code, parsed JSON, stderr)."""
     code, stdout, stderr = execute([*args, "--json"])
-    proc = subprocess.CompletedProcess(args, code, stdout, stderr)
-    last = (proc.stderr.strip().splitlines() or [""])[-1]
-    if proc.returncode == 2 or (proc.returncode != 0 and not proc.stdout.strip()):
-        raise VerifyError(f"run.py {args[0]} failed in {where} (exit {proc.returncode}): {last}",
+    last = (stderr.strip().splitlines() or [""])[-1]
+    if code == 2 or (code != 0 and not stdout.strip()):
+        raise VerifyError(f"run.py {args[0]} failed in {where} (exit {code}): {last}",
                           "rebuild or copy the bundle again")
     try:
-        report = json.loads(proc.stdout)
+        report = json.loads(stdout)
     except ValueError:
-        raise VerifyError(f"run.py {args[0]} printed no JSON (exit {proc.returncode}): {last}",
+        raise VerifyError(f"run.py {args[0]} printed no JSON (exit {code}): {last}",
                           "the runner is damaged; rebuild the bundle") from None
-    return proc.returncode, report, proc.stderr
+    return code, report, stderr
 
 
 def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,

@@ -169,13 +169,11 @@ ansible_python_interpreter={sys.executable}
 """)
     hosts = read_inventory(inventory)
     assert [h.name for h in hosts] == ["device1", "device2", "down"]
-    started = time.monotonic()
     results = deploy(built.bundle.directory, hosts,
                      options=DeployOptions(ssh_config=server.config, runs=5, warmup=1),
                      parallel=3)
     assert [r.exit_code for r in results] == [0, 0, 2]   # one failing host stops no other
     assert (tmp_path / "d1" / "run.py").is_file() and (tmp_path / "d2" / "run.py").is_file()
-    assert all(r.seconds < time.monotonic() - started + 1 for r in results)
     table = summary_table(results)
     assert table.count("| pass |") == 2 and "| down |" in table and "unreachable" in table
     reports = built.bundle.directory / "reports"
