@@ -27,9 +27,13 @@ def compare_outputs(candidate: dict[str, np.ndarray],
     return {name: ort_runner.compare(candidate[name], ref) for name, ref in reference.items()}
 
 
-def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample]) -> dict[str, Any]:
-    """Accuracy of *candidate* against *reference* on held-out *samples*."""
-    outputs = compare_outputs(run_model(candidate, samples), run_model(reference, samples))
+def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample],
+                     reference_outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Accuracy of *candidate* against *reference* on held-out *samples* (the reference's
+    outputs may be given, computed once for many candidates)."""
+    if reference_outputs is None:
+        reference_outputs = run_model(reference, samples)
+    outputs = compare_outputs(run_model(candidate, samples), reference_outputs)
     summary = {"samples": len(samples), "outputs": outputs,
                "cosine_min": min(o["cosine_min"] for o in outputs.values()),
                "cosine_mean": float(np.mean([o["cosine_mean"] for o in outputs.values()])),

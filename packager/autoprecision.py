@@ -1,71 +1,49 @@
-"""--precision auto: build the candidate precisions, time them here, ship the fastest that keeps
-the accuracy budget — and never an INT8 model that is not clearly faster than FP32."""
+"""The precision decision: ship the fastest candidate that keeps the accuracy budget.
 
+Candidates: FP32 (onnxruntime optimises it at load, as it will on the device), the INT8
+variants of the search (search.py), dynamic INT8, and FP16 on GPU targets. Each is measured on
+held-out samples; those within budget are timed with the target's threads, here or on the device
+(`--time-on`). INT8 ships only when it is within budget and measurably faster than FP32, so a
+model onnxruntime runs always gets a bundle, never slower or less accurate than it says.
+"""
+
+import platform
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .accuracy import measure_accuracy
+from .budget import AccuracyBudget
 from .calibration import Sample
 from .compare import session
-from .errors import QuantizationError
+from .errors import BudgetMissed
 from .quantize import QuantConfig, quantize_file
+from .search import Candidate, Search
 from .targets import Target
 from .timing import machine, time_blocks
 
 MIN_GAIN = 1.05   # INT8 must beat FP32 by 5% (more than run-to-run noise here) to be shipped
+SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
+MIN_HELD = 4      # fewer held-out samples cannot tell a good INT8 variant from a bad one
+FEW_HELD = 16     # below this the accuracy figure is rough, and the build says so
+MAX_TIMED = 6     # INT8 variants timed against FP32 (the most quantized first)
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 Log = Callable[[str], None]
 
 
-@dataclass
-class Candidate:
-    config: QuantConfig
-    path: Path
-    accuracy: dict[str, Any]
-    p50_ms: float = 0.0
-    p90_ms: float = 0.0
-    error: str = ""
+@dataclass(frozen=True)
+class Decision:
+    candidate: Candidate
+    record: dict[str, Any]
 
-    def summary(self, budget: float) -> dict[str, Any]:
-        return {"precision": self.config.describe(), "p50_ms": self.p50_ms,
-                "p90_ms": self.p90_ms, "cosine_min": self.accuracy.get("cosine_min"),
-                "bytes": self.path.stat().st_size if self.path.exists() else None,
-                "meets_budget": self.meets(budget), "error": self.error or None}
-
-    def meets(self, budget: float) -> bool:
-        return not self.error and self.accuracy.get("cosine_min", 0.0) >= budget
-
-
-INTEGER_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-               "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm"}
-
-
-def _has_integer_ops(path: Path) -> bool:
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return any(n.op_type in INTEGER_OPS for n in graph.node)
+    @property
+    def config(self) -> QuantConfig:
+        return self.candidate.config
 
 
 def _runner(sess: Any, feed: Sample) -> Callable[[], Any]:
     return lambda: sess.run(None, feed)
-
-
-def candidate_configs(target: Target, family: str, overrides: dict[str, Any]) -> list[QuantConfig]:
-    """FP32, the target's INT8 preset, dynamic INT8 (if the preset is static), FP16 on GPUs."""
-    preset = target.preset_for(family)
-    fixed = {k: v for k, v in overrides.items() if k != "precision"}
-    base = QuantConfig.from_preset(preset, **fixed)
-    if base.calibration_method == "auto":   # the method search belongs to a chosen precision
-        base = replace(base, calibration_method="minmax")
-    configs = [replace(base, precision="fp32"), replace(base, precision="int8")]
-    if base.mode == "static":
-        configs.append(replace(base, precision="int8", mode="dynamic"))
-    if any(p.name in GPU_PROVIDERS for p in target.providers):
-        configs.append(replace(base, precision="fp16"))
-    return configs
 
 
 # Times models: (paths, feed, threads, rounds, block) -> ({path: {"p50", "p90"}}, device info)
@@ -121,56 +99,165 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
     return timer
 
 
-def choose(fp32: Path, folder: Path, *, target: Target, family: str,
-           overrides: dict[str, Any], calib: Sequence[Sample], held_out: Sequence[Sample],
-           budget: float, rounds: int = 5, block: int = 20, timer: Timer | None = None,
-           log: Log = lambda _: None) -> tuple[Candidate, dict[str, Any]]:
-    """Build and time every candidate (here, or with *timer* on a device); return the one to
-    ship and the decision record."""
+def timing_place(target: Target, timer: Any) -> str:
+    """Why latency can (or cannot) be measured for this target: '' when it can."""
+    if timer is not None:
+        return ""
+    if any(p.name in GPU_PROVIDERS for p in target.providers):
+        return (f"{target.name} runs on a GPU and this host's CPU timings say nothing about it; "
+                "pass --time-on HOST to time the candidates on the device")
+    if target.arch != platform.machine():
+        return (f"{target.name} is {target.arch} and this host {platform.machine()}; pass "
+                "--time-on HOST to time the candidates on the device")
+    return ""
+
+
+def decide(fp32: Path, folder: Path, *, target: Target, family: str,
+           overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
+           budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
+           log: Log = lambda _: None, progress=None) -> Decision:
+    """Build the candidates for *fp32*, measure them, and pick the one to ship.
+
+    *overrides* are the user's quantization options: 'precision' forces one precision (INT8
+    that misses the budget is then an error), the others pin those fields of the search.
+    """
+    started = time.perf_counter()
+    requested = overrides.get("precision")
+    preset = target.preset_for(family)
+    pinned = {k for k, v in overrides.items() if v not in (None, ()) and k != "precision"}
+    base = QuantConfig.from_preset(preset, **{k: v for k, v in overrides.items()
+                                              if k != "precision"})
+    if requested in (None, "auto") and preset.precision in ("fp32", "fp16"):
+        requested = preset.precision     # the target's own choice (TensorRT builds FP16 itself)
+    forced = requested if requested in ("int8", "fp16", "fp32") else None
+    reference = Candidate("FP32", replace(base, precision="fp32"), fp32,
+                          budget.evaluate(fp32, fp32, held, labels))
+    candidates = [reference]
+    if forced in ("fp32", "fp16"):
+        chosen = reference if forced == "fp32" else _fp16(fp32, folder, base, held, budget,
+                                                          labels, candidates)
+        if not chosen.passed:
+            raise BudgetMissed(f"--precision {forced} misses the accuracy budget: "
+                               f"{chosen.line()}", "drop --precision to let build decide")
+        return _record(chosen, reference, candidates, f"{forced.upper()}: asked for", forced,
+                       budget, held, started, {}, log)
+    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
+                    progress=progress)
+    static_ok = bool(calib)
+    if base.mode == "static" and not static_ok:
+        base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
+        log("search: no calibration data, so INT8 candidates are dynamic")
+    search.run(replace(base, precision="int8"), pinned)
+    if not forced and base.mode == "static" and "mode" not in pinned and not search.found():
+        search.variant("INT8 dynamic", replace(base, precision="int8", mode="dynamic"))
+    if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
+            and preset is not target.quantization and target.quantization.mode == "static"):
+        # a family preset chose dynamic (transformers): the target's static preset is still
+        # measured, since which wins depends on the model and the onnxruntime version
+        search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(
+            target.quantization, **{k: v for k, v in overrides.items() if k != "precision"},
+            precision="int8"))
+    candidates += search.candidates
+    if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
+        _fp16(fp32, folder, base, held, budget, labels, candidates)
+    passing = [c for c in candidates[1:] if c.passed]
+    if forced == "int8" and not passing:
+        best = search.best()
+        raise BudgetMissed(
+            "--precision int8 misses the accuracy budget (" + budget.describe() + "): best of "
+            f"{len(search.candidates)} INT8 variants was {best.line() if best else 'none ran'}",
+            "drop --precision to ship the best precision within budget (FP32 if nothing "
+            "else), or loosen --min-cosine")
+    timing: dict[str, Any] = {}
+    if len(held) < MIN_HELD and not forced:
+        reason = (f"FP32: {len(held)} held-out samples are too few to decide whether INT8 keeps "
+                  f"the budget (need {MIN_HELD}); give more --calib samples")
+        return _record(reference, reference, candidates, reason, "auto", budget, held,
+                       started, timing, log)
+    if not passing:
+        reason = "FP32: no INT8 variant kept the budget (" + "; ".join(
+            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
+        return _record(reference, reference, candidates, reason, "auto", budget, held,
+                       started, timing, log)
+    ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
+    why_not = timing_place(target, timer)
+    if why_not:
+        chosen = ranked[0]
+        reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
+                  f"measured ({why_not})")
+        return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
+                       started, {"measured": False, "why": why_not}, log)
     threads = int(target.session.get("intra_op_threads", 0))
-    candidates = []
-    for i, config in enumerate(candidate_configs(target, family, overrides)):
-        path = folder / f"auto_{i}_{config.precision}_{config.mode}.onnx"
-        try:
-            quantize_file(fp32, path, config=config, samples=calib)
-            if config.precision == "int8" and not _has_integer_ops(path):
-                candidates.append(Candidate(config, path, {}, error="no operator in this model "
-                                            "could be quantized, so it cannot be faster"))
-                continue
-            candidates.append(Candidate(config, path, measure_accuracy(path, fp32, held_out)))
-        except QuantizationError as exc:
-            candidates.append(Candidate(config, path, {}, error=exc.message))
-    runnable = [c for c in candidates if not c.error]
-    log(f"precision auto: timing {len(runnable)} candidates ({rounds} rounds x {block} calls, "
-        "interleaved)")
-    timed, measured_on = (timer or local_timer)([c.path for c in runnable], held_out[0],
-                                                threads, rounds, block)
-    for c in runnable:
-        c.p50_ms, c.p90_ms = timed[str(c.path)]["p50"], timed[str(c.path)]["p90"]
-    fp32_c = candidates[0]
-    ok = [c for c in runnable if c.meets(budget)]
-    best = min(ok, key=lambda c: c.p50_ms)
-    reasons = []
-    for c in candidates[1:]:
-        name = c.config.describe()
-        if c.error:
-            reasons.append(f"{name}: {c.error}")
-        elif not c.meets(budget):
-            reasons.append(f"{name} missed the accuracy budget (cosine {c.accuracy['cosine_min']:.4f}"
-                           f" < {budget})")
-        elif c.p50_ms * MIN_GAIN > fp32_c.p50_ms and c.config.precision == "int8":
-            reasons.append(f"{name} was not faster than FP32 by {100 * (MIN_GAIN - 1):.0f}% "
-                           f"({c.p50_ms:.3f} vs {fp32_c.p50_ms:.3f} ms p50)")
-    if best.config.precision == "int8" and best.p50_ms * MIN_GAIN > fp32_c.p50_ms:
-        best = fp32_c   # never ship INT8 that is not clearly faster than FP32
-    if best is fp32_c:
-        reason = "FP32: " + ("; ".join(reasons) or "no candidate was faster")
+    timed = [reference] + ranked
+    log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
+    rounds, block = _plan(fp32, held[0], threads)
+    times, where = (timer or local_timer)([c.path for c in timed], held[0], threads, rounds,
+                                          block)
+    for c in timed:
+        c.p50_ms, c.p90_ms = times[str(c.path)]["p50"], times[str(c.path)]["p90"]
+    timing = {"measured": True, "threads": threads, "measured_on": where}
+    fastest = min(c.p50_ms for c in ranked)
+    chosen = min((c for c in ranked if c.p50_ms <= fastest * SAME_SPEED),
+                 key=lambda c: (c.boundaries, c.p50_ms))
+    gain = reference.p50_ms / chosen.p50_ms
+    if gain < MIN_GAIN and not forced:
+        reason = (f"FP32: the fastest INT8 within budget ({chosen.label}, {chosen.p50_ms:.3f} ms "
+                  f"p50) is not {100 * (MIN_GAIN - 1):.0f}% faster than FP32 "
+                  f"({reference.p50_ms:.3f} ms)")
+        chosen = reference
     else:
-        reason = (f"{best.config.describe()}: {fp32_c.p50_ms / best.p50_ms:.2f}x faster than FP32 "
-                  f"({best.p50_ms:.3f} vs {fp32_c.p50_ms:.3f} ms p50) at cosine "
-                  f"{best.accuracy['cosine_min']:.4f} >= {budget}")
-    log(f"precision auto: {reason}")
-    record = {"chosen": best.config.describe(), "reason": reason, "budget_min_cosine": budget,
-              "min_gain_over_fp32": MIN_GAIN, "threads": threads, "measured_on": measured_on,
-              "candidates": [c.summary(budget) for c in candidates]}
-    return best, record
+        reason = (f"{chosen.label}: {gain:.2f}x FP32's speed ({chosen.p50_ms:.3f} vs "
+                  f"{reference.p50_ms:.3f} ms p50) at cosine {chosen.accuracy['cosine_min']:.4f}")
+        if gain < 1.0:
+            log(f"warning: --precision int8 is slower than FP32 here ({chosen.p50_ms:.3f} vs "
+                f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")
+    return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
+                   started, timing, log)
+
+
+def _plan(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
+    """Rounds and calls per block: about 0.3 s per candidate and round, 3 to 20 calls."""
+    sess = session(fp32, threads)
+    sess.run(None, feed)
+    start = time.perf_counter()
+    for _ in range(3):
+        sess.run(None, feed)
+    per_call = (time.perf_counter() - start) / 3
+    return 5, max(3, min(20, int(0.3 / max(per_call, 1e-6))))
+
+
+def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,
+          candidates: list[Candidate]) -> Candidate:
+    from .errors import QuantizationError
+    from .search import count_ops
+
+    config = replace(base, precision="fp16")
+    cand = Candidate("FP16", config, folder / "fp16.onnx")
+    try:
+        quantize_file(fp32, cand.path, config=config)
+        cand.accuracy = budget.evaluate(cand.path, fp32, held, labels)
+        cand.boundaries = count_ops(cand.path)[1]
+    except QuantizationError as exc:
+        cand.error = exc.message
+    candidates.append(cand)
+    return cand
+
+
+def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candidate],
+            reason: str, mode: str, budget: AccuracyBudget, held: Sequence[Sample],
+            started: float, timing: dict[str, Any], log: Log) -> Decision:
+    seconds = time.perf_counter() - started
+    notes = []
+    if len(held) < FEW_HELD:
+        notes.append(f"only {len(held)} held-out samples: the accuracy figures are rough; "
+                     f"{FEW_HELD} or more (5x as many --calib samples) give a steadier decision")
+    for note in notes:
+        log(f"warning: {note}")
+    log(f"decision: {chosen.config.describe()} - {reason} ({len(candidates)} candidates, "
+        f"{len(held)} held-out samples, {seconds:.1f} s)")
+    record = {"mode": mode, "chosen": chosen.config.describe(), "label": chosen.label,
+              "reason": reason, "budget": budget.describe(), "held_out": len(held),
+              "notes": notes, "search_seconds": round(seconds, 2),
+              "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
+              "timing": timing, "candidates": [c.summary() for c in candidates]}
+    return Decision(chosen, record)

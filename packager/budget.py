@@ -1,14 +1,12 @@
 """Accuracy-aware quantization: meet an accuracy budget by keeping the most sensitive nodes FP32.
 
-Quantize, measure against FP32 on held-out samples; while the budget is missed, rank nodes by the
-error they add (sensitivity.layer_errors), exclude the worst, quantize again. Stop when the
-budget holds or nothing is left to exclude; report what was excluded and what it cost.
+An AccuracyBudget says what quantization may cost; search.py finds the INT8 variants that keep
+it, and autoprecision.py decides between them and FP32.
 """
 
 import importlib.util
-import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,7 @@ import numpy as np
 from .accuracy import measure_accuracy, run_model
 from .calibration import Sample
 from .errors import PackagerError
-from .quantize import QuantConfig, quantize_file
-from .sensitivity import layer_errors, suggest
+from .quantize import QuantConfig
 
 Log = Callable[[str], None]
 Metric = Callable[[dict[str, np.ndarray], Sequence[Any] | None], float]
@@ -50,11 +47,14 @@ class AccuracyBudget:
         return " and ".join(parts) or "none"
 
     def evaluate(self, candidate: Path, fp32: Path, held: Sequence[Sample],
-                 labels: Sequence[Any] | None = None) -> dict[str, Any]:
-        """measure_accuracy plus the drop and whether the budget holds."""
-        acc = measure_accuracy(candidate, fp32, held)
+                 labels: Sequence[Any] | None = None,
+                 reference: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """measure_accuracy plus the drop and whether the budget holds (*reference*: FP32's
+        outputs on *held*, when already computed)."""
+        reference = run_model(fp32, held) if reference is None else reference
+        acc = measure_accuracy(candidate, fp32, held, reference)
         if self.metric is not None:
-            reference = self.metric(run_model(fp32, held), labels)
+            reference = self.metric(reference, labels)
             score = self.metric(run_model(candidate, held), labels)
             acc.update({"metric": self.metric_name, "metric_fp32": float(reference),
                         "metric_quantized": float(score)})
@@ -151,97 +151,23 @@ def worst_samples(fp32: Path, candidate: Path, held: Sequence[Sample], count: in
     return [held[i] for i in np.argsort(score)[:count]]
 
 
-def quantize_to_budget(fp32: Path, output: Path, *, config: QuantConfig,
-                       calib: Sequence[Sample], held: Sequence[Sample], budget: AccuracyBudget,
-                       labels: Sequence[Any] | None = None, max_rounds: int = 12,
-                       log: Log = lambda _: None,
-                       progress=None) -> tuple[QuantConfig, dict[str, Any], dict[str, Any]]:
-    """Quantize *fp32* into *output*, excluding sensitive nodes until *budget* holds.
-
-    Returns the final config, its accuracy, and a record (method trials, rounds, excluded).
-    """
-    static = config.precision == "int8" and config.mode == "static"
-    trials = []
-    if static and config.calibration_method == "auto":
-        best = None
-        for method in METHODS:
-            trial = replace(config, calibration_method=method)
-            quantize_file(fp32, output, config=trial, samples=calib, progress=progress)
-            acc = budget.evaluate(output, fp32, held, labels)
-            trials.append({"method": method, "cosine_min": acc["cosine_min"],
-                           "drop": acc["drop"], "passed": acc["budget"]["passed"]})
-            log(f"calibration method {method}: cosine min {acc['cosine_min']:.4f}, drop "
-                f"{100 * acc['drop']:.2f}%")
-            key = (acc["budget"]["passed"], -acc["drop"], acc["cosine_min"])
-            if best is None or key > best[0]:
-                best = (key, method)
-        config = replace(config, calibration_method=best[1])
-        log(f"calibration method: {best[1]} (best of {', '.join(METHODS)})")
-    elif config.calibration_method == "auto":
-        config = replace(config, calibration_method="minmax")
-    excluded = list(config.exclude)
-    rounds = []
-    for round_no in range(max_rounds + 1):
-        current = replace(config, exclude=tuple(excluded))
-        quantize_file(fp32, output, config=current, samples=calib, progress=progress)
-        acc = budget.evaluate(output, fp32, held, labels)
-        rounds.append({"excluded": list(excluded), "cosine_min": acc["cosine_min"],
-                       "drop": acc["drop"], "passed": acc["budget"]["passed"]})
-        if not budget.active or acc["budget"]["passed"] or config.precision != "int8":
-            break
-        if round_no == 0:   # the plain INT8 model, kept to price the exclusions in latency
-            shutil.copyfile(output, first_model(output))
-        rows = layer_errors(fp32, output, worst_samples(fp32, output, held, PROBE_SAMPLES))
-        picks = suggest(rows, excluded, count=1 if round_no < 4 else 2)
-        if not picks:
-            log("accuracy budget missed and no quantized node is left to exclude")
-            break
-        log(f"budget missed ({'; '.join(acc['budget']['failures'])}): keeping "
-            + "; ".join(f"{name} in FP32 ({why})" for name, why in picks))
-        excluded += [name for name, _ in picks]
-    if round_no == max_rounds and not acc["budget"]["passed"]:
-        log(f"stopped after {max_rounds} rounds of exclusion")
-    record = {"budget": budget.describe(), "method_trials": trials, "rounds": rounds,
-              "excluded": [n for n in excluded if n not in config.exclude],
-              "passed": acc["budget"]["passed"]}
-    return current, acc, record
-
-
-def first_model(output: Path) -> Path:
-    """Where quantize_to_budget keeps the first (plain) INT8 model when it had to exclude."""
-    return output.with_name(output.stem + ".first.onnx")
-
-
-def latency_cost(fp32: Path, first: Path, final: Path, threads: int = 0) -> dict[str, float]:
-    """p50 of FP32, the first INT8 model and the final one (with exclusions), interleaved."""
-    from .compare import session
-    from .timing import time_blocks
-
-    feeds = {}
-    for name, path in (("fp32", fp32), ("int8_first", first), ("int8_final", final)):
-        sess = session(path, threads)
-        shape_feed = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
-                                       dtype=_np_type(i.type)) for i in sess.get_inputs()}
-        feeds[name] = (lambda s=sess, f=shape_feed: s.run(None, f))
-    timed = time_blocks(feeds, rounds=3, block=10)
-    return {f"{k}_p50_ms": v["p50"] for k, v in timed.items()}
-
-
-def _np_type(ort_type: str):
-    return {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
-            "tensor(float16)": np.float16, "tensor(bool)": np.bool_,
-            "tensor(uint8)": np.uint8, "tensor(int8)": np.int8}.get(ort_type, np.float32)
-
-
 def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
                      calib: Sequence[Sample], held: Sequence[Sample], budget: AccuracyBudget,
-                     labels: Sequence[Any] | None = None, force: bool = False,
-                     log: Log = lambda _: None, progress=None) -> tuple[QuantConfig, dict, dict]:
-    """`edgepack quantize` with a budget: quantize_to_budget from *model* into *output*."""
+                     labels: Sequence[Any] | None = None, pinned: frozenset[str] = frozenset(),
+                     force: bool = False, log: Log = lambda _: None,
+                     progress=None) -> tuple[QuantConfig, dict, dict]:
+    """`edgepack quantize` with a budget: the INT8 search (search.py) from *model* into *output*.
+
+    Ships the variant within budget with the most ops in INT8 (fewest Q/DQ boundaries next);
+    raises BudgetMissed when no variant keeps the budget. *pinned* names config fields the
+    user set, which the search leaves alone.
+    """
     import tempfile
 
     from .atomic import atomic_file
+    from .errors import BudgetMissed
     from .modelio import load_model, save_model
+    from .search import Search
     from .sensitivity import name_nodes
 
     if not held:
@@ -249,10 +175,25 @@ def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
                             "pass --calib (a fraction is held out, see --holdout)")
     with tempfile.TemporaryDirectory(prefix="edgepack-budget-") as tmp:
         fp32 = save_model(name_nodes(load_model(model)), Path(tmp) / "fp32.onnx")
-        work = Path(tmp) / "quantized.onnx"
-        final, acc, record = quantize_to_budget(fp32, work, config=config, calib=calib,
-                                                held=held, budget=budget, labels=labels,
-                                                log=log, progress=progress)
+        search = Search(fp32, Path(tmp), calib=calib, held=held, budget=budget, labels=labels,
+                        log=log, progress=progress)
+        tried = search.run(config, set(pinned))
+        passing = sorted((c for c in tried if c.passed), key=lambda c: (-c.int8_nodes,
+                                                                          c.boundaries))
+        record = {"budget": budget.describe(), "passed": bool(passing),
+                  "search_seconds": round(search.elapsed, 2),
+                  "candidates": [c.summary() for c in tried]}
+        if not passing:
+            best = search.best()
+            raise BudgetMissed(f"no INT8 variant keeps the accuracy budget ({budget.describe()}): "
+                               f"best of {len(tried)} was "
+                               f"{best.line() if best else 'none (every variant failed)'}",
+                               "loosen --min-cosine / --max-accuracy-drop, or ship FP32 "
+                               "(edgepack build decides this by itself)")
+        chosen = passing[0]
+        record.update({"chosen": chosen.label, "excluded": list(chosen.config.exclude),
+                       "op_types": list(chosen.config.op_types)})
+        log(f"chosen: {chosen.label} ({chosen.config.describe()})")
         with atomic_file(Path(output), force=force) as out:
-            save_model(load_model(work), out, location=Path(output).name + ".data")
-    return final, acc, record
+            save_model(load_model(chosen.path), out, location=Path(output).name + ".data")
+    return chosen.config, chosen.accuracy, record

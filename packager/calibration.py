@@ -54,7 +54,7 @@ def _split_samples(name: str, arr: np.ndarray, shape: list[int], path: Path) -> 
     if list(arr.shape) == list(shape):
         return [arr]
     if arr.ndim == len(shape) + 1 and list(arr.shape[1:]) == list(shape):
-        return list(arr)
+        return [np.asarray(a) for a in arr]   # a 1-D array of scalars yields numpy scalars
     if shape and shape[0] == 1 and arr.ndim == len(shape) and list(arr.shape[1:]) == shape[1:]:
         return [a[None] for a in arr]
     raise CalibrationError(f"{path}: '{name}' has shape {list(arr.shape)}, the model input is "

@@ -77,8 +77,9 @@ def quant_options(func):
     """Options that override the target's quantization preset."""
     opts = [
         click.option("--precision", type=click.Choice(["int8", "fp16", "fp32", "auto"]),
-                     default=None, help="override the target's precision; auto (build only): "
-                     "the fastest that keeps the accuracy budget, timed here"),
+                     default=None, help="force one precision (build's default, auto: the "
+                     "fastest candidate that keeps the accuracy budget; forced INT8 that "
+                     "misses it is an error)"),
         click.option("--mode", type=click.Choice(["static", "dynamic"]), default=None,
                      help="INT8 static (calibrated) or dynamic"),
         click.option("--format", "format_", type=click.Choice(["qdq", "qoperator"]), default=None,
@@ -336,11 +337,13 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     from .targets import load_target
 
     profile = load_target(target)
-    config = QuantConfig.from_preset(profile.quantization, **quant_overrides(kw))
+    overrides = quant_overrides(kw)
+    config = QuantConfig.from_preset(profile.quantization, **overrides)
     limits = budget_kwargs(kw)
     if config.precision == "auto":
         raise click.UsageError("--precision auto needs the whole build (it times candidates); "
-                               "use `edgepack build --precision auto`, or `edgepack compare`")
+                               "use `edgepack build` (auto is its default), or `edgepack "
+                               "compare`")
     spec = preprocess_option(preprocess)
     calib_set, held = [], []
     if calib is not None:
@@ -364,7 +367,8 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
             calib is not None else None
         config, _, result["budget"] = quantize_checked(
             model, output, config=config, calib=calib_set, held=held, budget=guard,
-            labels=labels, force=force, log=log, progress=progress_bar("calibrating"))
+            labels=labels, pinned=frozenset(overrides) - {"precision"}, force=force, log=log,
+            progress=progress_bar("calibrating"))
     else:
         quantize(model, output, config=config, samples=calib_set, force=force,
                  progress=progress_bar("calibrating"))
@@ -608,6 +612,9 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
 @click.option("--input", "inputs", multiple=True, metavar="[PART/]NAME:1x3x224x224[:dtype]",
               help=INPUT_HELP)
+@click.option("--const", "consts", multiple=True, metavar="NAME=VALUE",
+              help="freeze an input to a value (number, [list] or .npy): it leaves the "
+              "bundle's inputs and If branches on it fold away (repeatable)")
 @click.option("--part", "parts", multiple=True, metavar="NAME=ATTR_OR_FACTORY",
               help="bundle this part of the PyTorch model as its own model (repeatable)")
 @click.option("--part-precision", "part_precision", multiple=True, metavar="PART=PRECISION",
@@ -618,7 +625,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
 @click.option("--time-on", "time_on", default=None, metavar="HOST",
-              help="--precision auto: time the candidates on this device over SSH")
+              help="time the precision candidates on this device over SSH")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")
 @click.option("--device-python", default="python3", show_default=True,
               help="the --time-on device's Python")
@@ -628,7 +635,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
-              preprocess: str | None, inputs: tuple[str, ...], parts: tuple[str, ...],
+              preprocess: str | None, inputs: tuple[str, ...], consts: tuple[str, ...],
+              parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, force: bool, as_json: bool, **kw: Any) -> None:
@@ -647,7 +655,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
     """
     from .errors import SpecError
     from .pipeline import ExportOptions, build
-    from .specs import parse_assignments, parse_input
+    from .specs import parse_assignments, parse_consts, parse_input
 
     opts = export_kwargs(kw)
     opts.pop("dynamic")
@@ -666,7 +674,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
                                             "--calib").items()},
               preprocess=preprocess_option(preprocess),
               inputs=[parse_input(v) for v in inputs], quant=quant_overrides(kw),
-              parts=parse_assignments(parts, "--part"),
+              consts=parse_consts(consts), parts=parse_assignments(parts, "--part"),
               part_quant={k: {"precision": v} for k, v in precisions.items()},
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
               timer=_device_timer(time_on, ssh_config, device_python), **budget_kwargs(kw),

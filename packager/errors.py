@@ -59,3 +59,9 @@ class CheckFailed(PackagerError):
     """Verification ran and a check failed: accuracy, integrity or a latency budget."""
 
     exit_code = 1
+
+
+class BudgetMissed(PackagerError):
+    """A forced precision cannot keep the accuracy budget: the bundle would break its promise."""
+
+    exit_code = 1

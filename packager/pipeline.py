@@ -6,13 +6,15 @@ through export (PyTorch sources), fix shapes, simplify, quantize and measure on 
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .accuracy import measure_accuracy
+import numpy as np
+
 from .atomic import check_free
-from .budget import AccuracyBudget, calibration_record, first_model, hygiene, latency_cost, quantize_to_budget
+from .autoprecision import decide
+from .budget import AccuracyBudget, calibration_record, hygiene
 from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
 from .calibration import (
     Sample,
@@ -25,12 +27,13 @@ from .calibration import (
 )
 from .errors import CalibrationError, SpecError
 from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
+from .freeze import fold_constant_ifs, freeze_inputs
 from .inspection import dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
 from .quantize import QuantConfig
 from .sensitivity import name_nodes
-from .shapes import fix_shapes_proto
+from .shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from .simplify import simplify_proto
 from .specs import TensorSpec
 from .targets import Target, load_target
@@ -52,6 +55,7 @@ class PartRequest:
     preprocess: dict[str, Any] | None = None
     quant: Mapping[str, Any] = field(default_factory=dict)
     labels: Sequence[str] | None = None
+    consts: Mapping[str, Any] = field(default_factory=dict)   # inputs frozen to values
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class PartResult:
     config: QuantConfig
     calibration_samples: int
     export: dict[str, Any] | None
+    consts: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "nodes_before": self.nodes_before,
@@ -118,6 +123,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           inputs: Sequence[TensorSpec] = (), quant: Mapping[str, Any] = {},
           holdout: float = 0.2, golden: int = 8, labels: Sequence[str] | None = None,
           name: str | None = None, force: bool = False,
+          consts: Mapping[str, Any] = {},
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
           part_quant: Mapping[str, Mapping[str, Any]] = {},
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
@@ -143,6 +149,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
                           labels=labels, parts=parts, part_calib=part_calib,
                           part_quant=part_quant, export_options=export_options)
+    requests = [replace(r, consts=dict(consts)) for r in requests]
     for req in requests:
         if req.calib is not None:
             list_sources(req.calib)  # fail before the slow stages when a folder is empty
@@ -157,6 +164,10 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                           timer=timer, log=part_log, progress=progress)
             payloads.append(payload)
             results.append(result)
+        unused = set(consts) - {k for r in results for k in r.consts}
+        if unused:
+            raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
+                            "see the inputs with `edgepack inspect MODEL`")
         out = bundle(payloads, output, target=target, name=name, force=force)
     log(f"bundle: {out.directory} and {out.archive}")
     return BuildResult(out, results)
@@ -247,6 +258,19 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
     proto = load_model(model_path)
     before = len(proto.graph.node)
+    names = [i.name for i in graph_inputs(proto)]
+    consts = {k: v for k, v in req.consts.items() if k in names}
+    if req.name == SINGLE and len(consts) < len(req.consts):
+        unknown = sorted(set(req.consts) - set(consts))[0]
+        raise SpecError(f"--const {unknown}: the model has no input '{unknown}'",
+                        f"inputs are: {', '.join(names)}")
+    if consts:
+        proto = freeze_inputs(proto, consts)
+        log("const: " + ", ".join(f"{k}={_short(v)}" for k, v in consts.items())
+            + " frozen into the graph (no longer inputs)")
+        if samples:
+            samples = [{k: v for k, v in s.items() if k not in consts} for s in samples]
+        source["consts"] = {k: np.asarray(v).tolist() for k, v in consts.items()}
     if req.preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
         first = io_specs(graph_inputs(proto))[0]
         check_fits(req.preprocess, first["name"], first["shape"], first["dtype"])
@@ -254,8 +278,12 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
                                                 target.batch), batch=target.batch, strict=False)
     simplified, simplifier, reason = simplify_proto(fixed, model_path)
-    # static inputs let the simplifier fold shape arithmetic; now every tensor must be static
-    simplified = fix_shapes_proto(simplified, {}, batch=target.batch)
+    if consts and _if_count(simplified):   # conditions on the constants are constants now
+        simplified = fold_constant_ifs(simplified)
+        simplified, simplifier, reason = simplify_proto(simplified, model_path)
+    # static inputs let the simplifier fold shape arithmetic; what stays open is resolved
+    # from a real run once the samples are loaded
+    simplified = fix_shapes_proto(simplified, {}, batch=target.batch, strict=False)
     log(f"simplify: {before} -> {len(simplified.graph.node)} nodes ({simplifier})")
     if reason:
         log(f"simplify: onnxsim not used, fell back to onnxruntime basic optimisation ({reason})")
@@ -265,11 +293,13 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         check_fits(req.preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
 
     family = model_family(simplified)
-    config = QuantConfig.from_preset(target.preset_for(family), **req.quant)
+    preset = target.preset_for(family)
     if family != "default" and family in target.family_quantization:
         log(f"{family} model: using the target's {family} preset")
-    auto = config.precision == "auto"
-    needs_calib = config.precision in ("int8", "auto") and config.mode == "static"
+    requested = req.quant.get("precision") or (
+        preset.precision if preset.precision in ("fp32", "fp16") else "auto")
+    # only a forced static INT8 cannot do without calibration data (auto falls back to dynamic)
+    needs_calib = requested == "int8" and req.quant.get("mode", preset.mode) == "static"
     if samples is None and req.calib is not None:
         samples = load_samples(req.calib, inputs=inputs, preprocess=req.preprocess,
                                progress=progress)
@@ -289,61 +319,59 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                             strict=True)) for s in range(RANDOM_SAMPLES)]
         data = "random"
         log(f"no calibration data: golden data and accuracy use {RANDOM_SAMPLES} random inputs")
+    if dynamic_tensors(simplified):
+        open_count = len(dynamic_tensors(simplified))
+        simplified, varying = shapes_from_run(simplified, samples[:2])
+        log(f"shapes: {open_count - len(varying)} tensor shape(s) that shape inference could not "
+            "resolve came from a run at the static input shapes")
+        if varying:
+            log(f"shapes: {len(varying)} tensor(s) have data-dependent shapes and stay dynamic "
+                f"({', '.join(varying[:3])})")
     calib_set, held_out = split_holdout(samples, fraction=holdout)
-    if needs_calib:
+    if data != "random":
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
-    decision = budget_record = measured = None
-    if auto:
-        from .autoprecision import choose
-
-        best, decision = choose(fp32, tmp, target=target, family=family,
-                                overrides=dict(req.quant), calib=calib_set, held_out=held_out,
-                                budget=budget, timer=timer, log=log)
-        config, candidate, measured = best.config, best.path, best.accuracy
-        needs_calib = config.precision == "int8" and config.mode == "static"
-    else:
-        candidate = tmp / f"{req.name}.onnx"
-        log(f"quantize: {config.describe()}")
-        if needs_calib:
-            for note in hygiene(calib_set, held_out):
-                log(f"warning: {note}")
-        drop = max_drop if max_drop is not None else target.max_accuracy_drop
-        guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
-                               metric=metric[0] if metric else None,
-                               metric_name=metric[1] if metric else "")
-        labels_held = (sample_labels(req.calib, len(samples), holdout)
-                       if metric and req.calib is not None else None)
-        config, measured, budget_record = quantize_to_budget(
-            fp32, candidate, config=config, calib=calib_set, held=held_out, budget=guard,
-            labels=labels_held, log=log, progress=progress)
-        if budget_record["excluded"]:
-            log(f"kept in FP32 to meet the budget: {', '.join(budget_record['excluded'])}")
-            budget_record["latency"] = latency_cost(fp32, first_model(candidate), candidate)
-            log("latency p50: FP32 {fp32_p50_ms:.3f} ms, INT8 {int8_first_p50_ms:.3f} ms, INT8 "
-                "with exclusions {int8_final_p50_ms:.3f} ms".format(**budget_record["latency"]))
-    accuracy = {**(measured or measure_accuracy(candidate, fp32, held_out)), "data": data}
+    if data != "random" and requested in ("int8", "auto"):
+        for note in hygiene(calib_set, held_out):
+            log(f"warning: {note}")
+    drop = max_drop if max_drop is not None else target.max_accuracy_drop
+    guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
+                           metric=metric[0] if metric else None,
+                           metric_name=metric[1] if metric else "")
+    labels_held = (sample_labels(req.calib, len(samples), holdout)
+                   if metric and req.calib is not None else None)
+    folder = tmp / f"{req.name}.search"
+    folder.mkdir()
+    decision = decide(fp32, folder, target=target, family=family, overrides=dict(req.quant),
+                      calib=calib_set if data != "random" else [], held=held_out,
+                      budget=guard, labels=labels_held, timer=timer, log=log, progress=progress)
+    config, candidate = decision.config, decision.candidate.path
+    needs_calib = config.precision == "int8" and config.mode == "static"
+    accuracy = {**decision.candidate.accuracy, "data": data}
     log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
-    if accuracy["cosine_min"] < budget:
-        log(f"warning: cosine {accuracy['cosine_min']:.4f} is below the accuracy budget "
-            f"(min_cosine {budget}); try --method entropy/percentile, --exclude "
-            "sensitive nodes, --precision fp16 or --precision auto")
     precision = {**config.__dict__, "exclude": list(config.exclude), "family": family,
                  "description": config.describe(),
                  "calibration_samples": len(calib_set) if needs_calib else 0}
-    if decision:
-        precision["auto"] = decision
+    precision["decision"] = decision.record
     if needs_calib:
         precision["calibration"] = calibration_record(calib_set, config.calibration_method)
-    if budget_record is not None:
-        precision["budget"] = budget_record
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
-                        accuracy, config, len(calib_set) if needs_calib else 0, export_info)
+                        accuracy, config, len(calib_set) if needs_calib else 0, export_info,
+                        tuple(consts))
     return payload, result
+
+
+def _if_count(model) -> int:
+    return sum(1 for n in model.graph.node if n.op_type == "If")
+
+
+def _short(value: Any) -> str:
+    text = repr(value.tolist() if hasattr(value, "tolist") else value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_io(spec: TensorSpec) -> dict[str, Any]:

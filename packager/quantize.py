@@ -2,8 +2,8 @@
 
 import contextlib
 import logging
+import os
 import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,6 +26,7 @@ class QuantConfig(QuantPreset):
     """A target's preset plus per-build choices."""
 
     exclude: tuple[str, ...] = field(default_factory=tuple)
+    op_types: tuple[str, ...] = field(default_factory=tuple)   # quantize only these op types
 
     @classmethod
     def from_preset(cls, preset: QuantPreset, **overrides: Any) -> "QuantConfig":
@@ -38,14 +39,21 @@ class QuantConfig(QuantPreset):
         if self.precision != "int8":
             return self.precision.upper()
         if self.mode == "dynamic":
-            return f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights)"
+            return (f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights"
+                    f"{self._scope()})")
         act = "U8" if self.activation_type == "uint8" else "S8"
         wt = "U8" if self.weight_type == "uint8" else "S8"
         extra = (", symmetric" if self.symmetric_activations else "") + \
-            ("" if self.quantize_bias else ", float bias")
+            ("" if self.quantize_bias else ", float bias") + self._scope()
         return (f"INT8 static {self.format.upper()} {act}{wt}, "
                 f"{'per-channel' if self.per_channel else 'per-tensor'}, {self.calibration_method}"
                 f"{extra}")
+
+    def _scope(self) -> str:
+        text = f", only {'/'.join(self.op_types)}" if self.op_types else ""
+        if self.exclude:
+            text += f", {len(self.exclude)} node{'s' if len(self.exclude) > 1 else ''} FP32"
+        return text
 
 
 class _Reader:
@@ -78,31 +86,46 @@ def _quiet_quantizer():
     """Keep onnxruntime's quantizer chatter out of the user's output."""
     # It logs "consider pre-processing" on the root logger (the graph was already simplified
     # and shape-inferred, which is that pre-processing), and the histogram calibrators print
-    # to stdout, which belongs to --json output.
+    # progress to stdout (which belongs to --json output) many times over in a search.
     # numpy's overflow warnings (ranges holding -inf attention masks) show up as a low accuracy,
     # which the build reports with advice.
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), \
+                warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             yield
     finally:
         root.setLevel(level)
 
 
+def _cache_supported() -> bool:
+    """Newer onnxruntime reuses calibrated ranges from a file (calibration_cache_path)."""
+    import inspect
+
+    from onnxruntime.quantization import quantize_static
+
+    return "calibration_cache_path" in inspect.signature(quantize_static).parameters
+
+
 def _static(src: Path, dst: Path, config: QuantConfig, samples: Sequence[Sample],
-            progress: Progress | None, large: bool) -> None:
+            progress: Progress | None, large: bool, cache: Path | None = None) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     if not samples:
         raise QuantizationError("static INT8 needs calibration data", "pass --calib")
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[config.calibration_method]
+    # ranges depend on the model, samples and method only: a search quantizing the same model
+    # many ways calibrates once per method (the cache must be made by a run over all op types)
+    extra = {"calibration_cache_path": str(cache)} if cache is not None and _cache_supported() \
+        else {}
     with _quiet_quantizer():
         quantize_static(
-            str(src), str(dst), _Reader(samples, progress),
+            str(src), str(dst), _Reader(samples, progress), **extra,
+            op_types_to_quantize=list(config.op_types) or None,
             quant_format=QuantFormat.QDQ if config.format == "qdq" else QuantFormat.QOperator,
             per_channel=config.per_channel, reduce_range=config.reduce_range,
             activation_type=_qtype(config.activation_type), weight_type=_qtype(config.weight_type),
@@ -120,6 +143,7 @@ def _dynamic(src: Path, dst: Path, config: QuantConfig, large: bool) -> None:
         quantize_dynamic(str(src), str(dst), per_channel=config.per_channel,
                          reduce_range=config.reduce_range, weight_type=_qtype(config.weight_type),
                          nodes_to_exclude=list(config.exclude) or None,
+                         op_types_to_quantize=list(config.op_types) or None,
                          use_external_data_format=large)
 
 
@@ -132,7 +156,7 @@ def _fp16(src: Path, dst: Path) -> None:
 
 def quantize_file(model: Path, output: Path, *, config: QuantConfig,
                   samples: Sequence[Sample] = (), progress: Progress | None = None,
-                  location: str | None = None) -> Path:
+                  location: str | None = None, cache: Path | None = None) -> Path:
     """Quantize *model* into *output* (no overwrite checks; the pipeline's building block).
 
     *location* names the external data file (models above 2 GiB) when *output* is a temporary
@@ -153,7 +177,7 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
             elif config.mode == "dynamic":
                 _dynamic(src, dst, config, large)
             else:
-                _static(src, dst, config, samples, progress, large)
+                _static(src, dst, config, samples, progress, large, cache)
         except QuantizationError:
             raise
         except Exception as exc:

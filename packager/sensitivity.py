@@ -74,7 +74,7 @@ def layer_errors(fp32: Path, quantized: Path, samples: Sequence[Sample]) -> list
                 if (seen[name] or name) in got}
     graph = onnx.load(str(fp32), load_external_data=False).graph
     producer = {o: n for n in graph.node for o in n.output}
-    quantized_nodes = _quantized_nodes(quantized)
+    in_int8 = quantized_nodes(quantized)
     rows = []
     for node in graph.node:
         if node.op_type in SKIP_OPS or not node.output or node.output[0] not in fidelity:
@@ -84,8 +84,8 @@ def layer_errors(fp32: Path, quantized: Path, samples: Sequence[Sample]) -> list
         upstream = [fidelity[i][0] for i in reads if i in fidelity]
         before = min(upstream) if upstream else 1.0
         feeders = [producer[i].name for i in reads
-                   if i in producer and producer[i].name in quantized_nodes]
-        culprit = node.name if node.name in quantized_nodes else None
+                   if i in producer and producer[i].name in in_int8]
+        culprit = node.name if node.name in in_int8 else None
         if culprit is None and feeders:   # e.g. a ReLU fused into the convolution before it
             culprit = feeders[0]
         rows.append({"node": node.name, "op": node.op_type, "output": node.output[0],
@@ -122,7 +122,7 @@ def quantizable_ops() -> set[str]:
     return set(QDQRegistry) | set(QLinearOpsRegistry) | set(IntegerOpsRegistry)
 
 
-def _quantized_nodes(quantized: Path) -> set[str]:
+def quantized_nodes(quantized: Path) -> set[str]:
     """Quantizable nodes that read a dequantized tensor (QDQ), or integer ops (QOperator)."""
     graph = onnx.load(str(quantized), load_external_data=False).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}

@@ -3,6 +3,7 @@
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -86,13 +87,64 @@ def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
             dims = dims_of(info) if info is not None and info.type.tensor_type.HasField("shape") else None
             if info is not None and not info.type.HasField("tensor_type"):
                 continue  # sequences / maps have no tensor shape to fix
-            if dims is None or not all(isinstance(d, int) and d > 0 for d in dims):
+            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
                 found.append((name, producers[name], dims))
     for out in model.graph.output:
         dims = dims_of(out) if out.type.tensor_type.HasField("shape") else None
-        if dims is None or not all(isinstance(d, int) and d > 0 for d in dims):
+        if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
             found.append((out.name, producers.get(out.name, "graph input"), dims))
     return found
+
+
+def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
+                    ) -> tuple[onnx.ModelProto, list[str]]:
+    """Fill in the shapes shape inference left open (through If/Loop, custom-domain ops) from
+    real onnxruntime runs at the static input shapes.
+
+    Returns the model and the tensors whose shape differed between *feeds*: data-dependent
+    (e.g. a detector's box count), which stay dynamic.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    open_ = [name for name, _, _ in dynamic_tensors(model)]
+    if not open_:
+        return model, []
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in open_ if n not in known)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), so,
+                                       providers=["CPUExecutionProvider"])
+        runs = [session.run(open_, dict(feed)) for feed in feeds]
+    except Exception as exc:
+        raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
+                         "inferred, and running the model to find them failed: "
+                         f"{(str(exc).strip().splitlines() or [''])[0][:200]}",
+                         "check the --input shapes and the calibration data") from None
+    shapes = {name: {tuple(np.shape(r[i])) for r in runs} for i, name in enumerate(open_)}
+    varying = [n for n, seen in shapes.items() if len(seen) > 1]
+    infos = {v.name: v for v in model.graph.value_info}
+    outputs = {o.name: o for o in model.graph.output}
+    for i, name in enumerate(open_):
+        if name in varying:
+            continue
+        value = runs[0][i]
+        if not isinstance(value, np.ndarray):
+            continue   # sequences and maps keep no tensor shape
+        targets = [v for v in (outputs.get(name), infos.get(name)) if v is not None]
+        if not targets:
+            targets = [model.graph.value_info.add()]
+            targets[0].name = name
+        for info in targets:
+            info.type.tensor_type.elem_type = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            shape = info.type.tensor_type.shape
+            shape.Clear()
+            for size in value.shape:
+                shape.dim.add().dim_value = size
+    return model, varying
 
 
 def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],

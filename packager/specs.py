@@ -1,6 +1,7 @@
 """Tensor specs from the command line: `[PART/]NAME:1x3x224x224[:dtype]` and dynamic axes."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import SpecError
 
@@ -78,6 +79,33 @@ def parse_assignments(values: tuple[str, ...] | list[str], option: str) -> dict[
         if key.strip() in result:
             raise SpecError(f"{option} {key.strip()!r} is given twice", "give each key once")
         result[key.strip()] = rest.strip()
+    return result
+
+
+def parse_consts(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """`--const sr=16000`, `--const flags=[1,0]`, `--const state=zeros.npy` -> {name: value}."""
+    import ast
+
+    import numpy as np
+
+    result: dict[str, Any] = {}
+    for key, text in parse_assignments(values, "--const").items():
+        if text.endswith(".npy"):
+            try:
+                result[key] = np.load(text, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise SpecError(f"--const {key}={text}: not a readable .npy file ({exc})",
+                                "save it with numpy.save") from None
+            continue
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise SpecError(f"--const {key}={text!r} is not a number, list or .npy file",
+                            "for example --const sr=16000 or --const flags=[1,0]") from None
+        if not isinstance(value, int | float | bool | list | tuple):
+            raise SpecError(f"--const {key}={text!r} is not a number, list or .npy file",
+                            "for example --const sr=16000 or --const flags=[1,0]")
+        result[key] = value
     return result
 
 

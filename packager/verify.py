@@ -101,8 +101,8 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
         "providers": check.get("providers", []),
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
         "check": check, "bench": bench,
-        "precision_choice": {p["name"]: p["precision"]["auto"] for p in manifest["parts"]
-                             if "auto" in p.get("precision", {})},
+        "precision_choice": {p["name"]: p["precision"]["decision"] for p in manifest["parts"]
+                             if "decision" in p.get("precision", {})},
     }
     return report
 
@@ -142,7 +142,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "within budget |", "| --- | --- | --- | --- | --- | --- |"]
         for c in choice["candidates"]:
             cos = f"{c['cosine_min']:.4f}" if c["cosine_min"] is not None else "-"
-            lines.append(f"| {c['precision']} | {c['p50_ms']:.3f} | {c['p90_ms']:.3f} | {cos} | "
+            p50, p90 = (f"{c[k]:.3f}" if c.get(k) is not None else "-"
+                        for k in ("p50_ms", "p90_ms"))
+            lines.append(f"| {c.get('label', c['precision'])} | {p50} | {p90} | {cos} | "
                          f"{c['bytes'] or '-'} | {'yes' if c['meets_budget'] else 'no'} |")
     return "\n".join(lines) + "\n"
 

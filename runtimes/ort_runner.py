@@ -408,7 +408,10 @@ def run_samples(session, inputs):
     """Run each sample (axis 0 of every array) through the session; stack outputs per name."""
     names = [o.name for o in session.get_outputs()]
     count = len(next(iter(inputs.values())))
-    rows = [session.run(names, {k: v[i] for k, v in inputs.items()}) for i in range(count)]
+    # np.asarray: indexing a stack of scalars (an int64 sample rate) gives numpy scalars,
+    # which onnxruntime refuses
+    rows = [session.run(names, {k: np.asarray(v[i]) for k, v in inputs.items()})
+            for i in range(count)]
     return {name: np.stack([row[j] for row in rows]) for j, name in enumerate(names)}
 
 
@@ -441,7 +444,7 @@ def cmd_check(bundle, manifest, args):
 def bench_part(bundle, manifest, part, args):
     session, load_ms = open_session(bundle, manifest, part, args)
     inputs, _ = load_golden(bundle, part)
-    feed = {k: v[0] for k, v in inputs.items()}
+    feed = {k: np.asarray(v[0]) for k, v in inputs.items()}
     names = [o.name for o in session.get_outputs()]
     for _ in range(args.warmup):
         session.run(names, feed)

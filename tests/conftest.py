@@ -104,7 +104,7 @@ def built(tmp_path_factory, cnn_onnx, image_dir):
     """One INT8 bundle of the tiny CNN for x86_64-cpu, built once per session."""
     out = tmp_path_factory.mktemp("bundles") / "cnn"
     return build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
-                 labels=[f"class{i}" for i in range(10)])
+                 labels=[f"class{i}" for i in range(10)], quant={"precision": "int8"})
 
 
 def run_py(bundle: Path, *args: str) -> subprocess.CompletedProcess:

@@ -51,29 +51,81 @@ def test_without_a_budget_accuracy_collapses_with_one_it_holds(sensitive):
                                           budget=AccuracyBudget(min_cosine=0.98),
                                           log=lines.append)
     assert acc["cosine_min"] >= 0.98 and record["passed"]
-    assert record["excluded"][0] == "/head/Gemm" and "/spike/Gemm" in record["excluded"]
-    assert [r["passed"] for r in record["rounds"]][-1] and not record["rounds"][0]["passed"]
-    assert any("keeping /head/Gemm in FP32" in ln for ln in lines)
+    assert {"/head/Gemm", "/spike/Gemm"} <= set(record["excluded"])
+    first = record["candidates"][0]
+    assert first["label"] == "INT8 preset" and not first["meets_budget"]
+    assert any(ln.startswith("search: bisecting over") for ln in lines)
     kept = {n.name for n in onnx.load(str(root / "guarded.onnx")).graph.node
             if n.op_type == "Gemm"}
     assert {"/head/Gemm", "/spike/Gemm"} <= kept   # still float Gemm nodes
+    assert final.exclude == tuple(record["excluded"])
+
+
+def test_search_bisects_instead_of_one_node_per_round(sensitive, tmp_path):
+    """Ranked sensitivity + bisection: a handful of variants, not one quantization per node."""
+    from packager.search import Search
+    from packager.sensitivity import name_nodes
+
+    root, _, calib, held = sensitive
+    fp32 = save_model_named(root / "fp32.onnx", tmp_path / "named.onnx", name_nodes)
+    search = Search(fp32, tmp_path, calib=calib, held=held,
+                    budget=AccuracyBudget(min_cosine=0.98))
+    tried = search.run(QuantConfig.from_preset(X86.quantization), set())
+    bisected = [c for c in tried if "most sensitive" in c.label]
+    assert any(c.passed for c in bisected)
+    assert len(tried) <= 12
+    heavy = [c for c in tried if c.label == "INT8 heavy ops only"][0]
+    assert heavy.config.op_types == ("Conv", "Gemm")
+
+
+def save_model_named(src: Path, dst: Path, name_nodes) -> Path:
+    onnx.save(name_nodes(onnx.load(str(src))), str(dst))
+    return dst
 
 
 def test_build_meets_the_targets_budget_and_records_it(sensitive, tmp_path):
     _, images, _, _ = sensitive
     r = build(f"{MODELS}:sensitive", tmp_path / "b", target="x86_64-cpu", calib=images,
-              preprocess=PREP, inputs=IMAGE)
+              preprocess=PREP, inputs=IMAGE, quant={"precision": "int8"})
     assert r.parts[0].accuracy["cosine_min"] >= 0.98
     precision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
         "precision"]
-    budget = precision["budget"]
-    assert budget["budget"] == "cosine >= 0.98" and budget["passed"]
-    assert budget["excluded"][0] == "/head/Gemm"
-    assert set(budget["latency"]) == {"fp32_p50_ms", "int8_first_p50_ms", "int8_final_p50_ms"}
+    decision = precision["decision"]
+    assert decision["mode"] == "int8" and decision["budget"] == "cosine >= 0.98"
+    assert decision["held_out"] == 8 and decision["search_seconds"] > 0
+    plain = [c for c in decision["candidates"] if c["label"] == "INT8 preset"][0]
+    assert plain["cosine_min"] < 0.5 and not plain["meets_budget"]
     assert "/head/Gemm" in precision["exclude"]
     calibration = precision["calibration"]
     assert calibration["samples"] == 32 and calibration["method"] == "minmax"
     assert len(calibration["sha256"]) == 64
+
+
+def test_forced_int8_that_misses_the_budget_is_an_error(sensitive, tmp_path):
+    _, images, _, _ = sensitive
+    r = subprocess.run([sys.executable, "-m", "packager", "build", f"{MODELS}:sensitive",
+                        "--input", "image:1x3x32x32", "--calib", str(images), "--preprocess",
+                        PREP_TEXT, "--precision", "int8", "--min-cosine", "1.0",
+                        "-o", str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "--precision int8 misses the accuracy budget (cosine >= 1.0)" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "b").exists()
+
+
+def test_default_build_ships_what_keeps_the_promise(sensitive, tmp_path):
+    """No --precision: candidates measured, the decision and every candidate recorded."""
+    _, images, _, _ = sensitive
+    lines = []
+    r = build(f"{MODELS}:sensitive", tmp_path / "b", target="x86_64-cpu", calib=images,
+              preprocess=PREP, inputs=IMAGE, log=lines.append)
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert decision["mode"] == "auto" and r.parts[0].accuracy["cosine_min"] >= 0.98
+    assert decision["candidates"][0]["label"] == "FP32"
+    assert decision["candidates"][0]["p50_ms"] > 0   # FP32 is always timed against INT8
+    chosen = [c for c in decision["candidates"] if c["precision"] == decision["chosen"]]
+    assert chosen and chosen[0]["meets_budget"]
+    assert sum(ln.startswith("decision: ") for ln in lines) == 1
 
 
 def test_debug_quant_ranks_the_sensitive_layer_first(sensitive):
@@ -110,9 +162,9 @@ def test_method_auto_tries_three_methods_and_a_user_metric(sensitive, tmp_path):
         config=QuantConfig.from_preset(X86.quantization, calibration_method="auto"),
         calib=calib, held=held, budget=AccuracyBudget(max_drop=0.01, metric=fn,
                                                       metric_name=name))
-    assert [t["method"] for t in record["method_trials"]] == ["minmax", "entropy", "percentile"]
     assert acc["metric"] == "agreement" and "metric_fp32" in acc
     assert acc["drop"] <= 0.01 and record["budget"] == "agreement drop <= 1%"
+    assert record["candidates"][0]["precision"].endswith("minmax")   # auto starts at minmax
 
 
 def test_cli_quantize_with_a_drop_budget(sensitive, tmp_path):
@@ -125,10 +177,17 @@ def test_cli_quantize_with_a_drop_budget(sensitive, tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["budget"]["passed"] and data["accuracy"]["cosine_min"] >= 0.98
-    assert "keeping /head/Gemm in FP32" in r.stderr
+    assert "search: bisecting over" in r.stderr
     assert parse_drop("1%") == pytest.approx(0.01) and parse_drop("0.5") == 0.5
     with pytest.raises(PackagerError, match="not a number"):
         parse_drop("lots")
+    strict = subprocess.run([sys.executable, "-m", "packager", "quantize",
+                             str(root / "fp32.onnx"), "--calib", str(images), "--preprocess",
+                             PREP_TEXT, "--min-cosine", "1.0", "-o", str(tmp_path / "q1.onnx")],
+                            capture_output=True, text=True, timeout=300)
+    assert strict.returncode == 1, strict.stderr
+    assert "no INT8 variant keeps the accuracy budget (cosine >= 1.0)" in strict.stderr
+    assert not (tmp_path / "q1.onnx").exists()
 
 
 def if_model(path: Path) -> Path:

@@ -54,7 +54,9 @@ def test_force_replaces(cnn_onnx, image_dir, tmp_path):
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"target": "jetson-nano-9000"}, TargetError, "unknown target"),
     ({"preprocess": {**PREP, "size": [64, 64]}}, PreprocessError, "use size=32x32"),
-    ({"calib": None}, CalibrationError, "needs calibration data"),
+    ({"calib": None, "quant": {"precision": "int8"}}, CalibrationError,
+     "needs calibration data"),
+    ({"calib": None}, CalibrationError, "no calibration or evaluation samples"),
 ])
 def test_bad_input_leaves_nothing(cnn_onnx, image_dir, tmp_path, kwargs, error, match):
     args = {"target": "x86_64-cpu", "calib": image_dir, "preprocess": PREP, **kwargs}

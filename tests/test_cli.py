@@ -34,7 +34,7 @@ def test_every_command_has_help_and_a_readme_entry():
 def test_build_then_verify_end_to_end(cnn_onnx, image_dir, tmp_path):
     out = tmp_path / "out" / "cnn"
     r = invoke("build", cnn_onnx, "--target", "x86_64-cpu", "--calib", image_dir,
-               "--preprocess", PREP_TEXT, "-o", out, "--json")
+               "--preprocess", PREP_TEXT, "--precision", "int8", "-o", out, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     [part] = data["parts"]

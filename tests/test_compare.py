@@ -74,15 +74,15 @@ def has_qdq(bundle: Path) -> bool:
 
 def test_auto_ships_int8_where_it_wins(image_dir, tmp_path):
     r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
-              preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
-              quant={"precision": "auto"})
+              preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")])
     decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
-        "precision"]["auto"]
+        "precision"]["decision"]
     assert r.parts[0].config.precision == "int8" and has_qdq(tmp_path / "b")
-    assert "faster than FP32" in decision["reason"]
-    fp32, int8 = decision["candidates"][:2]
-    assert int8["p50_ms"] * 1.05 <= fp32["p50_ms"] and int8["meets_budget"]
-    assert decision["measured_on"]["cpu"] and len(decision["candidates"]) == 3
+    assert "x FP32's speed" in decision["reason"] and decision["mode"] == "auto"
+    fp32 = decision["candidates"][0]
+    chosen = [c for c in decision["candidates"] if c["label"] == decision["label"]][0]
+    assert chosen["p50_ms"] * 1.05 <= fp32["p50_ms"] and chosen["meets_budget"]
+    assert decision["timing"]["measured_on"]["cpu"]
     from packager.verify import verify
 
     report = verify(tmp_path / "b", runs=3, warmup=1)
@@ -95,20 +95,22 @@ def test_auto_keeps_fp32_when_int8_cannot_win(tmp_path):
     np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).standard_normal((20, 1, 256))
              .astype(np.float32))
     r = build(f"{MODELS}:Elementwise", tmp_path / "b", target="x86_64-cpu",
-              calib=tmp_path / "x.npz", inputs=[parse_input("x:1x256")],
-              quant={"precision": "auto"})
+              calib=tmp_path / "x.npz", inputs=[parse_input("x:1x256")])
     assert r.parts[0].config.precision == "fp32" and not has_qdq(tmp_path / "b")
     decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
-        "precision"]["auto"]
+        "precision"]["decision"]
     assert decision["reason"].startswith("FP32: ")
-    assert "no operator in this model could be quantized" in decision["reason"]
+    assert "no heavy op is left in INT8" in decision["reason"]
 
 
 def test_auto_honours_the_accuracy_budget(image_dir, tmp_path):
     r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
               preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
-              quant={"precision": "auto"}, min_cosine=0.999999)
-    assert r.parts[0].config.precision == "fp32"
-    reason = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
-        "precision"]["auto"]["reason"]
-    assert "missed the accuracy budget" in reason and "< 0.999999" in reason
+              min_cosine=0.999999)
+    assert r.parts[0].accuracy["cosine_min"] >= 0.999999
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    plain = decision["candidates"][1]
+    assert plain["label"] == "INT8 preset" and not plain["meets_budget"]
+    # what ships is FP32, or INT8 with the nodes that broke the budget kept in FP32
+    assert decision["reason"].startswith("FP32: ") or r.parts[0].config.exclude

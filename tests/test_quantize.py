@@ -88,8 +88,10 @@ def test_int64_input_model_quantizes(embed_onnx, embed_npz, tmp_path):
     inputs = [{"name": "ids", "shape": [1, 12], "dtype": "int64"},
               {"name": "mask", "shape": [1, 12], "dtype": "float32"}]
     calib, held = split_holdout(load_samples(embed_npz, inputs=inputs), fraction=0.25)
+    # per-tensor: onnxruntime 1.32's fused per-channel (axis 1) QDQ MatMul gives cosine 0.53
+    # here while the same graph unfused gives 0.99999; the build's search finds per-tensor
     out = quantize(embed_onnx, tmp_path / "q.onnx", samples=calib,
-                   config=QuantConfig.from_preset(X86))
+                   config=QuantConfig.from_preset(X86, per_channel=False))
     assert "QuantizeLinear" in ops(out)
     acc = measure_accuracy(out, embed_onnx, held)
     assert acc["cosine_min"] > 0.98
