@@ -50,21 +50,53 @@ def freeze_inputs(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.Mod
     return fold_constant_ifs(model)
 
 
-def fold_constant_ifs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Inline every top-level If whose condition is a constant (initializer or Constant node)."""
+def constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of tensor *name* when it depends on constants only (computed with ONNX's
+    reference evaluator), else None."""
+    from onnx.reference import ReferenceEvaluator
+
     graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    needed, stack = [], [name]
+    while stack:
+        tensor = stack.pop()
+        if tensor in inits or not tensor:
+            continue
+        node = producer.get(tensor)
+        if node is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                               for a in node.attribute):
+            return None   # reads a graph input, or control flow
+        if node not in needed:
+            needed.append(node)
+            stack.extend(node.input)
+    order = [n for n in graph.node if n in needed]
+    sub = onnx.helper.make_graph(order, "cond", [], [onnx.ValueInfoProto(name=name)],
+                                 [i for i in graph.initializer])
+    sub_model = onnx.helper.make_model(sub, opset_imports=model.opset_import)
+    try:
+        return np.asarray(ReferenceEvaluator(sub_model).run(None, {})[0])
+    except Exception:  # an op the reference evaluator lacks: leave the If alone
+        return None
+
+
+def fold_constant_ifs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Inline every top-level If whose condition depends on constants only."""
+    graph = model.graph
+    undecided: set[str] = set()
     while True:
-        consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-        index = next((i for i, n in enumerate(graph.node)
-                      if n.op_type == "If" and n.input[0] in consts), None)
+        index = cond = None
+        for i, n in enumerate(graph.node):
+            if n.op_type == "If" and n.name not in undecided:
+                cond = constant_value(model, n.input[0])
+                if cond is not None:
+                    index = i
+                    break
+                undecided.add(n.name)
         if index is None:
             return model
         node = graph.node[index]
-        branch_name = "then_branch" if bool(np.asarray(consts[node.input[0]]).all()) \
-            else "else_branch"
+        branch_name = "then_branch" if bool(cond.all()) else "else_branch"
         branch = next(a.g for a in node.attribute if a.name == branch_name)
         inlined = _inline(branch, node, graph)
         del graph.node[index]

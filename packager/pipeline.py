@@ -278,7 +278,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
                                                 target.batch), batch=target.batch, strict=False)
     simplified, simplifier, reason = simplify_proto(fixed, model_path)
-    if consts and _if_count(simplified):   # conditions on the constants are constants now
+    if consts and _if_count(simplified):   # what the simplifier folded may decide more Ifs
         simplified = fold_constant_ifs(simplified)
         simplified, simplifier, reason = simplify_proto(simplified, model_path)
     # static inputs let the simplifier fold shape arithmetic; what stays open is resolved

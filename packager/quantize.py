@@ -182,7 +182,7 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
             raise
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise QuantizationError(f"{model}: quantization failed ({first[:200]})",
+            raise QuantizationError(f"{model}: quantization failed ({first[:200]}){_where(exc)}",
                                     "exclude the failing node with --exclude NODE, or try "
                                     "--mode dynamic / --precision fp16") from None
         check_runs(dst, samples[:1])
@@ -192,6 +192,26 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
         else:
             shutil.move(str(dst), output)
     return Path(output)
+
+
+def _where(exc: BaseException) -> str:
+    """' at node 'X'' / ' at tensor 'Y'': what the quantizer was working on when it raised
+    (from its frames' locals), so that a retry can keep that node in float."""
+    import onnx
+
+    found = []
+    tb = exc.__traceback__
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        node = local.get("node")
+        if isinstance(node, onnx.NodeProto) and node.name:
+            found.append(f"node '{node.name}'")
+        for key in ("bias_name", "weight_name", "tensor_name", "input_name"):
+            if isinstance(local.get(key), str) and local[key]:
+                found.append(f"tensor '{local[key]}'")
+        tb = tb.tb_next
+    innermost = list(dict.fromkeys(reversed(found)))[:2]
+    return f" at {', '.join(innermost)}" if innermost else ""
 
 
 def check_runs(model: Path, samples: Sequence[Sample]) -> None:

@@ -132,8 +132,9 @@ class Search:
                 if not avoid:
                     cand.error = exc.message
                     break
+                why = _first_line(exc.message.replace(f"{self.fp32}: ", ""))
                 cand.notes.append(f"kept {', '.join(avoid)} in float: the quantizer failed "
-                                  f"there ({_first_line(exc.message)})")
+                                  f"there ({why})")
                 self.log(f"search: {label}: {cand.notes[-1]}")
                 cand.config = replace(cand.config, exclude=cand.config.exclude + tuple(avoid))
         else:
@@ -152,6 +153,12 @@ class Search:
     def _culprits(self, message: str, config: QuantConfig) -> list[str]:
         """Node names (else all nodes of the op type) that a quantizer error points at."""
         excluded = set(config.exclude)
+        pointed = re.findall(r"at (?:.*, )?node '([^']+)'", message)
+        tensors = re.findall(r"tensor '([^']+)'", message)
+        named = [n.name for n in self.graph.node if n.name and n.name not in excluded and
+                 (n.name in pointed or set(n.input) & set(tensors))]
+        if named:
+            return named[:1]
         named = [n.name for n in self.graph.node if n.name and n.name not in excluded
                  and re.search(r"(?<![\w/.-])" + re.escape(n.name) + r"(?![\w/.-])", message)]
         if named:

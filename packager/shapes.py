@@ -120,10 +120,15 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
                                        providers=["CPUExecutionProvider"])
         runs = [session.run(open_, dict(feed)) for feed in feeds]
     except Exception as exc:
+        small = [i.name for i in graph_inputs(model)
+                 if len(dims_of(i)) == 0 or dims_of(i) == [1]]
+        has_if = any(n.op_type in ("If", "Loop") for n in model.graph.node)
+        hint = (f"an If on an input may pick branches that disagree at these shapes: freeze "
+                f"it, e.g. --const {small[0]}=VALUE" if has_if and small
+                else "check the --input shapes and the calibration data")
         raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
-                         "inferred, and running the model to find them failed: "
-                         f"{(str(exc).strip().splitlines() or [''])[0][:200]}",
-                         "check the --input shapes and the calibration data") from None
+                         "inferred, and running the model at the static shapes failed: "
+                         f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None
     shapes = {name: {tuple(np.shape(r[i])) for r in runs} for i, name in enumerate(open_)}
     varying = [n for n, seen in shapes.items() if len(seen) > 1]
     infos = {v.name: v for v in model.graph.value_info}
@@ -164,7 +169,13 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     del model.graph.value_info[:]
     for out in model.graph.output:
         out.type.tensor_type.ClearField("shape")
-    model = infer_static(model)
+    inferred = infer_static(onnx.ModelProto.FromString(model.SerializeToString()))
+    # keep only the top-level shapes: inference also writes into If/Loop bodies, and there it
+    # merges the branches' shapes into ones that break onnxruntime's own type inference
+    # (silero VAD: "LSTM: First input tensor must have rank 3")
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for out, known in zip(model.graph.output, inferred.graph.output, strict=True):
+        out.type.CopyFrom(known.type)
     dynamic = dynamic_tensors(model)
     if dynamic and strict:
         name, producer, dims = dynamic[0]

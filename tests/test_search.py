@@ -1,0 +1,73 @@
+"""The INT8 search: quantizer failures are worked around, never a refusal."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import save
+from packager.budget import AccuracyBudget
+from packager.pipeline import build
+from packager.quantize import QuantConfig
+from packager.search import Search
+from packager.targets import load_target
+
+X86 = load_target("x86_64-cpu").quantization
+
+
+def keras_gemm(path: Path) -> Path:
+    """Two Gemm layers; the first has a [1, N] bias as Keras exports write it. onnxruntime's
+    quantizer raises on that bias ("The truth value of an array ... is ambiguous")."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2")]
+    inits = [numpy_helper.from_array(rng.normal(size=(64, 64)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(1, 64)).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.normal(size=(64, 16)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(size=(16,)).astype(np.float32), "b2")]
+    graph = helper.make_graph(nodes, "keras", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 16])], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def samples(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.normal(size=(1, 64)).astype(np.float32)} for _ in range(count)]
+
+
+def test_a_quantizer_crash_keeps_that_node_in_float(tmp_path):
+    model = keras_gemm(tmp_path / "k.onnx")
+    search = Search(model, tmp_path, calib=samples(32), held=samples(8)[4:],
+                    budget=AccuracyBudget(min_cosine=0.98))
+    first = search.variant("INT8 preset", QuantConfig.from_preset(X86))
+    assert not first.error and first.config.exclude == ("fc1",)
+    assert "kept fc1 in float: the quantizer failed there" in first.notes[0]
+    assert "truth value of an array" in first.notes[0]
+    quantized = onnx.load(str(first.path))
+    fc2_inputs = [n for n in quantized.graph.node if n.name == "fc2"][0].input
+    assert any(i.endswith("_DequantizeLinear_Output") for i in fc2_inputs)   # fc2 is INT8
+
+
+def test_build_of_a_model_the_quantizer_chokes_on_is_not_refused(tmp_path):
+    np.savez(tmp_path / "x.npz", x=np.stack([s["x"] for s in samples(40)]))
+    r = build(keras_gemm(tmp_path / "k.onnx"), tmp_path / "b", target="x86_64-cpu",
+              calib=tmp_path / "x.npz", quant={"precision": "int8"})
+    precision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]
+    assert r.parts[0].config.precision == "int8" and "fc1" in precision["exclude"]
+    notes = [n for c in precision["decision"]["candidates"] for n in c["notes"]]
+    assert any("kept fc1 in float" in n for n in notes)
+
+
+def test_an_error_naming_an_op_type_keeps_every_node_of_it(tmp_path):
+    model = keras_gemm(tmp_path / "k.onnx")
+    search = Search(model, tmp_path, calib=samples(4), held=samples(2),
+                    budget=AccuracyBudget(min_cosine=0.98))
+    message = ("the quantized model does not run in onnxruntime ([ONNXRuntimeError] : 1 : FAIL "
+               ": Node () Op (Gemm) [ShapeInferenceError] Invalid attribute)")
+    assert search._culprits(message, QuantConfig.from_preset(X86)) == ["fc1", "fc2"]
+    assert search._culprits(message, QuantConfig.from_preset(X86, exclude=("fc1",))) == ["fc2"]
