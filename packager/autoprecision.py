@@ -179,7 +179,11 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
         return _record(reference, reference, candidates, reason, "auto", budget, held,
                        started, timing, log)
-    ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
+    # a variant with no more ops in INT8 and no fewer Q/DQ boundaries than another is not timed
+    useful = [c for c in passing if not any(
+        d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
+        (d.int8_nodes, -d.boundaries) != (c.int8_nodes, -c.boundaries) for d in passing)]
+    ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
     why_not = timing_place(target, timer)
     if why_not:
         chosen = ranked[0]
