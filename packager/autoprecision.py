@@ -260,7 +260,8 @@ def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candid
     log(f"decision: {chosen.config.describe()} - {reason} ({len(candidates)} candidates, "
         f"{len(held)} held-out samples, {seconds:.1f} s)")
     record = {"mode": mode, "chosen": chosen.config.describe(), "label": chosen.label,
-              "reason": reason, "budget": budget.describe(), "held_out": len(held),
+              "reason": reason, "budget": budget.describe(),
+              "budget_min_cosine": budget.min_cosine, "held_out": len(held),
               "notes": notes, "search_seconds": round(seconds, 2),
               "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
               "timing": timing, "candidates": [c.summary() for c in candidates]}

@@ -65,6 +65,19 @@ def _tolerance(cosine_min: float) -> float:
     return float(np.floor(max(0.0, min(cosine_min, 1.0) - 0.01) * 1e4) / 1e4)
 
 
+def _budget(part: "PartPayload") -> float | None:
+    """The accuracy budget the build kept (min cosine to FP32), when it decided one."""
+    value = (part.precision.get("decision") or {}).get("budget_min_cosine")
+    return float(value) if value is not None else None
+
+
+def _floor(part: "PartPayload", cosine_min: float) -> float:
+    """What `run.py check` demands on the device: near the host's figure, and never below the
+    budget the bundle promises (the golden samples are held-out samples that kept it)."""
+    budget = _budget(part)
+    return _tolerance(cosine_min) if budget is None else max(_tolerance(cosine_min), budget)
+
+
 PART_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
@@ -236,7 +249,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any) -> dict[str, Any]:
         "accuracy": part.accuracy or {},
         "golden": {"inputs": golden_in, "outputs": golden_out,
                    "samples": len(part.golden_samples), "reference": "fp32",
-                   "min_cosine": _tolerance(min(o["cosine_min"] for o in own.values())),
-                   "host": own},
+                   "min_cosine": _floor(part, min(o["cosine_min"] for o in own.values())),
+                   "budget_min_cosine": _budget(part), "host": own},
         "source": part.source,
     }

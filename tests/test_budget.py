@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import PREP, PREP_TEXT, write_images
+from conftest import PREP, PREP_TEXT, run_py, write_images
 from packager.accuracy import measure_accuracy
 from packager.budget import AccuracyBudget, parse_drop, quantize_checked
 from packager.calibration import load_samples, split_holdout
@@ -96,6 +96,11 @@ def test_build_meets_the_targets_budget_and_records_it(sensitive, tmp_path):
     plain = [c for c in decision["candidates"] if c["label"] == "INT8 preset"][0]
     assert plain["cosine_min"] < 0.5 and not plain["meets_budget"]
     assert "/head/Gemm" in precision["exclude"]
+    # the device check demands the promised budget, not only the host's figure less a margin
+    golden = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]["golden"]
+    assert golden["budget_min_cosine"] == 0.98 and golden["min_cosine"] >= 0.98
+    check = run_py(tmp_path / "b", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
     calibration = precision["calibration"]
     assert calibration["samples"] == 32 and calibration["method"] == "minmax"
     assert len(calibration["sha256"]) == 64
