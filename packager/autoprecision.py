@@ -147,8 +147,28 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if base.mode == "static" and not static_ok:
         base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
         log("search: no calibration data, so INT8 candidates are dynamic")
-    search.run(replace(base, precision="int8"), pinned)
-    if not forced and base.mode == "static" and "mode" not in pinned and not search.found():
+    why_not = timing_place(target, timer)
+    threads = int(target.session.get("intra_op_threads", 0))
+
+    measured: dict[str, Any] = {}
+
+    def pays(structural: list[Candidate]) -> str:
+        """'' unless the variants with the most INT8 (missing the budget) are still not
+        MIN_GAIN faster than FP32: moving nodes back to float will not make them faster."""
+        if forced or why_not or not structural or len(held) < MIN_HELD:
+            return ""
+        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer,
+                                        log)
+        fastest = min(structural, key=lambda c: c.p50_ms)
+        if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
+            return ""
+        return (f"INT8 cannot pay on this CPU: with the most ops in INT8 ({fastest.label}, "
+                f"{fastest.int8_nodes} ops) it runs {fastest.p50_ms:.3f} ms p50 against FP32's "
+                f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
+
+    search.run(replace(base, precision="int8"), pinned, pays)
+    if not forced and base.mode == "static" and "mode" not in pinned and not search.found() \
+            and not search.futile:   # dynamic INT8 is slower than static
         search.variant("INT8 dynamic", replace(base, precision="int8", mode="dynamic"))
     if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
             and preset is not target.quantization and target.quantization.mode == "static"):
@@ -174,6 +194,10 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                   f"the budget (need {MIN_HELD}); give more --calib samples")
         return _record(reference, reference, candidates, reason, "auto", budget, held,
                        started, timing, log)
+    if not passing and search.futile:
+        return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
+                       budget, held, started, {"measured": True, "threads": threads, **measured},
+                       log)
     if not passing:
         reason = "FP32: no INT8 variant kept the budget (" + "; ".join(
             c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
@@ -184,21 +208,14 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
         (d.int8_nodes, -d.boundaries) != (c.int8_nodes, -c.boundaries) for d in passing)]
     ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
-    why_not = timing_place(target, timer)
     if why_not:
         chosen = ranked[0]
         reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
                   f"measured ({why_not})")
         return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
                        started, {"measured": False, "why": why_not}, log)
-    threads = int(target.session.get("intra_op_threads", 0))
-    timed = [reference] + ranked
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
-    rounds, block = _plan(fp32, held[0], threads)
-    times, where = (timer or local_timer)([c.path for c in timed], held[0], threads, rounds,
-                                          block)
-    for c in timed:
-        c.p50_ms, c.p90_ms = times[str(c.path)]["p50"], times[str(c.path)]["p90"]
+    where = _time([reference] + ranked, fp32, held, threads, timer, log)
     timing = {"measured": True, "threads": threads, "measured_on": where}
     fastest = min(c.p50_ms for c in ranked)
     chosen = min((c for c in ranked if c.p50_ms <= fastest * SAME_SPEED),
@@ -217,6 +234,17 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                 f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")
     return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
                    started, timing, log)
+
+
+def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], threads: int,
+          timer: Any, log: Log) -> Any:
+    """Time *timed* interleaved (here or with *timer*); sets their p50/p90, returns where."""
+    rounds, block = _plan(fp32, held[0], threads)
+    times, where = (timer or local_timer)([c.path for c in timed], held[0], threads, rounds,
+                                          block)
+    for c in timed:
+        c.p50_ms, c.p90_ms = times[str(c.path)]["p50"], times[str(c.path)]["p90"]
+    return where
 
 
 def _plan(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:

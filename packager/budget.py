@@ -24,6 +24,24 @@ PROBE_SAMPLES = 4       # samples whose intermediate tensors are compared per ro
 SMALL_CALIBRATION = 32
 
 
+EMBEDDING_COSINE = 0.995   # default budget for L2-normalised embeddings (see embedding_outputs)
+
+
+def embedding_outputs(reference: dict[str, np.ndarray]) -> list[str]:
+    """Outputs that are L2-normalised embeddings: float vectors of 16 or more values whose norm
+    is 1 on every sample. What users do with them is compare them with each other, and there a
+    cosine of 0.98 to FP32 is not enough: all-MiniLM-L6-v2 at cosine 0.985 changed the nearest
+    sentence of 12 % of sentences."""
+    found = []
+    for name, arr in reference.items():
+        if arr.dtype.kind != "f" or len(arr) == 0 or arr[0].size < 16:
+            continue
+        norms = np.linalg.norm(arr.reshape(len(arr), -1).astype(np.float64), axis=1)
+        if np.all(np.abs(norms - 1.0) < 1e-3):
+            found.append(name)
+    return found
+
+
 @dataclass(frozen=True)
 class AccuracyBudget:
     """min_cosine: every held-out sample's output cosine to FP32; max_drop: the fall in accuracy

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from .accuracy import run_model
 from .atomic import check_free
 from .autoprecision import decide
-from .budget import AccuracyBudget, calibration_record, hygiene
+from .budget import EMBEDDING_COSINE, AccuracyBudget, calibration_record, embedding_outputs, hygiene
 from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
 from .calibration import (
     Sample,
@@ -271,10 +272,11 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         if samples:
             samples = [{k: v for k, v in s.items() if k not in consts} for s in samples]
         source["consts"] = {k: np.asarray(v).tolist() for k, v in consts.items()}
+    shapes = {s.name: list(s.shape) for s in req.inputs}
     if req.preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
         first = io_specs(graph_inputs(proto))[0]
-        check_fits(req.preprocess, first["name"], first["shape"], first["dtype"])
-    shapes = {s.name: list(s.shape) for s in req.inputs}
+        check_fits(req.preprocess, first["name"], shapes.get(first["name"], first["shape"]),
+                   first["dtype"])
     fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
                                                 target.batch), batch=target.batch, strict=False)
     simplified, simplifier, reason = simplify_proto(fixed, model_path)
@@ -333,6 +335,13 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
+    if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
+            budget < EMBEDDING_COSINE:
+        embeddings = embedding_outputs(run_model(fp32, held_out[:8]))
+        if embeddings:
+            budget = EMBEDDING_COSINE
+            log(f"budget: output '{embeddings[0]}' is an L2-normalised embedding, compared with "
+                f"other embeddings: cosine >= {budget} to FP32 (--min-cosine sets another)")
     if data != "random" and requested in ("int8", "auto"):
         for note in hygiene(calib_set, held_out):
             log(f"warning: {note}")

@@ -50,7 +50,8 @@ class QuantConfig(QuantPreset):
                 f"{extra}")
 
     def _scope(self) -> str:
-        text = f", only {'/'.join(self.op_types)}" if self.op_types else ""
+        text = ", 7-bit weights" if self.reduce_range else ""
+        text += f", only {'/'.join(self.op_types)}" if self.op_types else ""
         if self.exclude:
             text += f", {len(self.exclude)} node{'s' if len(self.exclude) > 1 else ''} FP32"
         return text
@@ -165,6 +166,8 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
     with tempfile.TemporaryDirectory(prefix="edgepack-q-") as tmp:
         src = Path(tmp) / "fp32.onnx"
         proto = load_model(model)
+        if config.precision == "int8" and config.mode == "static":
+            unshare_biases(proto)
         large = modelio.is_large(proto)
         save_model(proto, src)  # a copy of our own: the quantizer rewrites paths
         del proto
@@ -192,6 +195,42 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
         else:
             shutil.move(str(dst), output)
     return Path(output)
+
+
+BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+
+
+def unshare_biases(proto: Any) -> int:
+    """Give every Conv/Gemm its own bias initializer; returns how many copies were made.
+
+    onnxruntime's QDQ quantizer copies a shared bias itself, naming the copy NAME + a number,
+    and never checks that against activation names: tf2onnx names a Conv's bias
+    'conv1d_25' and its output 'conv1d_252', so the copy overwrote the output and the
+    quantized graph failed to load (basic-pitch: "Transpose ... input shape = {36}").
+    """
+    users: dict[str, int] = {}
+    inits = {i.name: i for i in proto.graph.initializer}
+    names = {i.name for i in proto.graph.initializer} | {
+        o for n in proto.graph.node for o in n.output} | {i.name for i in proto.graph.input}
+    copies = 0
+    for node in proto.graph.node:
+        slot = BIAS_INPUT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or node.input[slot] not in inits:
+            continue
+        name = node.input[slot]
+        users[name] = users.get(name, 0) + 1
+        if users[name] == 1:
+            continue
+        fresh = f"{name}.edgepack_bias_{users[name]}"
+        while fresh in names:
+            fresh += "_"
+        copy = proto.graph.initializer.add()
+        copy.CopyFrom(inits[name])
+        copy.name = fresh
+        names.add(fresh)
+        node.input[slot] = fresh
+        copies += 1
+    return copies
 
 
 def _where(exc: BaseException) -> str:

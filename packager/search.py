@@ -2,9 +2,11 @@
 
 Each stage runs only when the ones before found nothing within the accuracy budget:
 
-1. structure: the preset over every op it can quantize; only the heavy ops (Conv, MatMul,
-   Gemm: activations and elementwise ops such as HardSwish, Sigmoid, Add, Resize stay float, so
-   there are fewer Q/DQ pairs); the first and last heavy layers in FP32.
+1. structure: the preset over every op it can quantize; where it misses with U8 activations and
+   S8 weights, 7-bit weights (onnxruntime's reduce_range: x86 CPUs without VNNI multiply 8-bit
+   ones with an int16 sum that overflows); only the heavy ops (Conv, MatMul, Gemm: activations
+   and elementwise ops such as HardSwish, Sigmoid, Add, Resize stay float, so there are fewer
+   Q/DQ pairs); the first and last heavy layers in FP32.
 2. calibration: MinMax / Entropy / Percentile ranges, per-channel / per-tensor weights, on the
    most accurate structure so far.
 3. ranked sensitivity: rank nodes by the error each adds (sensitivity.layer_errors) once, then
@@ -87,6 +89,15 @@ def count_ops(path: Path) -> tuple[int, int]:
     return int8, edges
 
 
+def saturates(config: QuantConfig) -> bool:
+    """U8 activations times S8 weights with full 8-bit weights: x86 CPUs without VNNI multiply
+    them with VPMADDUBSW, whose int16 pair sums overflow (255*127*2 > 32767), and a model can
+    lose most of its accuracy there (PaddleOCR's text-direction classifier: cosine 0.09 fused,
+    0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow."""
+    return (config.precision == "int8" and config.activation_type == "uint8"
+            and config.weight_type == "int8" and not config.reduce_range)
+
+
 def heavy_nodes(path: Path) -> list[onnx.NodeProto]:
     graph = onnx.load(str(path), load_external_data=False).graph
     return [n for n in graph.node if n.op_type in HEAVY_OPS]
@@ -105,6 +116,7 @@ class Search:
         self.reference = run_model(fp32, held)   # FP32's outputs, once for every variant
         self.graph = onnx.load(str(fp32), load_external_data=False).graph
         self.started = time.perf_counter()
+        self.futile = ""   # why INT8 cannot pay, when the search stopped for that
 
     # -- building blocks -------------------------------------------------------------------
 
@@ -183,15 +195,31 @@ class Search:
 
     # -- the stages ------------------------------------------------------------------------
 
-    def run(self, base: QuantConfig, pinned: set[str]) -> list[Candidate]:
-        """Every stage that is needed; returns all variants tried."""
+    def run(self, base: QuantConfig, pinned: set[str],
+            pays: Callable[[list[Candidate]], str] | None = None) -> list[Candidate]:
+        """Every stage that is needed; returns all variants tried.
+
+        *pays*, given the structural variants when none keeps the budget, times them against
+        FP32 and returns why INT8 cannot pay ('' when it can): the later stages only move
+        nodes back to float, so they stop there.
+        """
         if base.calibration_method == "auto":
             base = replace(base, calibration_method="minmax")
             pinned = pinned - {"calibration_method"}
         present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
-        self.variant("INT8 preset", base)
+        preset = self.variant("INT8 preset", base)
+        if not self.found() and saturates(base) and "reduce_range" not in pinned:
+            narrow = self.variant("INT8 7-bit weights", replace(base, reduce_range=True))
+            if narrow.accuracy and (not preset.accuracy or narrow.accuracy["cosine_min"] >
+                                    preset.accuracy["cosine_min"]):
+                base = narrow.config   # the structures below start from the better kernel
         if "op_types" not in pinned and present and base.mode == "static":
             self.variant("INT8 heavy ops only", replace(base, op_types=tuple(present)))
+        if not self.found() and pays is not None:
+            self.futile = pays([c for c in self.candidates if not c.error])
+            if self.futile:
+                self.log(f"search: stopped: {self.futile}")
+                return self.candidates
         if not self.found() and "exclude" not in pinned:
             self._edges(base)
         if not self.found() and base.mode == "static" and self.elapsed < SEARCH_SECONDS:

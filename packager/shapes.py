@@ -35,10 +35,10 @@ def resolve_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[i
             if len(given) != len(dims):
                 raise ShapeError(f"input '{name}' has rank {len(dims)} {dims}, --input gives "
                                  f"rank {len(given)} {given}", "give one size per dimension")
-            for i, (want, have) in enumerate(zip(given, dims, strict=True)):
-                if isinstance(have, int) and have > 0 and have != want:
-                    raise ShapeError(f"input '{name}' dim {i} is fixed at {have} in the model, "
-                                     f"--input gives {want}", f"use {have} for that dimension")
+            # a size the model declares may be re-declared: exporters fix sizes a fully
+            # convolutional graph does not depend on (CenterFace ships as 10x3x32x32); whether
+            # the graph runs at the new size is found by shape inference and a real run
+            for i, want in enumerate(given):
                 if want < 1:
                     raise ShapeError(f"input '{name}' dim {i}: size {want}", "sizes must be >= 1")
             resolved[name] = given
@@ -55,6 +55,34 @@ def resolve_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[i
                                      str(x) if isinstance(x, int) and x > 0 else "N" for x in dims))
         resolved[name] = out
     return resolved
+
+
+def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
+                  declared: Mapping[str, Sequence[Any]]) -> None:
+    """Raise ShapeError unless onnxruntime runs *model* with inputs of the *resolved* sizes,
+    where --input re-declared sizes the model fixed (*declared*): a graph with sizes baked into
+    a Reshape does not, and would fail later in calibration with a less useful message."""
+    import numpy as np
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in graph_inputs(probe):
+        value.type.tensor_type.ClearField("shape")
+    dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+              for i in graph_inputs(probe)}
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), so,
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
+    except Exception as exc:
+        name, dims = next(iter(declared.items()))
+        raise ShapeError(
+            f"input '{name}' is declared {'x'.join(map(str, dims))} in the model and --input "
+            f"gives {'x'.join(map(str, resolved[name]))}, but the model does not run at that "
+            f"size: {(str(exc).strip().splitlines() or [''])[0][:200]}",
+            "use the model's declared size, or export it with a dynamic axis") from None
 
 
 def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -160,6 +188,11 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     that constant folding removes) may stay dynamic; the build checks again after simplifying.
     """
     resolved = resolve_input_shapes(model, shapes, batch=batch)
+    redeclared = {i.name: dims_of(i) for i in graph_inputs(model)
+                  if any(isinstance(d, int) and d > 0 and d != want
+                         for d, want in zip(dims_of(i), resolved[i.name], strict=True))}
+    if redeclared:
+        check_runs_at(model, resolved, redeclared)
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for value in graph_inputs(model):
         shape = value.type.tensor_type.shape

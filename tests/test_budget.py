@@ -236,3 +236,33 @@ def test_model_with_an_if_node_quantizes_to_a_valid_graph(tmp_path, quant):
     session = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"),
                                    providers=["CPUExecutionProvider"])
     assert session.run(None, {"x": np.ones((1, 8), np.float32)})[0].shape == (1, 4)
+
+
+def test_an_l2_normalised_embedding_gets_a_tighter_default_budget(tmp_path):
+    """Embeddings are compared with each other: 0.98 to FP32 moves nearest neighbours, so the
+    default budget for an L2-normalised output is 0.995; --min-cosine still decides."""
+    from packager.budget import EMBEDDING_COSINE, embedding_outputs
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(64, 32)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+             helper.make_node("ReduceL2", ["h"], ["n"], axes=[1], keepdims=1),
+             helper.make_node("Div", ["h", "n"], ["e"], name="normalise")]
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info(
+            "e", TensorProto.FLOAT, [1, 32])], [w])
+    model = tmp_path / "embed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    np.savez(tmp_path / "x.npz", x=rng.normal(size=(40, 1, 64)).astype(np.float32))
+    lines = []
+    build(model, tmp_path / "b", target="x86_64-cpu", calib=tmp_path / "x.npz", log=lines.append)
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert decision["budget_min_cosine"] == EMBEDDING_COSINE
+    assert any("'e' is an L2-normalised embedding" in line for line in lines)
+    build(model, tmp_path / "c", target="x86_64-cpu", calib=tmp_path / "x.npz", min_cosine=0.97)
+    decision = json.loads((tmp_path / "c" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert decision["budget_min_cosine"] == 0.97
+    scores = {"s": np.abs(rng.normal(size=(4, 1, 32))).astype(np.float32)}
+    assert embedding_outputs(scores) == []

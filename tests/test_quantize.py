@@ -96,3 +96,31 @@ def test_int64_input_model_quantizes(embed_onnx, embed_npz, tmp_path):
     acc = measure_accuracy(out, embed_onnx, held)
     assert acc["cosine_min"] > 0.98
     assert np.isfinite(acc["max_abs"])
+
+
+def test_shared_bias_whose_copy_name_collides_still_quantizes(tmp_path):
+    """tf2onnx shares one bias 'b' between Convs and names a Conv's output 'b2': onnxruntime's
+    quantizer copies the shared bias as 'b' + '2' over that output, and the quantized graph did
+    not load (basic-pitch). Each Conv gets its own bias first."""
+    from onnx import TensorProto, helper
+
+    from packager.quantize import quantize_file
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w")
+    b, b1 = (numpy_helper.from_array(rng.normal(size=4).astype(np.float32), n) for n in "b b1".split())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["b2"], pads=[1, 1, 1, 1], name="c1"),
+         helper.make_node("Neg", ["b2"], ["n"], name="neg"),
+         helper.make_node("Conv", ["n", "w", "b1"], ["m"], pads=[1, 1, 1, 1], name="c2"),
+         helper.make_node("Conv", ["m", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="c3")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w, b, b1])
+    src = tmp_path / "shared.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    calib = [{"x": rng.normal(size=(1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    out = quantize_file(src, tmp_path / "q.onnx", config=QuantConfig.from_preset(X86),
+                        samples=calib)
+    acc = measure_accuracy(out, src, calib)
+    assert acc["cosine_min"] > 0.98
+    assert onnx.load(str(src)).graph.initializer[1].name == "b"   # the source is not touched

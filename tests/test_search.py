@@ -71,3 +71,51 @@ def test_an_error_naming_an_op_type_keeps_every_node_of_it(tmp_path):
                ": Node () Op (Gemm) [ShapeInferenceError] Invalid attribute)")
     assert search._culprits(message, QuantConfig.from_preset(X86)) == ["fc1", "fc2"]
     assert search._culprits(message, QuantConfig.from_preset(X86, exclude=("fc1",))) == ["fc2"]
+
+
+def test_a_preset_that_misses_tries_7bit_weights_next_unless_the_user_set_them(tmp_path):
+    """U8xS8 with 8-bit weights overflows on x86 without VNNI (VPMADDUBSW): 7-bit weights are the
+    first thing tried after a preset that misses; a user's --reduce-range choice is kept."""
+    model = keras_gemm(tmp_path / "k.onnx")
+    search = Search(model, tmp_path / "a", calib=samples(16), held=samples(8),
+                    budget=AccuracyBudget(min_cosine=0.999999))
+    (tmp_path / "a").mkdir()
+    tried = search.run(QuantConfig.from_preset(X86), pinned=set())
+    assert [c.label for c in tried[:2]] == ["INT8 preset", "INT8 7-bit weights"]
+    assert tried[1].config.reduce_range and not tried[0].config.reduce_range
+    assert "7-bit weights" in tried[1].config.describe()
+    (tmp_path / "b").mkdir()
+    pinned = Search(model, tmp_path / "b", calib=samples(16), held=samples(8),
+                    budget=AccuracyBudget(min_cosine=0.999999))
+    labels = [c.label for c in pinned.run(QuantConfig.from_preset(X86), pinned={"reduce_range"})]
+    assert "INT8 7-bit weights" not in labels and len(labels) > 2
+
+
+def _timer(int8_ms):
+    """A timer (the --time-on interface) reporting fixed figures: FP32 1 ms, INT8 *int8_ms*."""
+    def timer(paths, feed, threads, rounds, block):
+        return ({str(p): {"p50": 1.0 if p.name.endswith("fp32.onnx") or p.name == "k.onnx"
+                          else int8_ms, "p90": 1.1} for p in paths}, {"arch": "test"})
+    return timer
+
+
+def test_search_stops_when_even_the_most_int8_variant_cannot_pay(tmp_path):
+    """Later stages only move nodes back to float: when the variants with the most INT8 are not
+    5% faster than FP32, the search stops there and says so."""
+    from packager.autoprecision import decide
+
+    model = keras_gemm(tmp_path / "k.onnx")
+    target = load_target("x86_64-cpu")
+    kwargs = dict(target=target, family="default", overrides={}, calib=samples(16),
+                  held=samples(8), budget=AccuracyBudget(min_cosine=0.999999))
+    (tmp_path / "slow").mkdir()
+    slow = decide(model, tmp_path / "slow", timer=_timer(0.99), **kwargs)
+    assert slow.record["chosen"] == "FP32"
+    assert "INT8 cannot pay on this CPU" in slow.record["reason"]
+    labels = [c["label"] for c in slow.record["candidates"]]
+    assert not any("most sensitive" in label for label in labels)
+    assert all(c["p50_ms"] for c in slow.record["candidates"] if not c["error"])
+    (tmp_path / "fast").mkdir()
+    fast = decide(model, tmp_path / "fast", timer=_timer(0.5), **kwargs)
+    assert "cannot pay" not in fast.record["reason"]
+    assert len(fast.record["candidates"]) > len(labels)

