@@ -432,7 +432,8 @@ def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | 
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--target", default="x86_64-cpu", show_default=True)
 @click.option("--reference", type=click.Path(path_type=Path),
-              help="FP32 model for golden outputs (default: MODEL itself)")
+              help="the FP32 model: golden outputs and the accuracy claim (without it the bundle "
+                   "promises only to reproduce MODEL's outputs)")
 @click.option("--calib", type=click.Path(path_type=Path), required=True,
               help="samples for golden inputs (the held-out ones, as in quantize)")
 @click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
@@ -459,14 +460,16 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
     from .modelio import load_model
     from .targets import load_target
 
-    reference = reference or model
     spec = preprocess_option(preprocess)
-    inputs = io_specs(graph_inputs(load_model(reference)))
+    inputs = io_specs(graph_inputs(load_model(reference or model)))
     _, held = split_holdout(load_samples(calib, inputs=inputs, preprocess=spec), fraction=holdout)
     part = PartPayload("model", model, reference, held[:golden], _precision_of(model),
-                       measure_accuracy(model, reference, held), spec, _labels(labels),
-                       {"file": Path(model).name, "sha256": sha256(Path(model))})
+                       measure_accuracy(model, reference, held) if reference else None, spec,
+                       _labels(labels), {"file": Path(model).name, "sha256": sha256(Path(model))})
     r = bundle([part], output, target=load_target(target), force=force)
+    if reference is None:
+        log("no FP32 reference: the bundle promises to reproduce this host's outputs only, no "
+            "accuracy; pass --reference FP32.onnx for that")
     emit({"directory": str(r.directory), "archive": str(r.archive), "manifest": r.manifest},
          as_json, f"{r.directory}/ and {r.archive}")
 

@@ -16,7 +16,8 @@ def test_manifest_contract(built):
     for rel, digest in m["files"].items():
         assert hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
     assert set(m["files"]) == {"model.onnx", "run.py", "requirements.txt", "README.md",
-                               "golden/model.inputs.npz", "golden/model.outputs.npz"}
+                               "golden/model.inputs.npz", "golden/model.outputs.npz",
+                               "golden/model.shipped.npz"}
     [part] = m["parts"]
     assert part["name"] == "model" and part["model"]["sha256"] == m["files"]["model.onnx"]
     assert part["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
@@ -73,3 +74,65 @@ def test_bad_target_profile_names_file_and_key(tmp_path):
                    'min_version = "1.19"\n[[providers]]\nname = "TensorRT"\n')
     with pytest.raises(TargetError, match=r"mine.toml: providers\[0\]: unknown provider 'TensorRT'"):
         load_target(bad)
+
+
+def test_golden_data_holds_the_hosts_outputs_of_the_shipped_model(built):
+    import numpy as np
+    import onnxruntime as ort
+
+    from packager._runtimes.ort_runner import run_samples
+
+    d = built.bundle.directory
+    m = json.loads((d / "manifest.json").read_text())
+    golden = m["parts"][0]["golden"]
+    assert golden["shipped"] == "golden/model.shipped.npz" and golden["shipped"] in m["files"]
+    assert golden["reference"] == "fp32" and golden["outputs"] == "golden/model.outputs.npz"
+    assert golden["shipped_provider"] == "CPUExecutionProvider"
+    session = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
+    again = run_samples(session, dict(np.load(d / golden["inputs"])))
+    np.testing.assert_array_equal(np.load(d / golden["shipped"])["scores"], again["scores"])
+    # INT8: the host kernels' distance from exact arithmetic, less 5e-3; tighter than the budget
+    assert 0.98 < golden["exact_cosine"] <= 1.0
+    assert golden["reproduce_min_cosine"] == pytest.approx(golden["exact_cosine"] - 5e-3, abs=1e-4)
+    assert golden["reproduce_min_cosine"] <= golden["exact_cosine"] - 5e-3
+    assert golden["reproduce_min_cosine"] > golden["min_cosine"] >= golden["budget_min_cosine"]
+
+
+def test_exact_integer_ops_do_not_saturate():
+    """u8 255 x s8 127 pairs overflow the 16-bit sums of x86 AVX2 kernels; the exact graph
+    gives numpy's int64 result."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from packager.bundle import _exact_proto
+
+    a = np.full((2, 64), 255, np.uint8)
+    a[1, ::3] = 7
+    b = np.full((64, 3), 127, np.int8)
+    b[:, 2] = -128
+    x = np.arange(36, dtype=np.uint8).reshape(1, 1, 6, 6) * 7
+    w = np.full((2, 1, 3, 3), 127, np.int8)
+    consts = {"b": b, "a_zp": np.uint8(3), "b_zp": np.array([0, 1, -2], np.int8), "w": w,
+              "x_zp": np.uint8(5), "w_zp": np.int8(-1)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b", "a_zp", "b_zp"], ["y"]),
+         helper.make_node("ConvInteger", ["x", "w", "x_zp", "w_zp"], ["z"], pads=[1, 1, 1, 1])],
+        "ints", [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 64]),
+                 helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3]),
+         helper.make_tensor_value_info("z", TensorProto.INT32, [1, 2, 6, 6])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    exact = _exact_proto(model)
+    assert {n.op_type for n in exact.graph.node}.isdisjoint({"MatMulInteger", "ConvInteger"})
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    y, z = ort.InferenceSession(exact.SerializeToString(), so).run(None, {"a": a, "x": x})
+    want_y = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - consts["b_zp"])
+    np.testing.assert_array_equal(y, want_y)
+    padded = np.pad(x[0, 0].astype(np.int64) - 5, 1)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3))
+    want_z = np.einsum("ijkl,mkl->mij", windows, w[:, 0].astype(np.int64) + 1)
+    np.testing.assert_array_equal(z[0], want_z)

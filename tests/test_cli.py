@@ -65,9 +65,38 @@ def test_stages_one_by_one(cnn_onnx, image_dir, tmp_path):
                image_dir, "--preprocess", PREP_TEXT, "--labels", tmp_path / "labels.txt",
                "-o", tmp_path / "b")
     assert r.exit_code == 0, r.output
-    assert read_manifest(tmp_path / "b")["parts"][0]["labels"][3] == "c3"
+    part = read_manifest(tmp_path / "b")["parts"][0]
+    assert part["labels"][3] == "c3" and part["golden"]["reference"] == "fp32"
+    assert "no FP32 reference" not in r.stderr
     targets = json.loads(invoke("targets", "--json").stdout)
     assert "x86_64-cpu" in [t["name"] for t in targets]
+
+
+def test_bundle_without_reference_promises_reproduction_only(cnn_onnx, image_dir, tmp_path):
+    invoke("fix-shapes", cnn_onnx, "-o", tmp_path / "f.onnx")
+    r = invoke("bundle", tmp_path / "f.onnx", "--calib", image_dir, "--preprocess", PREP_TEXT,
+               "-o", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    assert "no FP32 reference: the bundle promises to reproduce this host's outputs only" in r.stderr
+    assert "--reference FP32.onnx" in r.stderr
+    manifest = read_manifest(tmp_path / "b")
+    golden = manifest["parts"][0]["golden"]
+    assert golden["reference"] == "shipped" and "outputs" not in golden
+    assert golden["reproduce_min_cosine"] == 0.9999   # FP32: honest kernels agree to 1e-10
+    assert manifest["parts"][0]["accuracy"] == {}
+    assert "golden/model.shipped.npz" in manifest["files"]
+    assert not any("outputs.npz" in rel for rel in manifest["files"])
+    v = invoke("verify", tmp_path / "b", "--runs", "3", "--json")
+    assert v.exit_code == 0, v.output
+    checks = {c["name"]: c for c in json.loads(v.stdout)["checks"]}
+    assert checks["reproduce:scores"]["passed"] and not checks["reproduce:scores"].get("skipped")
+    assert "no FP32 reference" in checks["accuracy:scores"]["detail"]
+    assert not any("vs the FP32" in c["detail"] or "golden FP32" in c["detail"]
+                   for c in checks.values())
+    check = subprocess.run([sys.executable, "run.py", "check"], cwd=tmp_path / "b",
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "reproduces the host's FP32 outputs" in check.stdout
+    assert "vs FP32" not in check.stdout
 
 
 def bad_cases(tmp: Path, cnn: Path, images: Path):

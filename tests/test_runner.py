@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import run_py
 
@@ -109,3 +110,101 @@ def test_not_a_bundle_exits_2(tmp_path):
 def test_require_provider_fails_when_it_does_not_run(built):
     r = run_py(built.bundle.directory, "check", "--require-provider", "CUDAExecutionProvider")
     assert r.returncode == 1 and "required provider CUDAExecutionProvider" in r.stderr
+
+
+def copy_of(built, tmp_path: Path) -> tuple[Path, dict]:
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(built.bundle.directory, bundle)
+    return bundle, json.loads((bundle / "manifest.json").read_text())
+
+
+def resign(bundle: Path, manifest: dict) -> None:
+    """Write *manifest* with the files table matching the bundle's files, as the packager does."""
+    import hashlib
+
+    manifest["files"] = {rel: hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
+                         for rel in manifest["files"] if (bundle / rel).is_file()}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def turned(outputs: np.ndarray, cosine: float) -> np.ndarray:
+    """*outputs* with each sample turned away from itself to exactly *cosine*: what a kernel that
+    computes differently would give."""
+    rows = outputs.reshape(len(outputs), -1).astype(np.float64)
+    away = np.random.default_rng(0).normal(size=rows.shape)
+    away -= rows * ((away * rows).sum(1) / (rows * rows).sum(1))[:, None]   # orthogonal to rows
+    away *= (np.linalg.norm(rows, axis=1) / np.linalg.norm(away, axis=1))[:, None]
+    rows += np.sqrt(1 / cosine ** 2 - 1) * away
+    return rows.reshape(outputs.shape).astype(outputs.dtype)
+
+
+def test_check_reports_reproduction_and_budget(built):
+    r = run_py(built.bundle.directory, "check", "--json")
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)["parts"]["model"]
+    out = entry["outputs"]["scores"]
+    rep = out["reproduce"]
+    assert rep["checked"] and rep["passed"] and rep["cosine_min"] > 0.99999   # same CPU, same kernels
+    assert rep["min_cosine"] > out["min_cosine"] >= 0.98 and out["cosine_min"] >= out["min_cosine"]
+    assert entry["reference"] == "fp32" and entry["precision"] == "int8"
+    human = run_py(built.bundle.directory, "check").stdout
+    assert "model/scores: reproduces the host's INT8 outputs: cosine 1.00000 >= " in human
+    assert "model/scores: vs FP32 reference: cosine 0.9" in human and "check passed" in human
+
+
+def test_kernel_that_computes_differently_fails_reproduction(built, tmp_path):
+    """The device computes what this bundle's host outputs disagree with, files re-signed: only
+    the reproduction check can see it."""
+    bundle, manifest = copy_of(built, tmp_path)
+    shipped = bundle / "golden" / "model.shipped.npz"
+    np.savez(shipped, scores=turned(np.load(shipped)["scores"], 0.95))
+    resign(bundle, manifest)
+    r = run_py(bundle, "check")
+    assert r.returncode == 1, r.stdout + r.stderr
+    floor = manifest["parts"][0]["golden"]["reproduce_min_cosine"]
+    assert (f"model/scores: reproduces the host's INT8 outputs: cosine 0.95000 < {floor:.4f} "
+            "(a kernel computes differently on this device)") in r.stdout
+    assert "model/scores: vs FP32 reference: cosine 0.9" in r.stdout   # and that one holds
+    report = json.loads(run_py(bundle, "check", "--json").stdout)
+    out = report["parts"]["model"]["outputs"]["scores"]
+    assert not out["reproduce"]["passed"] and not out["passed"] and not report["passed"]
+    assert out["cosine_min"] >= out["min_cosine"]   # the budget itself still holds
+
+
+def test_budget_above_what_the_model_reaches_fails(built, tmp_path):
+    bundle, manifest = copy_of(built, tmp_path)
+    golden = manifest["parts"][0]["golden"]
+    reached = min(o["cosine_min"] for o in golden["host"].values())
+    golden["min_cosine"] = 0.9999
+    assert reached < 0.9999
+    resign(bundle, manifest)
+    r = run_py(bundle, "check")
+    assert r.returncode == 1
+    assert f"model/scores: vs FP32 reference: cosine {reached:.5f} < budget 0.9999" in r.stdout
+    assert "reproduces the host's INT8 outputs" in r.stdout and ": ok" in r.stdout
+    out = json.loads(run_py(bundle, "check", "--json").stdout)["parts"]["model"]["outputs"]
+    assert out["scores"]["reproduce"]["passed"] and not out["scores"]["passed"]
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("older bundle", "the bundle has no host outputs of its model"),
+    ("other provider", "the host ran CUDAExecutionProvider, this device runs CPUExecutionProvider"),
+])
+def test_reproduction_not_checked_says_so(built, tmp_path, case, reason):
+    bundle, manifest = copy_of(built, tmp_path)
+    golden = manifest["parts"][0]["golden"]
+    if case == "older bundle":   # as built before golden data held the host's outputs
+        (bundle / golden.pop("shipped")).unlink()
+        for key in ("shipped_provider", "reproduce_min_cosine", "exact_cosine"):
+            golden.pop(key)
+    else:
+        golden["shipped_provider"] = "CUDAExecutionProvider"
+    resign(bundle, manifest)
+    r = run_py(bundle, "check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"model/scores: reproduction not checked: {reason}" in r.stdout
+    assert "model/scores: vs FP32 reference: cosine" in r.stdout and "check passed" in r.stdout
+    out = json.loads(run_py(bundle, "check", "--json").stdout)["parts"]["model"]["outputs"]
+    assert out["scores"]["reproduce"]["checked"] is False and out["scores"]["passed"]
