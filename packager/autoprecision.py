@@ -19,7 +19,7 @@ from .calibration import Sample
 from .compare import session
 from .errors import BudgetMissed
 from .quantize import QuantConfig, quantize_file
-from .search import Candidate, Search
+from .search import Candidate, Search, dynamic_ops
 from .targets import Target
 from .timing import machine, time_blocks
 
@@ -167,9 +167,12 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                 f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
 
     search.run(replace(base, precision="int8"), pinned, pays)
+    fast = dynamic_ops(search.graph)   # dynamic INT8 of a Conv is slower than float
     if not forced and base.mode == "static" and "mode" not in pinned and not search.found() \
-            and not search.futile:   # dynamic INT8 is slower than static
-        search.variant("INT8 dynamic", replace(base, precision="int8", mode="dynamic"))
+            and not search.futile and fast:   # (and dynamic is slower than static anyway)
+        search.variant("INT8 dynamic", replace(
+            base, precision="int8", mode="dynamic",
+            op_types=base.op_types if "op_types" in pinned else fast))
     if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
             and preset is not target.quantization and target.quantization.mode == "static"):
         # a family preset chose dynamic (transformers): the target's static preset is still

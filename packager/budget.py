@@ -82,7 +82,10 @@ class AccuracyBudget:
         acc["drop"] = drop
         failures = []
         if self.min_cosine is not None and acc["cosine_min"] < self.min_cosine:
-            failures.append(f"cosine {acc['cosine_min']:.4f} < {self.min_cosine}")
+            outputs = acc.get("outputs", {})
+            worst = min(outputs, key=lambda n: outputs[n]["cosine_min"]) if outputs else ""
+            where = f" on output '{worst}'" if len(outputs) > 1 else ""
+            failures.append(f"cosine {acc['cosine_min']:.4f} < {self.min_cosine}{where}")
         if self.max_drop is not None and drop > self.max_drop:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
         acc["budget"] = {"spec": self.describe(), "passed": not failures, "failures": failures}

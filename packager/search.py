@@ -89,6 +89,17 @@ def count_ops(path: Path) -> tuple[int, int]:
     return int8, edges
 
 
+DYNAMIC_OPS = ("MatMul", "Attention", "LSTM")   # what dynamic INT8 computes fast (not Conv)
+
+
+def dynamic_ops(graph: onnx.GraphProto) -> tuple[str, ...]:
+    """Op types worth quantizing dynamically. onnxruntime's dynamic quantizer turns Conv into
+    ConvInteger, which its CPU kernels compute several times slower than a float Conv (PP-OCRv4's
+    recogniser: 107 ms against 17 ms), so Conv is left float whenever the graph has Convs."""
+    present = {n.op_type for n in graph.node}
+    return tuple(op for op in DYNAMIC_OPS if op in present)
+
+
 def saturates(config: QuantConfig) -> bool:
     """U8 activations times S8 weights with full 8-bit weights: x86 CPUs without VNNI multiply
     them with VPMADDUBSW, whose int16 pair sums overflow (255*127*2 > 32767), and a model can
@@ -207,6 +218,8 @@ class Search:
             base = replace(base, calibration_method="minmax")
             pinned = pinned - {"calibration_method"}
         present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
+        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present:
+            base = replace(base, op_types=dynamic_ops(self.graph))   # no ConvInteger
         preset = self.variant("INT8 preset", base)
         if not self.found() and saturates(base) and "reduce_range" not in pinned:
             narrow = self.variant("INT8 7-bit weights", replace(base, reduce_range=True))
@@ -215,7 +228,7 @@ class Search:
                 base = narrow.config   # the structures below start from the better kernel
         if "op_types" not in pinned and present and base.mode == "static":
             self.variant("INT8 heavy ops only", replace(base, op_types=tuple(present)))
-        if not self.found() and pays is not None:
+        if not self.found() and pays is not None and base.mode == "static":
             self.futile = pays([c for c in self.candidates if not c.error])
             if self.futile:
                 self.log(f"search: stopped: {self.futile}")

@@ -266,3 +266,20 @@ def test_an_l2_normalised_embedding_gets_a_tighter_default_budget(tmp_path):
     assert decision["budget_min_cosine"] == 0.97
     scores = {"s": np.abs(rng.normal(size=(4, 1, 32))).astype(np.float32)}
     assert embedding_outputs(scores) == []
+
+
+def test_a_missed_cosine_names_the_output_that_missed(tmp_path):
+    def model(second, path):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["a"]), helper.make_node(second, ["x"], ["b"])],
+            "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in "ab"])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        return path
+
+    rng = np.random.default_rng(0)
+    held = [{"x": rng.normal(size=(1, 16)).astype(np.float32)} for _ in range(4)]
+    acc = AccuracyBudget(min_cosine=0.98).evaluate(
+        model("Sin", tmp_path / "c.onnx"), model("Neg", tmp_path / "f.onnx"), held)
+    assert not acc["budget"]["passed"]
+    assert acc["budget"]["failures"][0].endswith("on output 'b'")

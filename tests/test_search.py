@@ -119,3 +119,27 @@ def test_search_stops_when_even_the_most_int8_variant_cannot_pay(tmp_path):
     fast = decide(model, tmp_path / "fast", timer=_timer(0.5), **kwargs)
     assert "cannot pay" not in fast.record["reason"]
     assert len(fast.record["candidates"]) > len(labels)
+
+
+def test_dynamic_int8_leaves_convs_float(tmp_path):
+    """onnxruntime computes a dynamically quantized Conv (ConvInteger) several times slower than
+    a float one: dynamic variants quantize MatMul (and Attention, LSTM) only."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "k"),
+             numpy_helper.from_array(rng.normal(size=(512, 16)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Flatten", ["c"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "cm", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 16])], inits)
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "cm.onnx")
+    feeds = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    (tmp_path / "s").mkdir()
+    search = Search(model, tmp_path / "s", calib=feeds, held=feeds,
+                    budget=AccuracyBudget(min_cosine=0.9))
+    [first, *_] = search.run(QuantConfig.from_preset(X86, mode="dynamic"), pinned=set())
+    ops = {n.op_type for n in onnx.load(str(first.path)).graph.node}
+    assert first.config.op_types == ("MatMul",)
+    assert "MatMulInteger" in ops and "ConvInteger" not in ops and "Conv" in ops

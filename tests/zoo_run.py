@@ -193,7 +193,8 @@ def write_report(rows: list[dict]) -> Path:
              "--target x86_64-cpu` (default precision) on real calibration data and checked on "
              "their task against the original model, on data the build never saw. Written by "
              "`make zoo` (tests/zoo_run.py); timings are p50 at the target's 2 threads, bundle "
-             "and original interleaved in blocks on one shared machine.", "",
+             "and original interleaved in blocks on one shared machine; `bundle / original` is "
+             "the bundle's time per call over the original's (below 1: the bundle is faster).", "",
              f"Machine: {machine_line(machine())}.", "",
              "| model | package (file, exporter) | task | decision | task check | cosine min "
              "| bundle / original p50 | build | exit |",
