@@ -6,7 +6,7 @@ Each stage runs only when the ones before found nothing within the accuracy budg
    S8 weights, 7-bit weights (onnxruntime's reduce_range: x86 CPUs without VNNI multiply 8-bit
    ones with an int16 sum that overflows); only the heavy ops (Conv, MatMul, Gemm: activations
    and elementwise ops such as HardSwish, Sigmoid, Add, Resize stay float, so there are fewer
-   Q/DQ pairs); the first and last heavy layers in FP32.
+   Q/DQ pairs); the first heavy layer and the last before each output in FP32.
 2. calibration: MinMax / Entropy / Percentile ranges, per-channel / per-tensor weights, on the
    most accurate structure so far.
 3. ranked sensitivity: rank nodes by the error each adds (sensitivity.layer_errors) once, then
@@ -107,6 +107,26 @@ def saturates(config: QuantConfig) -> bool:
     0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow."""
     return (config.precision == "int8" and config.activation_type == "uint8"
             and config.weight_type == "int8" and not config.reduce_range)
+
+
+def last_layers(graph: onnx.GraphProto) -> list[str]:
+    """The last heavy node before each graph output: a detector's heads (CenterFace has four:
+    heatmap, scale, offset, landmarks), a classifier's one."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: list[str] = []
+    for out in graph.output:
+        todo, seen = [out.name], set()
+        while todo:
+            node = producer.get(todo.pop(0))
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in HEAVY_OPS:
+                if node.name and node.name not in found:
+                    found.append(node.name)
+                continue
+            todo.extend(node.input)
+    return found
 
 
 def heavy_nodes(path: Path) -> list[onnx.NodeProto]:
@@ -243,8 +263,8 @@ class Search:
 
     def _edges(self, base: QuantConfig) -> None:
         heavy = [n.name for n in heavy_nodes(self.fp32) if n.name]
-        edges = tuple(dict.fromkeys(heavy[:1] + heavy[-1:]))
-        if edges and len(heavy) > 2:
+        edges = tuple(dict.fromkeys(heavy[:1] + last_layers(self.graph)))
+        if edges and len(heavy) > len(edges):
             shape = self.best().config if self.best() else base
             self.variant("INT8, first and last layers FP32",
                          replace(shape, exclude=tuple(dict.fromkeys(shape.exclude + edges))))

@@ -143,3 +143,18 @@ def test_dynamic_int8_leaves_convs_float(tmp_path):
     ops = {n.op_type for n in onnx.load(str(first.path)).graph.node}
     assert first.config.op_types == ("MatMul",)
     assert "MatMulInteger" in ops and "ConvInteger" not in ops and "Conv" in ops
+
+
+def test_last_layers_are_the_last_heavy_node_before_each_output():
+    from packager.search import last_layers
+
+    nodes = [helper.make_node("Conv", ["x", "k"], ["f"], name="stem"),
+             helper.make_node("Relu", ["f"], ["r"], name="act"),
+             helper.make_node("Conv", ["r", "k"], ["h1"], name="head1"),
+             helper.make_node("Sigmoid", ["h1"], ["heat"], name="sig"),
+             helper.make_node("Conv", ["r", "k"], ["h2"], name="head2"),
+             helper.make_node("Concat", ["h2", "r"], ["boxes"], axis=1, name="cat")]
+    graph = helper.make_graph(nodes, "two heads", [], [
+        helper.make_tensor_value_info("heat", TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("boxes", TensorProto.FLOAT, None)])
+    assert last_layers(graph) == ["head1", "head2", "stem"]
