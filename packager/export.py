@@ -24,6 +24,7 @@ from .targets import Target, load_target
 from .torchload import LoadedModel, first_line, is_library_file, load_source
 
 EXPORTER = "torch.onnx TorchScript exporter (dynamo=False)"
+VALIDATION_SAMPLES = 8     # calibration samples the export is checked on (with the random draws)
 EXPORTER_MAX_OPSET = 20     # torch.onnx's TorchScript exporter writes opsets 7..20
 DEFAULT_TOLERANCE = 1e-3    # max |onnx - torch| relative to the output's largest magnitude
 RANDOM_DRAWS = 3
@@ -133,7 +134,7 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
         feeds.append(make_inputs(specs, module, seed=seed))
         reference.append(_run_torch(module, specs, feeds[-1], "random inputs"))
     kinds = ["random"] * len(feeds)
-    for sample in samples[:16]:
+    for sample in samples[:VALIDATION_SAMPLES]:
         feed = [np.asarray(sample[s.name]).astype(s.dtype, copy=False) for s in specs]
         if [list(f.shape) for f in feed] != [list(s.shape) for s in specs]:
             continue  # calibration samples at another shape are checked by the build
