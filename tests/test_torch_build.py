@@ -21,7 +21,7 @@ def test_cnn_factory_to_verified_bundle(image_dir, tmp_path):
     [part] = r.parts
     assert part.family == "default" and part.config.mode == "static"
     assert part.export["validation"]["max_rel"] < 1e-5
-    assert part.export["validation"]["calibration"] == 16  # validated on real images too
+    assert part.export["validation"]["calibration"] == 8  # validated on real images too
     assert part.accuracy["cosine_min"] > 0.98
     manifest = json.loads((tmp_path / "cnn" / "manifest.json").read_text())
     source = manifest["parts"][0]["source"]
@@ -139,7 +139,7 @@ def test_cli_build_two_parts_from_pytorch(tmp_path):
     assert parts["encoder"]["precision"] == "FP32"
     assert parts["decoder"]["precision"].startswith("INT8 static QDQ U8S8")
     assert parts["decoder"]["calibration_samples"] == 16
-    assert parts["decoder"]["export"]["validation"]["calibration"] == 16
+    assert parts["decoder"]["export"]["validation"]["calibration"] == 8
     bad = CliRunner().invoke(main, ["build", f"{MODELS}:two_part", "--part", "encoder=enc",
                                     "--input", "encoder/ids:1x16:int64", "--dynamic", "ids:1=t",
                                     "-o", str(tmp_path / "x")])
