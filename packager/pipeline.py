@@ -336,7 +336,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
-            budget < EMBEDDING_COSINE:
+            held_out and budget < EMBEDDING_COSINE:
         embeddings = embedding_outputs(run_model(fp32, held_out[:8]))
         if embeddings:
             budget = EMBEDDING_COSINE

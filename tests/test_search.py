@@ -158,3 +158,20 @@ def test_last_layers_are_the_last_heavy_node_before_each_output():
         helper.make_tensor_value_info("heat", TensorProto.FLOAT, None),
         helper.make_tensor_value_info("boxes", TensorProto.FLOAT, None)])
     assert last_layers(graph) == ["head1", "head2", "stem"]
+
+
+def test_heavy_ops_only_is_not_built_when_it_cannot_have_fewer_boundaries(tmp_path):
+    """Heavy-ops-only quantizes each heavy node's activation inputs and output; when the preset
+    keeps the budget with no more Q/DQ boundaries than that, the variant could only tie or lose."""
+    from packager.search import boundary_floor
+
+    model = keras_gemm(tmp_path / "k.onnx")
+    assert boundary_floor(onnx.load(str(model)).graph) == 4      # x, h, r, y
+    (tmp_path / "s").mkdir()
+    lines = []
+    search = Search(model, tmp_path / "s", calib=samples(16), held=samples(8),
+                    budget=AccuracyBudget(min_cosine=0.5), log=lines.append)
+    tried = search.run(QuantConfig.from_preset(X86), pinned=set())
+    assert tried[0].passed and tried[0].boundaries <= 4
+    assert [c.label for c in tried] == ["INT8 preset"]
+    assert any("heavy ops only not built" in line for line in lines)
