@@ -250,7 +250,8 @@ class Search:
             base = replace(base, calibration_method="minmax")
             pinned = pinned - {"calibration_method"}
         present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
-        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present:
+        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and \
+                dynamic_ops(self.graph):
             base = replace(base, op_types=dynamic_ops(self.graph))   # no ConvInteger
         preset = self.variant("INT8 preset", base)
         if not self.found() and saturates(base) and "reduce_range" not in pinned:
