@@ -162,8 +162,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         fastest = min(structural, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""
-        return (f"INT8 cannot pay on this CPU: with the most ops in INT8 ({fastest.label}, "
-                f"{fastest.int8_nodes} ops) it runs {fastest.p50_ms:.3f} ms p50 against FP32's "
+        return (f"INT8 cannot pay on this CPU: {fastest.label} ({fastest.int8_nodes} ops in "
+                f"INT8) runs {fastest.p50_ms:.3f} ms p50 against FP32's "
                 f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
 
     search.run(replace(base, precision="int8"), pinned, pays)

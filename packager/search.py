@@ -160,6 +160,7 @@ class Search:
         self.graph = onnx.load(str(fp32), load_external_data=False).graph
         self.started = time.perf_counter()
         self.futile = ""   # why INT8 cannot pay, when the search stopped for that
+        self.pays: Callable[[list[Candidate]], str] | None = None
 
     # -- building blocks -------------------------------------------------------------------
 
@@ -244,7 +245,8 @@ class Search:
 
         *pays*, given the structural variants when none keeps the budget, times them against
         FP32 and returns why INT8 cannot pay ('' when it can): the later stages only move
-        nodes back to float, so they stop there.
+        nodes back to float, so they stop there. The bisection asks the same of each variant
+        that misses the budget: one with more nodes FP32 will not be faster.
         """
         if base.calibration_method == "auto":
             base = replace(base, calibration_method="minmax")
@@ -266,6 +268,7 @@ class Search:
                          f"tensors, the preset {preset.boundaries}")
             else:
                 self.variant("INT8 heavy ops only", replace(base, op_types=tuple(present)))
+        self.pays = pays
         if not self.found() and pays is not None and base.mode == "static":
             self.futile = pays([c for c in self.candidates if not c.error])
             if self.futile:
@@ -342,7 +345,14 @@ class Search:
                 hi = k
             else:
                 lo = k
-        if found is None and hi == len(order):
+                # more nodes in float will not be faster than this one, which misses
+                why = self.pays([cand]) if self.pays is not None and lo + 1 < hi else ""
+                if why:
+                    self.futile = (f"{why}; it misses the budget, and keeping more nodes FP32 "
+                                   "will not make it faster")
+                    self.log(f"search: stopped: {self.futile}")
+                    break
+        if found is None and hi == len(order) and not self.futile:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
         return found

@@ -175,3 +175,25 @@ def test_heavy_ops_only_is_not_built_when_it_cannot_have_fewer_boundaries(tmp_pa
     assert tried[0].passed and tried[0].boundaries <= 4
     assert [c.label for c in tried] == ["INT8 preset"]
     assert any("heavy ops only not built" in line for line in lines)
+
+
+def test_bisection_stops_when_a_variant_that_misses_is_not_faster_than_fp32(tmp_path):
+    """A bisection probe that misses the budget and is not 5% faster than FP32 ends the search:
+    keeping more nodes FP32 would not make a variant faster."""
+    model = keras_gemm(tmp_path / "k.onnx")
+    (tmp_path / "s").mkdir()
+    search = Search(model, tmp_path / "s", calib=samples(16), held=samples(8),
+                    budget=AccuracyBudget(min_cosine=0.999999))
+    asked = []
+
+    def pays(variants):
+        asked.append([v.label for v in variants])
+        slow = any("most sensitive" in v.label for v in variants)
+        return "INT8 cannot pay on this CPU: test" if slow else ""
+
+    search.ranking = lambda cand: ["relu", "fc2", "fc1"]   # three nodes: one probe, then stop
+    tried = search.run(QuantConfig.from_preset(X86), pinned=set(), pays=pays)
+    probes = [c.label for c in tried if "most sensitive" in c.label]
+    assert probes == ["INT8, 1 most sensitive node FP32"]
+    assert search.futile.startswith("INT8 cannot pay on this CPU: test; it misses the budget")
+    assert asked[-1] == probes
