@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .accuracy import run_model
 from .budget import AccuracyBudget
 from .calibration import Sample
 from .compare import session
@@ -115,11 +116,13 @@ def timing_place(target: Target, timer: Any) -> str:
 def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
            budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
-           log: Log = lambda _: None, progress=None) -> Decision:
+           log: Log = lambda _: None, progress=None,
+           fp32_outputs: dict[str, Any] | None = None) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship.
 
     *overrides* are the user's quantization options: 'precision' forces one precision (INT8
     that misses the budget is then an error), the others pin those fields of the search.
+    *fp32_outputs* are FP32's outputs on *held*, when the caller has them already.
     """
     started = time.perf_counter()
     requested = overrides.get("precision")
@@ -130,26 +133,21 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if requested in (None, "auto") and preset.precision in ("fp32", "fp16"):
         requested = preset.precision     # the target's own choice (TensorRT builds FP16 itself)
     forced = requested if requested in ("int8", "fp16", "fp32") else None
+    if fp32_outputs is None:
+        fp32_outputs = run_model(fp32, held)
     reference = Candidate("FP32", replace(base, precision="fp32"), fp32,
-                          budget.evaluate(fp32, fp32, held, labels))
+                          budget.evaluate(fp32, fp32, held, labels, fp32_outputs))
     candidates = [reference]
     if forced in ("fp32", "fp16"):
         chosen = reference if forced == "fp32" else _fp16(fp32, folder, base, held, budget,
-                                                          labels, candidates)
+                                                          labels, candidates, fp32_outputs)
         if not chosen.passed:
             raise BudgetMissed(f"--precision {forced} misses the accuracy budget: "
                                f"{chosen.line()}", "drop --precision to let build decide")
         return _record(chosen, reference, candidates, f"{forced.upper()}: asked for", forced,
                        budget, held, started, {}, log)
-    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
-                    progress=progress)
-    static_ok = bool(calib)
-    if base.mode == "static" and not static_ok:
-        base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
-        log("search: no calibration data, so INT8 candidates are dynamic")
     why_not = timing_place(target, timer)
     threads = int(target.session.get("intra_op_threads", 0))
-
     measured: dict[str, Any] = {}
 
     def pays(structural: list[Candidate]) -> str:
@@ -157,8 +155,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         MIN_GAIN faster than FP32: moving nodes back to float will not make them faster."""
         if forced or why_not or not structural or len(held) < MIN_HELD:
             return ""
-        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer,
-                                        log)
+        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer)
         fastest = min(structural, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""
@@ -166,7 +163,13 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                 f"INT8) runs {fastest.p50_ms:.3f} ms p50 against FP32's "
                 f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
 
-    search.run(replace(base, precision="int8"), pinned, pays)
+    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
+                    progress=progress, reference=fp32_outputs, pays=pays)
+    static_ok = bool(calib)
+    if base.mode == "static" and not static_ok:
+        base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
+        log("search: no calibration data, so INT8 candidates are dynamic")
+    search.run(replace(base, precision="int8"), pinned)
     fast = dynamic_ops(search.graph)   # dynamic INT8 of a Conv is slower than float
     if not forced and base.mode == "static" and "mode" not in pinned and not search.found() \
             and not search.futile and fast:   # (and dynamic is slower than static anyway)
@@ -182,7 +185,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             precision="int8"))
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
-        _fp16(fp32, folder, base, held, budget, labels, candidates)
+        _fp16(fp32, folder, base, held, budget, labels, candidates, fp32_outputs)
     passing = [c for c in candidates[1:] if c.passed]
     if forced == "int8" and not passing:
         best = search.best()
@@ -218,7 +221,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
                        started, {"measured": False, "why": why_not}, log)
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
-    where = _time([reference] + ranked, fp32, held, threads, timer, log)
+    where = _time([reference] + ranked, fp32, held, threads, timer)
     timing = {"measured": True, "threads": threads, "measured_on": where}
     fastest = min(c.p50_ms for c in ranked)
     chosen = min((c for c in ranked if c.p50_ms <= fastest * SAME_SPEED),
@@ -240,7 +243,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
 
 
 def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], threads: int,
-          timer: Any, log: Log) -> Any:
+          timer: Any) -> Any:
     """Time *timed* interleaved (here or with *timer*); sets their p50/p90, returns where."""
     rounds, block = _plan(fp32, held[0], threads)
     times, where = (timer or local_timer)([c.path for c in timed], held[0], threads, rounds,
@@ -262,7 +265,7 @@ def _plan(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
 
 
 def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,
-          candidates: list[Candidate]) -> Candidate:
+          candidates: list[Candidate], fp32_outputs: dict[str, Any]) -> Candidate:
     from .errors import QuantizationError
     from .search import count_ops
 
@@ -270,7 +273,7 @@ def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,
     cand = Candidate("FP16", config, folder / "fp16.onnx")
     try:
         quantize_file(fp32, cand.path, config=config)
-        cand.accuracy = budget.evaluate(cand.path, fp32, held, labels)
+        cand.accuracy = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs)
         cand.boundaries = count_ops(cand.path)[1]
     except QuantizationError as exc:
         cand.error = exc.message

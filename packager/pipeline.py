@@ -335,9 +335,10 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
     budget = target.min_cosine if min_cosine is None else min_cosine
+    fp32_outputs = run_model(fp32, held_out)   # once: the decision measures against them too
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
-            held_out and budget < EMBEDDING_COSINE:
-        embeddings = embedding_outputs(run_model(fp32, held_out[:8]))
+            budget < EMBEDDING_COSINE:
+        embeddings = embedding_outputs(fp32_outputs)
         if embeddings:
             budget = EMBEDDING_COSINE
             log(f"budget: output '{embeddings[0]}' is an L2-normalised embedding, compared with "
@@ -355,7 +356,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     folder.mkdir()
     decision = decide(fp32, folder, target=target, family=family, overrides=dict(req.quant),
                       calib=calib_set if data != "random" else [], held=held_out,
-                      budget=guard, labels=labels_held, timer=timer, log=log, progress=progress)
+                      budget=guard, labels=labels_held, timer=timer, log=log, progress=progress,
+                      fp32_outputs=fp32_outputs)
     config, candidate = decision.config, decision.candidate.path
     needs_calib = config.precision == "int8" and config.mode == "static"
     accuracy = {**decision.candidate.accuracy, "data": data}

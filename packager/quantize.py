@@ -200,8 +200,8 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 
 
-def unshare_biases(proto: Any) -> int:
-    """Give every Conv/Gemm its own bias initializer; returns how many copies were made.
+def unshare_biases(proto: Any) -> None:
+    """Give every Conv/Gemm its own bias initializer.
 
     onnxruntime's QDQ quantizer copies a shared bias itself, naming the copy NAME + a number,
     and never checks that against activation names: tf2onnx names a Conv's bias
@@ -210,9 +210,8 @@ def unshare_biases(proto: Any) -> int:
     """
     users: dict[str, int] = {}
     inits = {i.name: i for i in proto.graph.initializer}
-    names = {i.name for i in proto.graph.initializer} | {
-        o for n in proto.graph.node for o in n.output} | {i.name for i in proto.graph.input}
-    copies = 0
+    names = set(inits) | {o for n in proto.graph.node for o in n.output} | {
+        i.name for i in proto.graph.input}
     for node in proto.graph.node:
         slot = BIAS_INPUT.get(node.op_type)
         if slot is None or len(node.input) <= slot or node.input[slot] not in inits:
@@ -229,8 +228,6 @@ def unshare_biases(proto: Any) -> int:
         copy.name = fresh
         names.add(fresh)
         node.input[slot] = fresh
-        copies += 1
-    return copies
 
 
 def _where(exc: BaseException) -> str:

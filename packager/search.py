@@ -152,15 +152,20 @@ class Search:
     def __init__(self, fp32: Path, folder: Path, *, calib: Sequence[Sample],
                  held: Sequence[Sample], budget: AccuracyBudget,
                  labels: Sequence[Any] | None = None, log: Log = lambda _: None,
-                 progress=None):
+                 progress=None, reference: dict[str, Any] | None = None,
+                 pays: Callable[[list["Candidate"]], str] | None = None):
+        """*reference*: FP32's outputs on *held* when already computed. *pays*, given variants
+        that miss the budget, times them against FP32 and returns why INT8 cannot pay ('' when
+        it can): variants with more nodes in float will not be faster, so the search stops."""
         self.fp32, self.folder, self.calib, self.held = fp32, folder, calib, held
         self.budget, self.labels, self.log, self.progress = budget, labels, log, progress
+        self.pays = pays
         self.candidates: list[Candidate] = []
-        self.reference = run_model(fp32, held)   # FP32's outputs, once for every variant
+        # FP32's outputs, once for every variant
+        self.reference = run_model(fp32, held) if reference is None else reference
         self.graph = onnx.load(str(fp32), load_external_data=False).graph
         self.started = time.perf_counter()
         self.futile = ""   # why INT8 cannot pay, when the search stopped for that
-        self.pays: Callable[[list[Candidate]], str] | None = None
 
     # -- building blocks -------------------------------------------------------------------
 
@@ -239,38 +244,32 @@ class Search:
 
     # -- the stages ------------------------------------------------------------------------
 
-    def run(self, base: QuantConfig, pinned: set[str],
-            pays: Callable[[list[Candidate]], str] | None = None) -> list[Candidate]:
-        """Every stage that is needed; returns all variants tried.
-
-        *pays*, given the structural variants when none keeps the budget, times them against
-        FP32 and returns why INT8 cannot pay ('' when it can): the later stages only move
-        nodes back to float, so they stop there. The bisection asks the same of each variant
-        that misses the budget: one with more nodes FP32 will not be faster.
-        """
+    def run(self, base: QuantConfig, pinned: set[str]) -> list[Candidate]:
+        """Every stage that is needed; returns all variants tried. With *pays*, the structural
+        variants that miss the budget are timed first (the later stages only move nodes back
+        to float), and so is each bisection probe that misses it."""
         if base.calibration_method == "auto":
             base = replace(base, calibration_method="minmax")
             pinned = pinned - {"calibration_method"}
         present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
-        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and \
-                dynamic_ops(self.graph):
-            base = replace(base, op_types=dynamic_ops(self.graph))   # no ConvInteger
+        fast = dynamic_ops(self.graph)
+        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and fast:
+            base = replace(base, op_types=fast)   # no ConvInteger
         preset = self.variant("INT8 preset", base)
         if not self.found() and saturates(base) and "reduce_range" not in pinned:
             narrow = self.variant("INT8 7-bit weights", replace(base, reduce_range=True))
             if narrow.accuracy and (not preset.accuracy or narrow.accuracy["cosine_min"] >
                                     preset.accuracy["cosine_min"]):
                 base = narrow.config   # the structures below start from the better kernel
-        floor = boundary_floor(self.graph)
         if "op_types" not in pinned and present and base.mode == "static":
+            floor = boundary_floor(self.graph)
             if preset.passed and preset.boundaries <= floor:   # it could only tie or lose
                 self.log(f"search: INT8 heavy ops only not built: it quantizes at least {floor} "
                          f"tensors, the preset {preset.boundaries}")
             else:
                 self.variant("INT8 heavy ops only", replace(base, op_types=tuple(present)))
-        self.pays = pays
-        if not self.found() and pays is not None and base.mode == "static":
-            self.futile = pays([c for c in self.candidates if not c.error])
+        if not self.found() and self.pays is not None and base.mode == "static":
+            self.futile = self.pays([c for c in self.candidates if not c.error])
             if self.futile:
                 self.log(f"search: stopped: {self.futile}")
                 return self.candidates

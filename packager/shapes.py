@@ -63,19 +63,14 @@ def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
     where --input re-declared sizes the model fixed (*declared*): a graph with sizes baked into
     a Reshape does not, and would fail later in calibration with a less useful message."""
     import numpy as np
-    import onnxruntime as ort
 
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     for value in graph_inputs(probe):
         value.type.tensor_type.ClearField("shape")
     dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
               for i in graph_inputs(probe)}
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), so,
-                                       providers=["CPUExecutionProvider"])
-        session.run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
+        _session(probe).run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
     except Exception as exc:
         name, dims = next(iter(declared.items()))
         raise ShapeError(
@@ -83,6 +78,15 @@ def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
             f"gives {'x'.join(map(str, resolved[name]))}, but the model does not run at that "
             f"size: {(str(exc).strip().splitlines() or [''])[0][:200]}",
             "use the model's declared size, or export it with a dynamic axis") from None
+
+
+def _session(model: onnx.ModelProto) -> Any:
+    """A quiet onnxruntime CPU session over *model*, for probing runs."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -133,7 +137,6 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
     (e.g. a detector's box count), which stay dynamic.
     """
     import numpy as np
-    import onnxruntime as ort
 
     open_ = [name for name, _, _ in dynamic_tensors(model)]
     if not open_:
@@ -141,11 +144,8 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in open_ if n not in known)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), so,
-                                       providers=["CPUExecutionProvider"])
+        session = _session(probe)
         runs = [session.run(open_, dict(feed)) for feed in feeds]
     except Exception as exc:
         small = [i.name for i in graph_inputs(model)

@@ -182,8 +182,6 @@ def test_bisection_stops_when_a_variant_that_misses_is_not_faster_than_fp32(tmp_
     keeping more nodes FP32 would not make a variant faster."""
     model = keras_gemm(tmp_path / "k.onnx")
     (tmp_path / "s").mkdir()
-    search = Search(model, tmp_path / "s", calib=samples(16), held=samples(8),
-                    budget=AccuracyBudget(min_cosine=0.999999))
     asked = []
 
     def pays(variants):
@@ -191,8 +189,10 @@ def test_bisection_stops_when_a_variant_that_misses_is_not_faster_than_fp32(tmp_
         slow = any("most sensitive" in v.label for v in variants)
         return "INT8 cannot pay on this CPU: test" if slow else ""
 
+    search = Search(model, tmp_path / "s", calib=samples(16), held=samples(8),
+                    budget=AccuracyBudget(min_cosine=0.999999), pays=pays)
     search.ranking = lambda cand: ["relu", "fc2", "fc1"]   # three nodes: one probe, then stop
-    tried = search.run(QuantConfig.from_preset(X86), pinned=set(), pays=pays)
+    tried = search.run(QuantConfig.from_preset(X86), pinned=set())
     probes = [c.label for c in tried if "most sensitive" in c.label]
     assert probes == ["INT8, 1 most sensitive node FP32"]
     assert search.futile.startswith("INT8 cannot pay on this CPU: test; it misses the budget")
