@@ -216,10 +216,20 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
     if why_not:
         chosen = ranked[0]
-        reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
-                  f"measured ({why_not})")
+        gpu = any(p.name in GPU_PROVIDERS for p in target.providers)
+        if gpu:   # what is known of its providers decides, and the decision says so
+            floats = sorted({p.instead_of_int8.upper() for p in target.providers
+                             if p.instead_of_int8})
+            reason = (f"{chosen.label}: within budget with the most ops in INT8, from what is "
+                      "known of the target's providers (TensorRT runs a QDQ graph in INT8"
+                      + (f"; {', '.join(floats)} graphs serve the providers that do not"
+                         if floats else "") + f"); not timed on the target: {why_not}")
+        else:
+            reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
+                      f"measured ({why_not})")
         return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
-                       started, {"measured": False, "why": why_not}, log)
+                       started, {"measured": False, "why": why_not,
+                                 "basis": "providers" if gpu else "ops"}, log)
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
     where = _time([reference] + ranked, fp32, held, threads, timer)
     timing = {"measured": True, "threads": threads, "measured_on": where}

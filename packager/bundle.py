@@ -168,6 +168,7 @@ class PartPayload:
     preprocess: dict[str, Any] | None = None
     labels: Sequence[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)   # file, sha256, export validation
+    graphs: Sequence[Any] = ()        # ProviderGraph: float graphs for providers INT8 serves badly
 
 
 def _io_lines(values: Sequence[dict[str, Any]]) -> str:
@@ -195,13 +196,22 @@ def _provider_text(p: Any) -> str:
     return name + (f" ({', '.join(notes)})" if notes else "")
 
 
+def _graphs_text(p: dict[str, Any]) -> str:
+    lines = [f"\n`{g['file']}` ({g['precision'].upper()}, accuracy "
+             f"{_accuracy_text(g['accuracy'])}) serves "
+             f"{', '.join(n.replace('ExecutionProvider', '') for n in g['providers'])} instead: "
+             "a QDQ INT8 graph runs slower than float there. The runner picks the graph of the "
+             "provider that starts.\n" for g in p.get("graphs", [])]
+    return "".join(lines)
+
+
 def _readme(m: Manifest, target: Target) -> str:
     sections = []
     for p in m.parts:
         sections.append(f"""### {p['name']} (`{p['model']['file']}`)
 
 {p['precision']['description']}; accuracy {_accuracy_text(p['accuracy'])}.
-
+{_graphs_text(p)}
 Inputs:
 {_io_lines(p['inputs'])}
 
@@ -274,7 +284,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
         entries = []
         for part, proto in zip(parts, protos, strict=True):
             entries.append(_write_part(tmp, part, proto,
-                                       target.session.get("graph_optimization_level", "all")))
+                                       target.session.get("graph_optimization_level", "all"),
+                                       target.min_onnxruntime))
         shutil.copyfile(runner_source(), tmp / RUNNER_FILE)
         reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]
         if any(p.preprocess for p in parts):
@@ -303,7 +314,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     return BundleResult(output, archive, manifest.to_dict())
 
 
-def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str) -> dict[str, Any]:
+def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
+                min_ort: str) -> dict[str, Any]:
     """Write the part's model and golden data into *tmp*; return its manifest entry."""
     model_file = f"{part.name}.onnx"
     save_model(proto, tmp / model_file)
@@ -332,6 +344,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str) -> dic
         golden.update(reference="fp32", budget_min_cosine=_budget(part), host=own,
                       min_cosine=_floor(part, min(o["cosine_min"] for o in own.values())))
     inputs = graph_inputs(proto)
+    entry_graphs = [_write_graph(tmp, part, graph, golden, min_ort) for graph in part.graphs]
     return {
         "name": part.name,
         "model": {"file": model_file, "sha256": sha256(tmp / model_file),
@@ -346,4 +359,26 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str) -> dic
         "accuracy": part.accuracy or {},
         "golden": golden,
         "source": part.source,
+        **({"graphs": entry_graphs} if entry_graphs else {}),
     }
+
+
+def _write_graph(tmp: Path, part: PartPayload, graph: Any, golden: dict[str, Any],
+                 min_ort: str) -> dict:
+    """A provider's own graph beside the part's model, and the floor `run.py check` holds it to
+    (its host cosine to FP32 on the golden samples, less the margin, never below the budget)."""
+    model_file = f"{part.name}.{graph.precision}.onnx"
+    save_model(fit_to_runtime(load_model(graph.model), min_ort), tmp / model_file)
+    entry = {"file": model_file, "sha256": sha256(tmp / model_file),
+             "bytes": (tmp / model_file).stat().st_size, "precision": graph.precision,
+             "providers": list(graph.providers), "accuracy": graph.accuracy}
+    if graph.note:
+        entry["note"] = graph.note
+    if part.reference is not None:
+        host = compare_outputs(run_model(tmp / model_file, part.golden_samples),
+                               run_model(part.reference, part.golden_samples))
+        entry["host"] = host
+        entry["min_cosine"] = _floor(part, min(o["cosine_min"] for o in host.values()))
+    else:
+        entry["min_cosine"] = golden["min_cosine"]
+    return entry

@@ -1,5 +1,6 @@
 """Load, validate and save ONNX models, with their external data."""
 
+import heapq
 from pathlib import Path
 
 import onnx
@@ -63,3 +64,44 @@ def opset_of(model: onnx.ModelProto) -> int:
         if entry.domain in ("", "ai.onnx"):
             return entry.version
     return 0
+
+
+def sort_topologically(graph: onnx.GraphProto) -> None:
+    """Reorder *graph*'s nodes so each comes after the nodes that produce its inputs (stable:
+    nodes already in order keep it). Names no node here produces (graph inputs, initializers,
+    an outer graph's values) count as ready."""
+    nodes = list(graph.node)
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    needs = [{producer[name] for name in _consumed(n) if name in producer and producer[name] != i}
+             for i, n in enumerate(nodes)]
+    users: dict[int, list[int]] = {}
+    for i, deps in enumerate(needs):
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    waiting = [len(deps) for deps in needs]
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise ModelError("the graph has a cycle", "export the model again")
+    if order != list(range(len(nodes))):
+        del graph.node[:]
+        graph.node.extend(nodes[i] for i in order)
+
+
+def _consumed(node: onnx.NodeProto) -> set[str]:
+    """The names *node* reads, its subgraphs' reads from the outer scope included."""
+    names = {name for name in node.input if name}
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            inner = {o for n in sub.node for o in n.output} | {i.name for i in sub.input} | \
+                {t.name for t in sub.initializer}
+            names |= {name for n in sub.node for name in _consumed(n)} - inner
+    return names

@@ -32,6 +32,7 @@ from .freeze import fold_constant_ifs, freeze_inputs
 from .inspection import dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
+from .provider_graphs import provider_graphs
 from .quantize import QuantConfig
 from .sensitivity import name_nodes
 from .shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
@@ -368,8 +369,10 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     precision["decision"] = decision.record
     if needs_calib:
         precision["calibration"] = calibration_record(calib_set, config.calibration_method)
+    graphs = provider_graphs(target, config, fp32, folder, held_out, guard, labels_held,
+                             fp32_outputs, log)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
-                          req.preprocess, req.labels, source)
+                          req.preprocess, req.labels, source, graphs)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
                         tuple(consts))

@@ -151,8 +151,11 @@ def _dynamic(src: Path, dst: Path, config: QuantConfig, large: bool) -> None:
 def _fp16(src: Path, dst: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    # keep_io_types: callers and golden data stay FP32; casts sit at the graph edges.
-    save_model(convert_float_to_float16(load_model(src), keep_io_types=True), dst)
+    # keep_io_types: callers and golden data stay FP32; casts sit at the graph edges. The
+    # converter appends the input Casts after the nodes that read them: sort the graph again.
+    model = convert_float_to_float16(load_model(src), keep_io_types=True)
+    modelio.sort_topologically(model.graph)
+    save_model(model, dst)
 
 
 def quantize_file(model: Path, output: Path, *, config: QuantConfig,

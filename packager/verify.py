@@ -88,8 +88,15 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
                 checks.append({"name": "latency" + (f":{part}" if several else ""),
                                "passed": p90 <= budget,
                                "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
+    elsewhere = not_the_target(manifest, check, bench)
+    if elsewhere:
+        checks.append({"name": "target", "passed": True, "skipped": True,
+                       "detail": f"not checked on the target: {elsewhere}"})
     report = {
         "bundle": manifest.get("name"), "target": manifest["target"]["name"],
+        "on_target": not elsewhere, "target_note": elsewhere,
+        "graphs": {name: entry["graph"] for name, entry in check.get("parts", {}).items()
+                   if "graph" in entry},
         "precision": "; ".join((f"{p['name']}: " if several else "")
                                + p["precision"].get("description", "?")
                                for p in manifest["parts"]),
@@ -102,6 +109,22 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
                              if "decision" in p.get("precision", {})},
     }
     return report
+
+
+def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
+                   bench: dict[str, Any]) -> str:
+    """'' when the check ran on the target's arch and first provider, else what differed (a
+    pass there says nothing of the target's kernels or speed)."""
+    target = manifest["target"]
+    wanted = [p["name"] for p in manifest.get("providers", [])]
+    arch = (bench.get("device") or check.get("device") or {}).get("arch")
+    running = (check.get("providers") or [""])[0]
+    differs = []
+    if arch and target.get("arch") and arch != target["arch"]:
+        differs.append(f"this machine is {arch}, {target['name']} is {target['arch']}")
+    if wanted and running and running != wanted[0]:
+        differs.append(f"{running} ran, {target['name']} runs {wanted[0]} first")
+    return "; ".join(differs)
 
 
 def write_reports(out: Path, report: dict[str, Any]) -> None:
@@ -118,7 +141,11 @@ def _result(check: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
              f"**{'PASSED' if report['passed'] else 'FAILED'}** — {report['precision']}; "
-             f"providers: {', '.join(report['providers']) or 'n/a'}", "",
+             f"providers: {', '.join(report['providers']) or 'n/a'}"
+             + (f"; graph {', '.join(sorted(set(report['graphs'].values())))}"
+                if report.get("graphs") else "")
+             + (f" (not on the target: {report['target_note']})" if report.get("target_note")
+                else ""), "",
              "| check | result | detail |", "| --- | --- | --- |"]
     lines += [f"| {c['name']} | {_result(c)} | {c['detail']} |" for c in report["checks"]]
     bench = report.get("bench")

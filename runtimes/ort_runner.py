@@ -244,75 +244,175 @@ def trt_cache_key(part, trt_version, gpu):
     return "%s-%s" % (part["name"], hashlib.sha256(raw.encode()).hexdigest()[:16])
 
 
-def trt_cache_dir(bundle, part):
-    """Create and return cache/trt/<key>/ for *part*, with key.json saying what the key holds."""
-    version, gpu = tensorrt_version(), gpu_name()
-    key = trt_cache_key(part, version, gpu)
-    path = os.path.join(bundle, "cache", "trt", key)
-    if not os.path.isdir(path):
-        os.makedirs(path)
-        with open(os.path.join(path, "key.json"), "w") as f:
-            json.dump({"model_sha256": part["model"]["sha256"], "inputs": part["inputs"],
-                       "tensorrt": version, "gpu": gpu}, f, indent=2)
-    return path
+def trt_cache_dir(bundle, part, graph):
+    """cache/trt/<key>/ for *part*'s *graph* (not created here)."""
+    key = trt_cache_key(dict(part, model=graph), tensorrt_version(), gpu_name())
+    return os.path.join(bundle, "cache", "trt", key)
 
 
-def provider_list(available, bundle, manifest, part):
-    """(providers, options, notes) available here, in manifest order, CPU always last.
+def write_cache_key(path, part, graph):
+    """key.json: what the engines in *path* were built for (once TensorRT really runs)."""
+    target = os.path.join(path, "key.json")
+    if not os.path.exists(target):
+        with open(target, "w") as f:
+            json.dump({"model_sha256": graph["sha256"], "inputs": part["inputs"],
+                       "tensorrt": tensorrt_version(), "gpu": gpu_name()}, f, indent=2)
 
-    Option values "{bundle}/..." become paths in the bundle; "{cache}" becomes the part's keyed
-    TensorRT cache folder.
-    """
-    names, options, notes = [], [], []
-    for entry in manifest.get("providers", [{"name": "CPUExecutionProvider"}]):
+
+CPU = "CPUExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+
+
+def graph_for(part, provider):
+    """The model entry that serves *provider*: its own graph when the part ships one for it
+    (e.g. FP16 for CUDA beside an INT8 QDQ graph for TensorRT and the CPU), else the part's."""
+    for graph in part.get("graphs", []):
+        if provider in graph.get("providers", []):
+            return graph
+    return dict(part["model"], precision=part.get("precision", {}).get("precision"))
+
+
+def provider_plan(bundle, manifest, part):
+    """[{name, options, graph}] in the manifest's order, CPU always last. Option values
+    "{bundle}/..." become paths in the bundle; "{cache}" the graph's keyed TensorRT cache."""
+    plan, seen = [], set()
+    entries = list(manifest.get("providers") or [])
+    for entry in entries + [{"name": CPU}]:
         name = entry["name"]
-        if name not in available or name in names:
+        if name in seen:
             continue
+        seen.add(name)
+        graph = graph_for(part, name)
         opts = dict(entry.get("options", {}))
         for key, value in list(opts.items()):
             if value == "{cache}":
-                opts[key] = trt_cache_dir(bundle, part)
+                opts[key] = trt_cache_dir(bundle, part, graph)
             elif isinstance(value, str) and value.startswith("{bundle}"):
                 opts[key] = os.path.join(bundle, value[len("{bundle}/"):])
-                if key.endswith("_path"):
-                    os.makedirs(opts[key], exist_ok=True)
-        cache = opts.get("trt_engine_cache_path")
-        if name == "TensorrtExecutionProvider" and cache and \
-                not glob.glob(os.path.join(cache, "*.engine")):
-            notes.append("building the TensorRT engine for %s: first run with this model, input "
-                         "shape, TensorRT and GPU; this takes minutes on a Jetson and is cached "
-                         "in %s" % (part["name"], os.path.relpath(cache, bundle)))
-        names.append(name)
-        options.append(opts)
-    if "CPUExecutionProvider" not in names:
-        names.append("CPUExecutionProvider")
-        options.append({})
-    return names, options, notes
+        plan.append({"name": name, "options": opts, "graph": graph})
+    return plan
+
+
+class CapturedOutput(object):
+    """Everything written to file descriptors 1 and 2 inside the block (onnxruntime prints its
+    fallback banner to stdout and its load errors to stderr, from Python and from C++)."""
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = [os.dup(1), os.dup(2)]
+        os.dup2(self.file.fileno(), 1)
+        os.dup2(self.file.fileno(), 2)
+        self.text = ""
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.file.seek(0)
+        self.text = re.sub(r"\x1b\[[0-9;]*m", "", self.file.read().decode("utf-8", "replace"))
+        self.file.close()
+        return False
+
+
+LIBRARY_ERROR = re.compile(r"Failed to load library \S*providers_(\w+)\.so\S* with error: (.+)")
+
+
+def load_reason(name, error, text):
+    """One line on why *name* did not start: the library load error when there is one."""
+    kind = {"TensorrtExecutionProvider": "tensorrt", "CUDAExecutionProvider": "cuda"}.get(name)
+    for match in LIBRARY_ERROR.finditer(text):
+        if match.group(1) == kind:
+            return match.group(2).strip()
+    if error is not None:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return re.sub(r"^\S+\.(cc|h):\d+ .*?\) ", "", first)[:300]
+    return "onnxruntime did not start it"
 
 
 def open_session(bundle, manifest, part, args=None):
+    """A session on the first provider of the manifest's list that really starts here, each
+    with its own options and graph, created one by one (onnxruntime's own fallback drops the
+    options and prints to stdout). Returns (session, info): load_ms, provider, graph,
+    precision, not_running {name: reason}."""
     import onnxruntime as ort
 
-    model = os.path.join(bundle, part["model"]["file"])
+    available = ort.get_available_providers()
+    settings = session_settings(manifest, args)
     requested = [p["name"] for p in manifest.get("providers", [])]
-    names, options, notes = provider_list(ort.get_available_providers(), bundle, manifest, part)
-    for note in notes:
-        sys.stderr.write("edgepack: %s\n" % note)
-    start = time.perf_counter()
-    session = ort.InferenceSession(model, sess_options=session_options(
-        ort, session_settings(manifest, args)), providers=names, provider_options=options)
-    load_ms = (time.perf_counter() - start) * 1000.0
-    running = session.get_providers()
-    missing = [p for p in requested if p not in running]
-    line = "edgepack: %s running on %s" % (part["name"], running[0])
+    not_running = {}
+    session = None
+    for step in provider_plan(bundle, manifest, part):
+        name, options, graph = step["name"], step["options"], step["graph"]
+        if name not in available:
+            not_running[name] = "not in this onnxruntime build"
+            continue
+        folders = sorted(set(v for k, v in options.items() if k.endswith("_path") and
+                             isinstance(v, str) and v.startswith(bundle) and
+                             not os.path.isdir(v)))
+        for folder in folders:
+            os.makedirs(folder)
+        cache = options.get("trt_engine_cache_path") if name == TENSORRT else None
+        if cache and not glob.glob(os.path.join(cache, "*.engine")) and \
+                tensorrt_version() != "unknown":   # (libnvinfer is there: it will be tried)
+            sys.stderr.write(
+                "edgepack: building the TensorRT engine for %s: first run with this model, "
+                "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
+                "cached in %s\n" % (part["name"], os.path.relpath(cache, bundle)))
+        providers = [name] if name == CPU else [name, CPU]
+        start = time.perf_counter()
+        error = None
+        with CapturedOutput() as out:
+            try:
+                session = ort.InferenceSession(
+                    os.path.join(bundle, graph["file"]),
+                    sess_options=session_options(ort, settings), providers=providers,
+                    provider_options=[options] if name == CPU else [options, {}],
+                    enable_fallback=0)
+            except Exception as exc:  # the provider (or, on CPU, the model) failed to load
+                session, error = None, exc
+        load_ms = (time.perf_counter() - start) * 1000.0
+        if session is not None and session.get_providers()[0] == name:
+            if hasattr(session, "disable_fallback"):
+                session.disable_fallback()   # a failing run must not retry without options
+            if out.text.strip():
+                sys.stderr.write(out.text if out.text.endswith("\n") else out.text + "\n")
+            if cache:
+                write_cache_key(cache, part, graph)
+            break
+        if name == CPU:
+            raise BundleError("onnxruntime cannot load %s: %s" % (
+                graph["file"], load_reason(name, error, out.text)))
+        not_running[name] = load_reason(name, error, out.text)
+        session = None
+        for folder in reversed(folders):   # nothing left behind by a provider that did not run
+            while folder.startswith(bundle + os.sep) and os.path.isdir(folder) and \
+                    not os.listdir(folder):
+                os.rmdir(folder)
+                folder = os.path.dirname(folder)
+    info = {"load_ms": load_ms, "provider": name, "graph": graph["file"],
+            "precision": graph.get("precision"), "not_running": not_running,
+            "provider_options": session.get_provider_options().get(name, {})}
+    line = "edgepack: %s running on %s (%s%s)" % (
+        part["name"], name, graph["file"],
+        ", " + graph["precision"].upper() if graph.get("precision") else "")
+    missing = [p for p in requested if p in not_running]
     if missing:
-        line += " (requested but not running here: %s)" % ", ".join(missing)
+        line += "; requested but not running here: " + "; ".join(
+            "%s (%s)" % (p, not_running[p]) for p in missing)
     sys.stderr.write(line + "\n")
     require = getattr(args, "require_provider", None)
-    if require and require not in running:
-        raise ProviderMissing("required provider %s is not running (running: %s)"
-                              % (require, ", ".join(running)))
-    return session, load_ms
+    if require and require != name:
+        raise ProviderMissing("required provider %s is not running (running: %s%s)" % (
+            require, name, "; %s: %s" % (require, not_running[require])
+            if require in not_running else ""))
+    return session, info
 
 
 class ProviderMissing(Exception):
@@ -391,6 +491,117 @@ def jetson_power_mode():
     return match.group(1).strip() if match else None
 
 
+# --------------------------------------------------------------------------- GPU facts
+
+
+def loaded_library(prefix):
+    """The file of a loaded shared library named PREFIX.so*, from /proc/self/maps, else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if "/" in line else ""
+                if os.path.basename(path).startswith(prefix + ".so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _library_call(prefix, function):
+    """FUNCTION of the loaded library PREFIX (loaded by onnxruntime: no new CUDA context)."""
+    import ctypes
+
+    path = loaded_library(prefix)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        return getattr(lib, function), ctypes
+    except (OSError, AttributeError):
+        return None
+
+
+def _int_out(prefix, function, *args):
+    found = _library_call(prefix, function)
+    if found is None:
+        return None
+    fn, ctypes = found
+    value = ctypes.c_int(0)
+    try:
+        return value.value if fn(ctypes.byref(value), *args) == 0 else None
+    except Exception:
+        return None
+
+
+def _version(number, width):
+    """12040 -> '12.4' (CUDA, width 1000 major), 90100 -> '9.1.0' (cuDNN 9 / TensorRT 10)."""
+    if not number:
+        return None
+    if width == 1000:
+        return "%d.%d" % (number // 1000, number % 1000 // 10)
+    major = number // 10000 if number >= 10000 else number // 1000
+    rest = number % 10000 if number >= 10000 else number % 1000
+    return "%d.%d.%d" % (major, rest // 100, rest % 100)
+
+
+def gpu_facts():
+    """GPU, driver, CUDA, cuDNN and TensorRT versions as loaded by this process's onnxruntime
+    (call after a GPU session started); None where unknown."""
+    facts = {"name": None, "compute_capability": None, "driver": None, "cuda_driver": None,
+             "cuda_runtime": None, "cudnn": None, "tensorrt": None}
+    facts["cuda_runtime"] = _version(_int_out("libcudart", "cudaRuntimeGetVersion"), 1000)
+    facts["cuda_driver"] = _version(_int_out("libcudart", "cudaDriverGetVersion"), 1000)
+    major = _int_out("libcudart", "cudaDeviceGetAttribute", 75, 0)
+    minor = _int_out("libcudart", "cudaDeviceGetAttribute", 76, 0)
+    if major is not None and minor is not None:
+        facts["compute_capability"] = "%d.%d" % (major, minor)
+    for key, prefix, function, size in (("cudnn", "libcudnn", "cudnnGetVersion", True),
+                                        ("tensorrt", "libnvinfer", "getInferLibVersion", False)):
+        found = _library_call(prefix, function)
+        if found is not None:
+            fn, ctypes = found
+            fn.restype = ctypes.c_size_t if size else ctypes.c_int
+            try:
+                facts[key] = _version(int(fn()), 10000)
+            except Exception:
+                pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10)
+        fields = [x.strip() for x in out.stdout.splitlines()[0].split(",")] \
+            if out.returncode == 0 and out.stdout.strip() else []
+        if len(fields) == 3:
+            facts["name"] = fields[0]
+            facts["compute_capability"] = facts["compute_capability"] or fields[1]
+            facts["driver"] = fields[2]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if facts["name"] is None:
+        name = gpu_name()
+        facts["name"] = None if name == "unknown" else name
+    return facts
+
+
+def gpu_memory_mb():
+    """GPU memory this process holds (nvidia-smi), or None where it cannot tell (a Jetson's
+    integrated GPU shares the RAM: see peak RSS there)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.stdout.splitlines():
+        fields = [x.strip() for x in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(os.getpid()):
+            try:
+                return float(fields[1])
+            except ValueError:
+                return None
+    return None
+
+
 def peak_rss_mb():
     try:
         import resource
@@ -434,30 +645,36 @@ def cmd_check(bundle, manifest, args):
     shipped model (a kernel that computes differently here fails it), and it keeps the accuracy
     floor against the reference (the FP32 model's outputs, or the host's when there is none)."""
     report = {"bundle": manifest.get("name"), "integrity": integrity_problems(bundle, manifest),
-              "parts": {}}
+              "parts": {}, "device": {"arch": platform.machine()}}
     if report["integrity"]:
         report["passed"] = False
         return report
     passed = True
     for part in select_parts(manifest, args.part):
-        session, _ = open_session(bundle, manifest, part, args)
+        session, opened = open_session(bundle, manifest, part, args)
         report.setdefault("providers", session.get_providers())
         inputs, reference = load_golden(bundle, part)
         golden = part["golden"]
         got = run_samples(session, inputs)
-        min_cosine = golden.get("min_cosine", 0.99)
+        own = opened["graph"] != part["model"]["file"]   # this provider's own graph
+        graph = graph_for(part, opened["provider"])
+        min_cosine = graph["min_cosine"] if own else golden.get("min_cosine", 0.99)
         host = golden.get("shipped_provider", "CPUExecutionProvider")
-        running = session.get_providers()[0]
+        running = opened["provider"]
         if not golden.get("shipped"):
             skipped = "the bundle has no host outputs of its model (built by an older edgepack)"
         elif running != host:
             skipped = "the host ran %s, this device runs %s, whose kernels differ by design" % (
                 host, running)
+        elif own:
+            skipped = "the host's outputs are of %s; %s runs %s" % (
+                part["model"]["file"], running, opened["graph"])
         else:
             skipped, shipped = None, read_npz(bundle, golden["shipped"])
         entry = {"outputs": {}, "min_cosine": min_cosine,
                  "reference": golden.get("reference", "fp32"),
-                 "precision": part.get("precision", {}).get("precision"),
+                 "precision": opened["precision"], "graph": opened["graph"],
+                 "not_running": opened["not_running"],
                  "samples": len(next(iter(inputs.values()))), "providers": session.get_providers()}
         for name, ref in reference.items():
             stats = compare(got[name], ref)
@@ -479,29 +696,63 @@ def cmd_check(bundle, manifest, args):
     return report
 
 
+def latency_stats(times):
+    t = np.asarray(times)
+    return {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+            "p99": float(np.percentile(t, 99)), "mean": float(t.mean()), "std": float(t.std()),
+            "min": float(t.min()), "max": float(t.max())}
+
+
+def timed(call, warmup, runs):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return times
+
+
+def io_binding_call(session, feed, names, device):
+    """One run with inputs and outputs kept on *device* ('cuda' under CUDA and TensorRT), as an
+    application that chains GPU work would: no host copies inside the timed call."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, value in feed.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+    for name in names:
+        binding.bind_output(name, device)
+
+    def call():
+        session.run_with_iobinding(binding)
+    return call
+
+
 def bench_part(bundle, manifest, part, args):
-    session, load_ms = open_session(bundle, manifest, part, args)
+    session, opened = open_session(bundle, manifest, part, args)
     inputs, _ = load_golden(bundle, part)
     feed = {k: np.asarray(v[0]) for k, v in inputs.items()}
     names = [o.name for o in session.get_outputs()]
-    for _ in range(args.warmup):
-        session.run(names, feed)
-    times = []
-    for _ in range(args.runs):
-        start = time.perf_counter()
-        session.run(names, feed)
-        times.append((time.perf_counter() - start) * 1000.0)
-    t = np.asarray(times)
+    times = timed(lambda: session.run(names, feed), args.warmup, args.runs)
     batch = max(int(next(iter(feed.values())).shape[0]) if feed else 1, 1)
-    return {
-        "precision": part.get("precision", {}).get("precision"), "batch": batch,
-        "latency_ms": {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
-                       "p99": float(np.percentile(t, 99)), "mean": float(t.mean()),
-                       "std": float(t.std()), "min": float(t.min()), "max": float(t.max())},
-        "throughput_per_s": float(1000.0 * batch / t.mean()),
-        "session_load_ms": load_ms,
+    result = {
+        "precision": opened["precision"], "batch": batch,
+        "latency_ms": latency_stats(times),
+        "throughput_per_s": float(1000.0 * batch / np.mean(times)),
+        "session_load_ms": opened["load_ms"], "graph": opened["graph"],
+        "not_running": opened["not_running"], "provider_options": opened["provider_options"],
         "providers": session.get_providers(),
     }
+    if getattr(args, "io_binding", False):
+        device = "cpu" if opened["provider"] == CPU else "cuda"
+        bound = timed(io_binding_call(session, feed, names, device), args.warmup, args.runs)
+        result["io_binding"] = {"device": device, "latency_ms": latency_stats(bound),
+                                "throughput_per_s": float(1000.0 * batch / np.mean(bound))}
+    if opened["provider"] != CPU:
+        result["gpu_memory_mb"] = gpu_memory_mb()
+    return result
 
 
 def cmd_bench(bundle, manifest, args):
@@ -521,6 +772,7 @@ def cmd_bench(bundle, manifest, args):
         "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
         "device": device_info(),
+        "gpu": gpu_facts() if first["providers"][0] != CPU else None,
         "onnxruntime": __import__("onnxruntime").__version__,
     }
 
@@ -659,7 +911,15 @@ def cmd_serve(bundle, manifest, args):
     sessions = {}
     for part in parts:
         session, _ = open_session(bundle, manifest, part, args)
-        sessions[part["name"]] = (part, session, [o.name for o in session.get_outputs()])
+        names = [o.name for o in session.get_outputs()]
+        # warm up before listening: the first run allocates and picks kernels (454 ms on a GPU)
+        inputs, _ = load_golden(bundle, part)
+        start = time.perf_counter()
+        for _ in range(2):
+            session.run(names, {k: np.asarray(v[0]) for k, v in inputs.items()})
+        sys.stderr.write("edgepack: %s warmed up (%.0f ms for its first 2 runs)\n" % (
+            part["name"], (time.perf_counter() - start) * 1000.0))
+        sessions[part["name"]] = (part, session, names)
     default = parts[0]["name"] if len(parts) == 1 else None
     metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
                 "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
@@ -779,9 +1039,23 @@ def print_human(command, report):
             report["device"]["cores"], report["runs"]))
         for part, entry in report["parts"].items():
             lat = entry["latency_ms"]
-            print("%s (%s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
-                part, entry["precision"], lat["p50"], lat["p90"], lat["p99"], lat["mean"],
-                lat["std"], entry["throughput_per_s"]))
+            print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
+                part, entry["graph"], entry["precision"], lat["p50"], lat["p90"], lat["p99"],
+                lat["mean"], lat["std"], entry["throughput_per_s"]))
+            bound = entry.get("io_binding")
+            if bound:
+                lat = bound["latency_ms"]
+                print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
+                    part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
+                    bound["throughput_per_s"]))
+            if entry.get("gpu_memory_mb") is not None:
+                print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
+        gpu = report.get("gpu")
+        if gpu:
+            print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
+                  "TensorRT %s" % tuple(gpu.get(k) or "?" for k in (
+                      "name", "compute_capability", "driver", "cuda_runtime", "cuda_driver",
+                      "cudnn", "tensorrt")))
         rss = report["peak_rss_mb"]
         print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
     else:
@@ -822,6 +1096,9 @@ def parse_args(argv):
         if name == "bench":
             p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
+            p.add_argument("--io-binding", action="store_true",
+                           help="also time runs with inputs and outputs bound on the provider's "
+                                "device (no host copies per call), as an application would")
         if name == "infer":
             p.add_argument("files", nargs="+", help="image, .npy or .npz files")
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
@@ -843,6 +1120,22 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not getattr(args, "json", False):
+        return run_command(args)
+    # --json: stdout carries the JSON object only. Whatever else prints there (onnxruntime's
+    # fallback banner, a library's warning) goes to stderr.
+    sys.stdout.flush()
+    json_fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return run_command(args, json_out=os.fdopen(os.dup(json_fd), "w"))
+    finally:
+        sys.stdout.flush()
+        os.dup2(json_fd, 1)
+        os.close(json_fd)
+
+
+def run_command(args, json_out=None):
     commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer, "serve": cmd_serve}
     try:
         manifest = load_manifest(args.bundle)
@@ -858,8 +1151,9 @@ def main(argv=None):
         return EXIT_BAD_INPUT
     if report is None:  # serve: stopped with Ctrl-C
         return EXIT_OK
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+    if json_out is not None:
+        with json_out:
+            json_out.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
     else:
         print_human(args.command, report)
     return EXIT_OK if report.get("passed", True) else EXIT_FAILED

@@ -80,8 +80,9 @@ def test_jetson_xavier_bundle_falls_back_to_cpu_on_a_jetpack5_runtime(bundles):
     code, check, err = run_arm("py39", bundles / "xavier", "check")
     assert code == 0, err
     assert check["passed"]
-    assert ("running on CPUExecutionProvider (requested but not running here: "
-            "TensorrtExecutionProvider, CUDAExecutionProvider)") in err
+    assert ("running on CPUExecutionProvider (model.onnx, FP32); requested but not running "
+            "here: TensorrtExecutionProvider (not in this onnxruntime build); "
+            "CUDAExecutionProvider (not in this onnxruntime build)") in err
     code, _, err = run_arm("py39", bundles / "xavier", "check", "--require-provider",
                            "TensorrtExecutionProvider")
     assert code == 1 and "required provider TensorrtExecutionProvider" in err

@@ -1,7 +1,7 @@
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import PREP
 from packager.accuracy import measure_accuracy
@@ -124,3 +124,24 @@ def test_shared_bias_whose_copy_name_collides_still_quantizes(tmp_path):
     acc = measure_accuracy(out, src, calib)
     assert acc["cosine_min"] > 0.98
     assert onnx.load(str(src)).graph.initializer[1].name == "b"   # the source is not touched
+
+
+def test_sort_topologically_orders_producers_first_and_sees_subgraph_reads():
+    from packager.modelio import sort_topologically
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    branch = helper.make_graph([helper.make_node("Identity", ["b"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+             helper.make_node("Neg", ["a"], ["b"]),          # read by the If's branches
+             helper.make_node("Relu", ["x"], ["a"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, c], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    sort_topologically(model.graph)
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Neg", "If"]
+    onnx.checker.check_model(model)
+    ordered = [n.name for n in model.graph.node]
+    sort_topologically(model.graph)   # already sorted: unchanged
+    assert [n.name for n in model.graph.node] == ordered

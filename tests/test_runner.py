@@ -208,3 +208,33 @@ def test_reproduction_not_checked_says_so(built, tmp_path, case, reason):
     assert "model/scores: vs FP32 reference: cosine" in r.stdout and "check passed" in r.stdout
     out = json.loads(run_py(bundle, "check", "--json").stdout)["parts"]["model"]["outputs"]
     assert out["scores"]["reproduce"]["checked"] is False and out["scores"]["passed"]
+
+
+def test_gpu_fact_helpers_read_versions_and_loaded_libraries():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ort_runner", RUNNER)
+    r = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(r)
+    assert r._version(12040, 1000) == "12.4" and r._version(13000, 1000) == "13.0"
+    assert r._version(90100, 10000) == "9.1.0"       # cuDNN 9, TensorRT 10 (100300)
+    assert r._version(8902, 10000) == "8.9.2"        # cuDNN 8, TensorRT 8 (8601)
+    assert r._version(100300, 10000) == "10.3.0" and r._version(None, 1000) is None
+    assert "libc" in r.loaded_library("libc")          # from /proc/self/maps
+    assert r.loaded_library("libnot-a-library") is None
+    # no GPU library loaded in this process: every fact unknown, nothing raised
+    facts = r.gpu_facts()
+    assert facts["cuda_runtime"] is None and facts["cudnn"] is None and facts["tensorrt"] is None
+
+
+def test_bench_io_binding_times_bound_runs_too(built):
+    r = run_py(built.bundle.directory, "bench", "--runs", "5", "--warmup", "1", "--io-binding",
+               "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    part = report["parts"]["model"]
+    bound = part["io_binding"]
+    assert bound["device"] == "cpu" and 0 < bound["latency_ms"]["p50"] <= bound["latency_ms"]["max"]
+    assert part["graph"] == "model.onnx" and report["gpu"] is None   # CPU: no GPU facts
+    human = run_py(built.bundle.directory, "bench", "--runs", "3", "--io-binding")
+    assert "model with I/O binding on cpu: p50 " in human.stdout

@@ -16,14 +16,17 @@ import pytest
 def server(built):
     proc = subprocess.Popen([sys.executable, "-I", "run.py", "serve", "--port", "0", "--quiet"],
                             cwd=built.bundle.directory, stderr=subprocess.PIPE, text=True)
-    url = None
+    url, log = None, []
     for _ in range(20):
-        line = proc.stderr.readline()
-        found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", line)
+        log.append(proc.stderr.readline())
+        found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", log[-1])
         if found:
             url = found.group(1)
             break
     assert url, "the server did not start"
+    # the session ran before the server listened: the first request pays no warm-up
+    assert any(re.match(r"edgepack: model warmed up \(\d+ ms for its first 2 runs\)", ln)
+               for ln in log), log
     yield url
     proc.terminate()
     proc.wait(timeout=30)

@@ -72,37 +72,39 @@ def test_tensorrt_preset_writes_symmetric_s8_qdq_with_float_bias(orin_bundle):
 
 def test_gpu_providers_fall_back_to_cpu_loudly(orin_bundle):
     if GPU_PROVIDERS & set(ort.get_available_providers()):
-        pytest.skip("this onnxruntime has GPU providers; the fallback is not exercised")
+        pytest.skip("this onnxruntime has GPU providers; tests/test_gpu_runtime.py covers them")
     check = run_py(orin_bundle, "check")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert ("model running on CPUExecutionProvider (requested but not running here: "
-            "TensorrtExecutionProvider, CUDAExecutionProvider)") in check.stderr
+    assert ("model running on CPUExecutionProvider (model.onnx, INT8); requested but not running "
+            "here: TensorrtExecutionProvider (not in this onnxruntime build); "
+            "CUDAExecutionProvider (not in this onnxruntime build)") in check.stderr
     strict = run_py(orin_bundle, "check", "--require-provider", "TensorrtExecutionProvider")
     assert strict.returncode == 1
     assert "required provider TensorrtExecutionProvider is not running" in strict.stderr
+    assert not (orin_bundle / "cache").exists()   # no TensorRT ran: no engine cache, no key
 
 
 def test_tensorrt_options_resolve_to_a_keyed_cache(orin_bundle, tmp_path):
     r = runner()
     manifest = json.loads((orin_bundle / "manifest.json").read_text())
     part = manifest["parts"][0]
-    bundle = str(tmp_path)   # a scratch copy's folder: the cache is created inside it
-    names, options, notes = r.provider_list(
-        ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-        bundle, manifest, part)
-    assert names == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-    trt = options[0]
+    bundle = str(tmp_path)   # a scratch folder: nothing is created by planning
+    plan = r.provider_plan(bundle, manifest, part)
+    assert [p["name"] for p in plan] == ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                         "CPUExecutionProvider"]
+    trt = plan[0]["options"]
     cache = Path(trt["trt_engine_cache_path"])
     assert cache.parent == tmp_path / "cache" / "trt" and cache.name.startswith("model-")
     assert trt["trt_timing_cache_path"] == str(cache) and trt["trt_int8_enable"] is True
+    assert not cache.exists()
+    assert plan[1]["options"] == {"device_id": 0, "cudnn_conv_algo_search": "HEURISTIC"}
+    # each provider's graph: TensorRT and the CPU the INT8 one, CUDA its FP16 graph
+    assert [p["graph"]["file"] for p in plan] == ["model.onnx", "model.fp16.onnx", "model.onnx"]
+    assert [p["graph"]["precision"] for p in plan] == ["int8", "fp16", "int8"]
+    cache.mkdir(parents=True)
+    r.write_cache_key(str(cache), part, plan[0]["graph"])
     key = json.loads((cache / "key.json").read_text())
     assert key["model_sha256"] == part["model"]["sha256"] and key["inputs"] == part["inputs"]
-    assert options[1] == {"device_id": 0, "cudnn_conv_algo_search": "HEURISTIC"}
-    assert notes and "building the TensorRT engine for model" in notes[0]
-    (cache / "TensorrtExecutionProvider_TRTKernel_graph_main_0_0_sm87.engine").write_bytes(b"x")
-    assert r.provider_list(["TensorrtExecutionProvider"], bundle, manifest, part)[2] == []
-    # CPU-only device: no cache folder, no note
-    assert r.provider_list(["CPUExecutionProvider"], bundle, manifest, part)[1:] == ([{}], [])
 
 
 def test_cache_key_changes_with_model_shape_tensorrt_and_gpu(orin_bundle):
@@ -118,24 +120,61 @@ def test_cache_key_changes_with_model_shape_tensorrt_and_gpu(orin_bundle):
     assert len(keys) == 5 and base == r.trt_cache_key(part, "10.3.0", "NVIDIA Jetson AGX Orin")
 
 
-@pytest.mark.skipif("TensorrtExecutionProvider" not in ort.get_available_providers(),
-                    reason="no TensorRT here: needs onnxruntime-gpu with TensorRT and an "
-                           "NVIDIA GPU (a Jetson, or a machine lent by the device tool)")
+def provider_runs(name: str) -> bool:
+    """Whether a session on *name* really starts here. get_available_providers() lists TensorRT
+    and CUDA in every onnxruntime-gpu build, whether or not their libraries load."""
+    if name not in ort.get_available_providers():
+        return False
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                                                [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ort.set_default_logger_severity(4)   # a provider that fails to load logs errors: expected
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=[name],
+                                       enable_fallback=0)
+        return session.get_providers()[0] == name
+    except Exception:
+        return False
+    finally:
+        ort.set_default_logger_severity(2)
+
+
+TENSORRT_RUNS = provider_runs("TensorrtExecutionProvider")
+CUDA_RUNS = provider_runs("CUDAExecutionProvider")
+
+
+@pytest.mark.skipif(not TENSORRT_RUNS,
+                    reason="no TensorRT session starts here: needs onnxruntime-gpu with "
+                           "TensorRT libraries and an NVIDIA GPU (a Jetson)")
 def test_tensorrt_runs_and_caches_its_engine(orin_bundle):
     first = run_py(orin_bundle, "check", "--require-provider", "TensorrtExecutionProvider")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "building the TensorRT engine" in first.stderr
     assert list((orin_bundle / "cache" / "trt").glob("*/*.engine"))
+    assert list((orin_bundle / "cache" / "trt").glob("*/key.json"))
     second = run_py(orin_bundle, "check", "--require-provider", "TensorrtExecutionProvider")
     assert second.returncode == 0 and "building the TensorRT engine" not in second.stderr
 
 
-@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                    reason="no CUDA here: needs onnxruntime-gpu and an NVIDIA GPU")
-def test_cuda_provider_runs(orin_bundle):
+@pytest.mark.skipif(not CUDA_RUNS or TENSORRT_RUNS,
+                    reason="needs a CUDA session that starts (onnxruntime-gpu, its CUDA and cuDNN "
+                           "libraries, an NVIDIA GPU) where TensorRT does not")
+def test_cuda_runs_its_own_graph_with_the_targets_options(orin_bundle):
     r = run_py(orin_bundle, "bench", "--runs", "20", "--require-provider",
                "CUDAExecutionProvider", "--json")
     assert r.returncode == 0, r.stderr
+    part = json.loads(r.stdout)["parts"]["model"]
+    assert (part["graph"], part["precision"]) == ("model.fp16.onnx", "fp16")
+    # the options survive the fallback from TensorRT (onnxruntime's own retry drops them)
+    assert part["provider_options"]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert "TensorrtExecutionProvider" in part["not_running"]
+    check = run_py(orin_bundle, "check", "--json")
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)["parts"]["model"]
+    assert report["graph"] == "model.fp16.onnx"
+    assert not report["outputs"]["output"]["reproduce"]["checked"]   # other kernels by design
 
 
 def test_session_options_from_the_command_line(built):
@@ -162,3 +201,41 @@ def test_op_outside_the_runtime_stops_the_build(tmp_path):
     with pytest.raises(BundleError, match="com.example.FancyOp, an operator onnxruntime 1.19 "
                                           "does not implement"):
         fit_to_runtime(onnx.load(str(model)), load_target("rpi").min_onnxruntime)
+
+
+def test_the_runner_runs_the_graph_of_the_provider_that_starts(tmp_path, image_dir):
+    """A profile whose CPU provider wants FP16 instead of INT8: the bundle carries both graphs,
+    the runner picks the FP16 one and checks it against its own floor."""
+    profile = (Path(__file__).parent.parent / "targets" / "x86_64-cpu.toml").read_text()
+    profile = profile.replace('name = "x86_64-cpu"', 'name = "cpu-float"').replace(
+        'name = "CPUExecutionProvider"\n', 'name = "CPUExecutionProvider"\ninstead_of_int8 = "fp16"\n')
+    (tmp_path / "cpu-float.toml").write_text(profile)
+    out = tmp_path / "bundle"
+    build(f"{MODELS}:cnn", out, target=str(tmp_path / "cpu-float.toml"), calib=image_dir,
+          preprocess=PREP, inputs=[parse_input("image:1x3x32x32")], quant={"precision": "int8"})
+    part = json.loads((out / "manifest.json").read_text())["parts"][0]
+    assert part["precision"]["precision"] == "int8"
+    assert [(g["file"], g["providers"]) for g in part["graphs"]] == [
+        ("model.fp16.onnx", ["CPUExecutionProvider"])]
+    onnx.checker.check_model(onnx.load(str(out / "model.fp16.onnx")))   # topologically sorted
+    r = run_py(out, "check", "--json")
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)["parts"]["model"]
+    assert (entry["graph"], entry["precision"]) == ("model.fp16.onnx", "fp16")
+    assert entry["min_cosine"] == part["graphs"][0]["min_cosine"] >= 0.98
+    assert "model.fp16.onnx, FP16" in r.stderr
+    assert "the host's outputs are of model.onnx" in \
+        entry["outputs"]["output"]["reproduce"]["reason"]
+    (out / "model.fp16.onnx").write_bytes(b"tampered")   # the extra graph is hashed too
+    assert run_py(out, "check").returncode == 1
+
+
+def test_fp16_builds_a_valid_graph_that_runs(tmp_path, image_dir):
+    out = tmp_path / "fp16"
+    build(f"{MODELS}:cnn", out, target="jetson-xavier", calib=image_dir, preprocess=PREP,
+          inputs=[parse_input("image:1x3x32x32")], quant={"precision": "fp16"})
+    model = onnx.load(str(out / "model.onnx"))
+    onnx.checker.check_model(model)
+    assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)
+    r = run_py(out, "check")
+    assert r.returncode == 0, r.stdout + r.stderr
