@@ -58,8 +58,9 @@ def local_timer(paths: Sequence[Path], feed: Sample, threads: int, rounds: int,
 
 
 def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "python3",
-                 log: Log = lambda _: None) -> Timer:
-    """Time the candidates on a device over SSH (copied to a scratch folder, removed after)."""
+                 providers: Sequence[Any] = (), log: Log = lambda _: None) -> Timer:
+    """Time the candidates on a device over SSH (copied to a scratch folder, removed after),
+    each on the first of the target's *providers* that starts there, as its runner would."""
     import json
     import shlex
     import shutil
@@ -80,6 +81,8 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
                 shutil.copyfile(p, folder / p.name)
             np.savez(folder / "feed.npz", **feed)
             shutil.copyfile(time_models.__file__, folder / "time_models.py")
+            chain = [[p.name, p.options] for p in providers]
+            (folder / "providers.json").write_text(json.dumps(chain))
             conn.run(f"mkdir -p {shlex.quote(remote)}")
             probe = conn.run("command -v rsync >/dev/null 2>&1 && echo RSYNC")
             rsync = probe.stdout.startswith("RSYNC") and have_local("rsync")
@@ -88,7 +91,8 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
             conn.copy(folder, remote, method=method)
             names = " ".join(shlex.quote(p.name) for p in paths)
             proc = conn.run(f"cd {shlex.quote(remote)} && {shlex.quote(python)} time_models.py "
-                            f"feed.npz {threads} {rounds} {block} {names}; "
+                            f"feed.npz {threads} {rounds} {block} "
+                            f"{'--providers providers.json ' if chain else ''}{names}; "
                             f"code=$?; cd && rm -rf {shlex.quote(remote)}; exit $code")
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
@@ -96,7 +100,9 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
                               "check python3, numpy and onnxruntime on the device")
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         by_name = {Path(k).name: v for k, v in data["timings"].items()}
-        return {str(p): by_name[p.name] for p in paths}, {**data["device"], "host": host.name}
+        ran = sorted(set(data.get("providers", {}).values()))
+        return {str(p): by_name[p.name] for p in paths}, {**data["device"], "host": host.name,
+                                                          "providers": ran}
     return timer
 
 
@@ -248,6 +254,9 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         if gain < 1.0:
             log(f"warning: --precision int8 is slower than FP32 here ({chosen.p50_ms:.3f} vs "
                 f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")
+    if isinstance(where, dict) and where.get("host"):
+        reason += (f"; timed on {where['host']}"
+                   + (f" under {', '.join(where['providers'])}" if where.get("providers") else ""))
     return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
                    started, timing, log)
 

@@ -474,13 +474,15 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
          as_json, f"{r.directory}/ and {r.archive}")
 
 
-def _device_timer(host: str | None, ssh_config: Path | None, python: str):
+def _device_timer(host: str | None, ssh_config: Path | None, python: str, target: str):
     if host is None:
         return None
     from .autoprecision import remote_timer
     from .inventory import parse_host
+    from .targets import load_target
 
-    return remote_timer(parse_host(host), ssh_config=ssh_config, python=python, log=log)
+    return remote_timer(parse_host(host), ssh_config=ssh_config, python=python,
+                        providers=load_target(target).providers, log=log)
 
 
 def _labels(path: Path | None) -> list[str] | None:
@@ -680,7 +682,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               consts=parse_consts(consts), parts=parse_assignments(parts, "--part"),
               part_quant={k: {"precision": v} for k, v in precisions.items()},
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
-              timer=_device_timer(time_on, ssh_config, device_python), **budget_kwargs(kw),
+              timer=_device_timer(time_on, ssh_config, device_python, target),
+              **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "parts": [p.summary() for p in r.parts]}, as_json,

@@ -251,3 +251,25 @@ def test_precision_auto_timed_on_a_device(server, image_dir, tmp_path):
     assert timed[0]["label"] == "FP32" and len(timed) >= 2 and all(c["p50_ms"] > 0 for c in timed)
     assert r.parts[0].config.precision in ("int8", "fp32")
     assert not list(Path.home().glob("edgepack/.auto-*"))   # the scratch folder is gone
+
+
+def test_a_gpu_target_is_timed_under_the_providers_that_start_on_the_device(server, image_dir,
+                                                                             tmp_path):
+    """--time-on for a Jetson: the candidates run on the target's providers, first that starts
+    (here the CPU: this device's onnxruntime has no GPU), and the decision says which."""
+    from dataclasses import replace
+
+    from packager.autoprecision import remote_timer
+    from packager.targets import load_target
+
+    device = replace(host("device1"), python=sys.executable)
+    timer = remote_timer(device, ssh_config=server.config, python=sys.executable,
+                         providers=load_target("jetson-orin").providers)
+    build(f"{MODELS}:conv_heavy", tmp_path / "b", target="jetson-orin", calib=image_dir,
+          preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
+          timer=timer)
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert decision["timing"]["measured"] is True
+    assert decision["timing"]["measured_on"]["providers"] == ["CPUExecutionProvider"]
+    assert "timed on device1 under CPUExecutionProvider" in decision["reason"]
