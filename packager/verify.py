@@ -115,7 +115,9 @@ def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
                    bench: dict[str, Any]) -> str:
     """'' when the check ran on the target's arch and first provider, else what differed (a
     pass there says nothing of the target's kernels or speed)."""
-    target = manifest["target"]
+    if "target_note" in check:   # the runner on the device said it
+        return check["target_note"]
+    target = manifest["target"]    # a runner from before it: judge from its report
     wanted = [p["name"] for p in manifest.get("providers", [])]
     arch = (bench.get("device") or check.get("device") or {}).get("arch")
     running = (check.get("providers") or [""])[0]

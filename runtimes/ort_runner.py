@@ -693,7 +693,22 @@ def cmd_check(bundle, manifest, args):
         entry["passed"] = all(o["passed"] for o in entry["outputs"].values())
         report["parts"][part["name"]] = entry
     report["passed"] = passed
+    report["target_note"] = target_note(manifest, report.get("providers", [""])[0])
     return report
+
+
+def target_note(manifest, running):
+    """'' on the target's arch and first provider, else what differs: a pass elsewhere says
+    nothing of the target's kernels."""
+    target = manifest.get("target", {})
+    wanted = [p["name"] for p in manifest.get("providers", [])]
+    differs = []
+    if target.get("arch") and platform.machine() != target["arch"]:
+        differs.append("this machine is %s, %s is %s" % (platform.machine(), target.get("name"),
+                                                         target["arch"]))
+    if wanted and running and running != wanted[0]:
+        differs.append("%s ran, %s runs %s first" % (running, target.get("name"), wanted[0]))
+    return "; ".join(differs)
 
 
 def latency_stats(times):
@@ -1032,7 +1047,9 @@ def print_human(command, report):
                 elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
                     print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
                         part, name, figure(s, s["min_cosine"])))
-        print("check %s" % ("passed" if report["passed"] else "FAILED"))
+        note = report.get("target_note")
+        print("check %s%s" % ("passed" if report["passed"] else "FAILED",
+                              " (not on the target: %s)" % note if note else ""))
     elif command == "bench":
         print("%s on %s (%s, %s cores), %d runs" % (
             report["bundle"], report["providers"][0], report["device"]["arch"],

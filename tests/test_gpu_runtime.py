@@ -114,6 +114,10 @@ def test_gpu_providers_that_do_not_load_leave_json_clean_and_say_why(gpu_python,
                                "INT8); requested but not running here: "), line
         assert f"{TRT} (lib" in line and f"{CUDA} (lib" in line and "cannot open" in line, line
         assert report["providers"][0] == "CPUExecutionProvider"
+    human = runner(gpu_python, bundle, "check")
+    assert "check passed (not on the target: this machine is x86_64, jetson-orin is aarch64; " \
+           "CPUExecutionProvider ran, jetson-orin runs TensorrtExecutionProvider first)" \
+           in human.stdout
     # TensorRT did not run: no engine-build note, no cache folder, no key.json
     assert "building the TensorRT engine" not in proc.stderr
     assert not (bundle / "cache").exists()
