@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench zoo lint clean
+.PHONY: install demo test bench zoo fuzz lint clean
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ bench: install
 zoo: install
 	$(PY) -m pip install --quiet -e '.[zoo]'
 	$(PY) tests/zoo_run.py $(ZOO)
+
+# Random and mutated inputs, many more cases than `make test` runs (fixed seeds: reproducible).
+fuzz: install
+	EDGEPACK_FUZZ_CASES=5000 $(PY) -m pytest -q -m fuzz
 
 lint: install
 	$(VENV)/bin/ruff check packager runtimes tests

@@ -1,53 +1,160 @@
-"""Write outputs so that a failure or Ctrl-C never leaves a half-written file or folder."""
+"""Write outputs so that a failure or Ctrl-C never leaves a half-written file or folder, never
+clobbers an input, and fails before the slow work when the output cannot be written."""
 
+import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BundleError
 
+BUNDLE_MARK = "manifest.json"   # a folder --force may replace holds one
 
-def check_free(path: Path, *, force: bool) -> None:
-    """Raise unless *path* is free to write (or *force* allows replacing it)."""
-    if path.exists() and not force:
-        raise BundleError(f"{path} already exists", "pass --force to replace it, or pick another -o")
+
+def check_free(path: Path, *, force: bool, inputs: Sequence[Path | str] = ()) -> None:
+    """Raise unless *path* is free to write (or *force* allows replacing it), is not one of
+    *inputs*, does not contain one and does not lie inside one."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise BundleError(f"-o {path}: names no file or folder",
+                          "name the output itself, e.g. -o out/mynet")
+    here = Path(os.path.abspath(path))
+    for given in inputs:
+        source = Path(os.path.abspath(given))
+        if here == source or source.is_relative_to(here) or here.is_relative_to(source):
+            relation = ("is" if here == source else "contains" if source.is_relative_to(here)
+                        else "lies inside")
+            raise BundleError(f"-o {path} {relation} the input {given}",
+                              "write the output somewhere else")
+    if path.exists() or path.is_symlink():
+        if not force:
+            raise BundleError(f"{path} already exists",
+                              "pass --force to replace it, or pick another -o")
+        if path.is_dir() and not (path / BUNDLE_MARK).is_file():
+            raise BundleError(f"{path} is a folder that is not an edgepack bundle; --force "
+                              "replaces bundles only", "pick another -o")
+
+
+def check_writable(path: Path, *, need_bytes: int = 0) -> None:
+    """Raise unless a file can be created beside *path* with *need_bytes* free: found up front,
+    not after the whole pipeline ran."""
+    parent = Path(os.path.abspath(path)).parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise BundleError(f"-o {path}: {existing} is not writable",
+                          "pick an -o in a folder you can write to")
+    free = shutil.disk_usage(existing).free
+    if free < need_bytes:
+        raise BundleError(f"-o {path}: {free / 1e6:.0f} MB free on {existing}, about "
+                          f"{need_bytes / 1e6:.0f} MB needed", "free some space or pick another -o")
+
+
+def write_error(exc: OSError, path: Path) -> BundleError:
+    """An OSError met while writing *path* as the one line the user can act on."""
+    if exc.errno == errno.ENOSPC:
+        return BundleError(f"no space left writing {path}", "free some space or pick another -o")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return BundleError(f"cannot write {path} ({exc.strerror})", "pick another -o")
+    return BundleError(f"cannot write {path} ({exc.strerror or exc})", "pick another -o")
+
+
+def _default_mode(directory: bool) -> int:
+    """What open()/mkdir() would give under the user's umask (mkstemp/mkdtemp give 0600/0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
 
 
 @contextmanager
-def atomic_file(path: Path, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside *path*; move it onto *path* only if the block succeeds."""
+def atomic_file(path: Path, *, force: bool = False,
+                inputs: Sequence[Path | str] = ()) -> Iterator[Path]:
+    """Yield a temporary path beside *path*; move it onto *path* only if the block succeeds.
+    The file gets the mode of the file it replaces, else the umask's."""
     path = Path(path)
-    check_free(path, force=force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    check_free(path, force=force, inputs=inputs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:
+        raise write_error(exc, path) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        mode = path.stat().st_mode & 0o7777 if path.is_file() else _default_mode(False)
+        os.chmod(tmp_path, mode)
         os.replace(tmp_path, path)
+    except OSError as exc:
+        raise write_error(exc, path) from None
     finally:
         tmp_path.unlink(missing_ok=True)
 
 
 @contextmanager
-def atomic_dir(path: Path, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory beside *path*; rename it onto *path* only on success."""
-    path = Path(path)
-    check_free(path, force=force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
+def atomic_pair(directory: Path, archive: Path, *, force: bool = False,
+                inputs: Sequence[Path | str] = ()) -> Iterator[tuple[Path, Path]]:
+    """Yield a temporary folder and file beside *directory* and *archive*; on success put both
+    in place together: neither appears (nor is replaced) without the other, even when the last
+    step fails or is interrupted."""
+    directory, archive = Path(directory), Path(archive)
+    for path in (directory, archive):
+        check_free(path, force=force, inputs=inputs)
     try:
-        yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".part",
+                                        dir=directory.parent))
+        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".part", dir=archive.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise write_error(exc, directory) from None
+    tmp_file = Path(tmp)
+    try:
+        yield tmp_dir, tmp_file
+        for tree, _, files in os.walk(tmp_dir):
+            os.chmod(tree, _default_mode(True))
+            for name in files:
+                os.chmod(os.path.join(tree, name), _default_mode(False))
+        os.chmod(tmp_file, _default_mode(False))
+        _publish([(tmp_dir, directory), (tmp_file, archive)])
+    except OSError as exc:
+        raise write_error(exc, directory) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        tmp_file.unlink(missing_ok=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
+def _publish(moves: Sequence[tuple[Path, Path]]) -> None:
+    """Rename each temporary onto its final path, all or none: what they replace is set aside
+    first and put back if any rename fails or is interrupted (Ctrl-C included)."""
+    aside: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    try:
+        for _, final in moves:
+            if final.exists() or final.is_symlink():
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                _remove(old)
+                os.replace(final, old)
+                aside.append((old, final))
+        for tmp, final in moves:
+            os.replace(tmp, final)
+            placed.append(final)
+    except BaseException:
+        for final in placed:
+            _remove(final)
+        for old, final in aside:
+            os.replace(old, final)
+        raise
+    for old, _ in aside:
+        _remove(old)

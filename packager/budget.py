@@ -72,11 +72,11 @@ class AccuracyBudget:
         reference = run_model(fp32, held) if reference is None else reference
         acc = measure_accuracy(candidate, fp32, held, reference)
         if self.metric is not None:
-            reference = self.metric(reference, labels)
-            score = self.metric(run_model(candidate, held), labels)
-            acc.update({"metric": self.metric_name, "metric_fp32": float(reference),
-                        "metric_quantized": float(score)})
-            drop = float(reference) - float(score)
+            reference = self.score(reference, labels, "the FP32 model's")
+            score = self.score(run_model(candidate, held), labels, "the quantized model's")
+            acc.update({"metric": self.metric_name, "metric_fp32": reference,
+                        "metric_quantized": score})
+            drop = reference - score
         else:
             drop = 1.0 - acc.get("top1_agreement", acc["cosine_mean"])
         acc["drop"] = drop
@@ -90,6 +90,34 @@ class AccuracyBudget:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
         acc["budget"] = {"spec": self.describe(), "passed": not failures, "failures": failures}
         return acc
+
+
+    def score(self, outputs: dict[str, np.ndarray], labels: Sequence[Any] | None,
+              whose: str) -> float:
+        """The user's metric on *outputs*, as a finite float, or a PackagerError naming it."""
+        name = self.metric_name or getattr(self.metric, "__name__", "metric")
+        try:
+            value = self.metric(outputs, labels)
+        except Exception as exc:  # the user's code: whatever it raises is theirs to fix
+            raise PackagerError(f"--metric {name} raised {type(exc).__name__} on {whose} "
+                                f"outputs: {str(exc).strip()[:200]}",
+                                "fix the function; it takes (outputs: dict of name -> array, "
+                                "labels or None) and returns a float") from None
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating) or \
+                not np.isfinite(value):
+            raise PackagerError(f"--metric {name} returned {value!r:.80} "
+                                f"({type(value).__name__}) on {whose} outputs, not a number",
+                                "return a finite float, higher is better")
+        return float(value)
+
+
+def check_min_cosine(value: float) -> float:
+    """--min-cosine: a cosine in [0, 1] (1: identical outputs), else PackagerError."""
+    if not 0 <= value <= 1:   # NaN fails this too
+        raise PackagerError(f"--min-cosine {value:g} is not a cosine in [0, 1]",
+                            "for example --min-cosine 0.99 (every held-out output's cosine to "
+                            "FP32)")
+    return value
 
 
 def parse_drop(text: str) -> float:
@@ -188,14 +216,17 @@ def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
     from .atomic import atomic_file
     from .errors import BudgetMissed
     from .modelio import load_model, save_model
+    from .quantize import check_exclude
     from .search import Search
     from .sensitivity import name_nodes
 
     if not held:
         raise PackagerError("an accuracy budget needs held-out samples",
                             "pass --calib (a fraction is held out, see --holdout)")
+    named = name_nodes(load_model(model))
+    check_exclude(config.exclude, named.graph, model)
     with tempfile.TemporaryDirectory(prefix="edgepack-budget-") as tmp:
-        fp32 = save_model(name_nodes(load_model(model)), Path(tmp) / "fp32.onnx")
+        fp32 = save_model(named, Path(tmp) / "fp32.onnx")
         search = Search(fp32, Path(tmp), calib=calib, held=held, budget=budget, labels=labels,
                         log=log, progress=progress)
         tried = search.run(config, set(pinned))

@@ -1,8 +1,10 @@
 """Assemble a bundle directory and its .tar.gz: model, manifest, runner, golden data, docs."""
 
 import copy
+import gzip
 import importlib.metadata
 import math
+import os
 import platform
 import re
 import shutil
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .accuracy import compare_outputs, run_model
-from .atomic import atomic_dir, atomic_file, check_free
+from .atomic import atomic_pair, check_free
 from .calibration import Sample, stack
 from .compat import fit_to_runtime
 from .errors import BundleError
@@ -33,6 +35,7 @@ class BundleResult:
     directory: Path
     archive: Path
     manifest: dict[str, Any]
+    digest: str = ""        # "sha256:" + the manifest's sha256: the bundle's identity
 
 
 def sha256(path: Path) -> str:
@@ -260,7 +263,8 @@ quantization settings, checksums and tool versions.
 
 
 def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
-           name: str | None = None, force: bool = False) -> BundleResult:
+           name: str | None = None, force: bool = False,
+           inputs: Sequence[Path | str] = ()) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
@@ -268,8 +272,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     """
     output = Path(output)
     archive = archive_path(output)
-    check_free(output, force=force)
-    check_free(archive, force=force)
+    check_free(output, force=force, inputs=inputs)
+    check_free(archive, force=force, inputs=inputs)
     names = [p.name for p in parts]
     if not parts or len(set(names)) != len(names):
         raise BundleError(f"part names must be unique and non-empty, got {names}",
@@ -279,7 +283,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             raise BundleError(f"part name {part_name!r} is not usable as a file name",
                               "use letters, digits, '-' and '_', starting with a letter")
     protos = [fit_to_runtime(load_model(p.model), target.min_onnxruntime) for p in parts]
-    with atomic_dir(output, force=force) as tmp:
+    created = build_time()
+    with atomic_pair(output, archive, force=force, inputs=inputs) as (tmp, tar_tmp):
         (tmp / "golden").mkdir()
         entries = []
         for part, proto in zip(parts, protos, strict=True):
@@ -293,7 +298,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
         (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
         manifest = Manifest(
             name=name or output.name,
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            created=created.isoformat(timespec="seconds"),
             target={"name": target.name, "arch": target.arch, "python": target.python,
                     "runtime_package": target.runtime_package,
                     "min_onnxruntime": target.min_onnxruntime, "install": target.install},
@@ -308,10 +313,41 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                  if p.is_file()}
         manifest = Manifest(**{**manifest.__dict__, "files": files})
         manifest.write(tmp / MANIFEST)
-        with atomic_file(archive, force=force) as tar_tmp:
-            with tarfile.open(tar_tmp, "w:gz") as tar:
-                tar.add(tmp, arcname=output.name)
-    return BundleResult(output, archive, manifest.to_dict())
+        write_archive(tmp, tar_tmp, output.name, created)
+    return BundleResult(output, archive, manifest.to_dict(),
+                        "sha256:" + sha256(output / MANIFEST))
+
+
+def build_time() -> datetime:
+    """Now, or SOURCE_DATE_EPOCH when set (reproducible builds: the same inputs give the same
+    bundle and archive, byte for byte)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch:
+        try:
+            return datetime.fromtimestamp(int(epoch), UTC)
+        except (ValueError, OverflowError, OSError):
+            raise BundleError(f"SOURCE_DATE_EPOCH={epoch!r} is not a Unix time in seconds",
+                              "set it to an integer such as $(git log -1 --format=%ct), or "
+                              "unset it") from None
+    return datetime.now(UTC)
+
+
+def write_archive(folder: Path, path: Path, arcname: str, when: datetime) -> None:
+    """A reproducible .tar.gz of *folder*: sorted members, one mtime (*when*), owner root,
+    modes 0644/0755, and no name or time in the gzip header."""
+    mtime = int(when.timestamp())
+
+    def member(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname = mtime, 0, 0, "root", "root"
+        info.mode = 0o755 if info.isdir() else 0o644
+        return info
+
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
+                                                  mtime=mtime) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(folder, arcname=arcname, recursive=False, filter=member)
+        for item in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")):
+            tar.add(folder / item, arcname=f"{arcname}/{item}", recursive=False, filter=member)
 
 
 def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,

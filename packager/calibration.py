@@ -71,6 +71,9 @@ def _cast(arr: np.ndarray, dtype: str, name: str, path: Path) -> np.ndarray:
     if target.kind == "b" and arr.dtype.kind not in "biu":
         raise CalibrationError(f"{path}: '{name}' is {arr.dtype}, the input is bool",
                                "save it as bool")
+    if arr.dtype.kind not in "biufc":
+        raise CalibrationError(f"{path}: '{name}' holds {arr.dtype} values, not numbers",
+                               f"save it as a numeric array ({dtype})")
     return arr.astype(target)
 
 
@@ -98,6 +101,11 @@ def _tensor_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]]) -> 
                                    "key the .npz arrays by the model's input names")
         for spec in inputs:
             arr = _cast(arrays[spec["name"]], spec["dtype"], spec["name"], path)
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                bad = int(arr.size - np.isfinite(arr).sum())
+                raise CalibrationError(f"{path}: '{spec['name']}' holds NaN or Inf ({bad} of "
+                                       f"{arr.size} values)", "calibration samples must be "
+                                       "finite: fix or drop the samples that hold them")
             per_input[spec["name"]].extend(_split_samples(spec["name"], arr, spec["shape"], path))
     counts = {n: len(v) for n, v in per_input.items()}
     if len(set(counts.values())) != 1:
@@ -144,17 +152,55 @@ def load_samples(source: Path, *, inputs: Sequence[dict[str, Any]],
     return _tensor_samples(files, inputs)
 
 
+def samples_for_model(model: Path, source: Path, *, preprocess: dict[str, Any] | None,
+                      command: str, progress: Callable[[int, int], None] | None = None
+                      ) -> list[Sample]:
+    """load_samples for *model*'s inputs, refusing first (as build does) a model with dynamic
+    inputs, or a preprocessing spec that makes tensors the model's input does not take."""
+    from .modelio import load_model
+    from .preprocessing import check_fits
+    from .shapes import static_inputs
+
+    inputs = static_inputs(load_model(model), model, command)
+    if preprocess is not None and len(inputs) == 1 and is_image_source(list_sources(source)):
+        check_fits(preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
+    return load_samples(source, inputs=inputs, preprocess=preprocess, progress=progress)
+
+
 def stack(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
     """{input: array (samples, *shape)} from a list of samples."""
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
+def check_holdout(fraction: float) -> None:
+    """Raise unless *fraction* (--holdout) is a fraction strictly between 0 and 1."""
+    if fraction >= 1:
+        raise CalibrationError(f"--holdout {fraction:g} holds out every sample and leaves none "
+                               "to calibrate on", "use a fraction below 1, e.g. --holdout 0.2")
+    if not 0 < fraction < 1:   # also refuses NaN
+        raise CalibrationError(f"--holdout {fraction:g} is not a fraction between 0 and 1",
+                               "for example --holdout 0.2 keeps a fifth of the samples out of "
+                               "calibration to measure accuracy")
+
+
+def check_golden(count: int) -> None:
+    """Raise unless *count* (--golden) is at least 1."""
+    if count < 1:
+        raise CalibrationError(f"--golden {count}: the bundle needs at least 1 golden sample",
+                               "the device checks itself against them; for example --golden 8")
+
+
 def holdout_indices(count: int, fraction: float) -> set[int]:
     """Every k-th index, spread over the set: the samples kept out of calibration."""
+    check_holdout(fraction)
     if count < 2:
         raise CalibrationError(f"{count} calibration sample(s): need at least 2 (one to "
                                "calibrate, one held out to measure accuracy)", "add samples")
     held = max(1, round(count * fraction))
+    if held >= count:
+        raise CalibrationError(f"--holdout {fraction:g} holds out all {count} samples and leaves "
+                               "none to calibrate on", "use a smaller fraction, e.g. --holdout "
+                               "0.2, or add samples")
     step = count / held
     return {int(i * step + step / 2) for i in range(held)}
 

@@ -8,11 +8,23 @@ import numpy as np
 COLORS = [(180, 119, 31), (14, 127, 255), (44, 160, 44), (40, 39, 214)]   # BGR
 
 
+def check_chart_path(path: Path) -> None:
+    """The chart is a PNG: refuse another suffix rather than write PNG bytes under it."""
+    from .errors import SpecError
+
+    if Path(path).suffix.lower() != ".png":
+        raise SpecError(f"--chart {path}: the chart is a PNG image, not "
+                        f"{Path(path).suffix or 'a file without a suffix'}",
+                        f"name it .png, e.g. --chart {Path(path).with_suffix('.png').name}")
+
+
 def render(result: dict[str, Any], path: Path) -> Path:
     """Per batch size, a panel of horizontal bars: p50 latency per variant, in ms."""
     import cv2
 
     from .atomic import atomic_file
+
+    check_chart_path(path)
 
     rows = [r for r in result["rows"] if "error" not in r]
     batches = sorted({r["batch"] for r in rows})

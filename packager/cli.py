@@ -7,15 +7,33 @@ from typing import Any
 
 import click
 
-from .errors import CheckFailed, PackagerError
+from .errors import CheckFailed, PackagerError, SpecError
 
 INPUT_HELP = "static input shape NAME:1x3x224x224[:dtype] (repeatable)"
 QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
                  "reduce_range", "calibration_method", "exclude")
 
 
+class Command(click.Command):
+    """Notes --json in the context's meta (shared with the group) for error reporting."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        ctx.meta["edgepack.json"] = bool(ctx.params.get("as_json"))
+        return super().invoke(ctx)
+
+
+def fail(ctx: click.Context, message: str, hint: str, code: int) -> None:
+    """One `error:` line on stderr (and, under --json, the same as JSON on stdout); exit."""
+    click.echo(f"error: {message}; {hint}" if hint else f"error: {message}", err=True)
+    if ctx.meta.get("edgepack.json"):
+        click.echo(json.dumps({"error": message, "hint": hint, "exit_code": code}))
+    ctx.exit(code)
+
+
 class Group(click.Group):
     """Turns library errors and Ctrl-C into one line and an exit code, in one place."""
+
+    command_class = Command
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug", False)
@@ -24,8 +42,7 @@ class Group(click.Group):
         except PackagerError as exc:
             if debug:
                 raise
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            fail(ctx, exc.message, exc.hint, exc.exit_code)
         except KeyboardInterrupt:
             note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
                     "deploy" else "nothing was written")
@@ -36,9 +53,10 @@ class Group(click.Group):
         except Exception as exc:  # a bug, not bad input: one line unless --debug
             if debug:
                 raise
-            click.echo(f"error: unexpected {type(exc).__name__}: {str(exc)[:300]} "
-                       "(rerun with --debug for the traceback)", err=True)
-            ctx.exit(3)
+            text = " ".join(str(exc).split())[:300]
+            fail(ctx, f"unexpected {type(exc).__name__}: {text}",
+                 "this is a bug in edgepack: please report it with the command line "
+                 "(rerun with --debug for the traceback)", 3)
 
 
 def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
@@ -116,10 +134,10 @@ def budget_options(func):
 
 
 def budget_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
-    from .budget import load_metric, parse_drop
+    from .budget import check_min_cosine, load_metric, parse_drop
 
-    drop, metric = kw.pop("max_accuracy_drop"), kw.pop("metric")
-    return {"min_cosine": kw.pop("min_cosine"),
+    drop, metric, cosine = kw.pop("max_accuracy_drop"), kw.pop("metric"), kw.pop("min_cosine")
+    return {"min_cosine": check_min_cosine(cosine) if cosine is not None else None,
             "max_accuracy_drop": parse_drop(drop) if drop is not None else None,
             "metric": load_metric(metric) if metric else None}
 
@@ -148,17 +166,21 @@ def main(debug: bool) -> None:
 
 @main.command("inspect")
 @click.argument("model", type=click.Path(path_type=Path))
+@click.option("--nodes", is_flag=True, help="also list every node's name and op (for --exclude)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def inspect_cmd(model: Path, as_json: bool) -> None:
+def inspect_cmd(model: Path, nodes: bool, as_json: bool) -> None:
     """Describe MODEL: opset, inputs/outputs, ops, parameters, FLOPs, quantization.
 
     \b
     Example:
         edgepack inspect model.onnx
+        edgepack inspect model.onnx --nodes
     """
-    from .inspection import inspect_model
+    from .inspection import inspect_model, node_list
 
     info = inspect_model(model)
+    if nodes:
+        info["node_list"] = node_list(model)
     io = "\n".join(f"  {kind} {v['name']}: {'x'.join(map(str, v['shape']))} {v['dtype']}"
                    for kind, key in (("in ", "inputs"), ("out", "outputs")) for v in info[key])
     ops = ", ".join(f"{k} {v}" for k, v in info["ops"].items())
@@ -168,7 +190,8 @@ def inspect_cmd(model: Path, as_json: bool) -> None:
          f"{info['parameters']:,} parameters ({info['parameter_bytes'] / 1e6:.2f} MB), {flops}"
          f"{', quantized' if info['quantized'] else ''}"
          f"{', external data: ' + ', '.join(info['external_data']) if info['external_data'] else ''}"
-         f"\n{io}\n  ops: {ops}")
+         f"\n{io}\n  ops: {ops}" + "".join(f"\n  node {n['name'] or '(unnamed)'}: {n['op']}"
+                                            for n in info.get("node_list", [])))
 
 
 def export_options(func=None, *, dynamic: bool = True):
@@ -251,11 +274,8 @@ def export_cmd(source: str, output: Path, inputs: tuple[str, ...], target: str,
                                preprocess=preprocess_option(preprocess))
     r = export(source, output, inputs=specs, target=target, samples=samples, force=force,
                log=log, **export_kwargs(kw))
-    v = r.validation
-    emit(r.to_dict(), as_json,
-         f"{output}: opset {r.opset}, {r.nodes} nodes, {r.exporter}\n"
-         f"validation vs PyTorch ({v['samples']} inputs): max abs {v['max_abs']:.3g}, "
-         f"max rel {v['max_rel']:.3g}, cosine min {v['cosine_min']:.6f}")
+    # export() logged the validation line already
+    emit(r.to_dict(), as_json, f"{output}: opset {r.opset}, {r.nodes} nodes, {r.exporter}")
 
 
 @main.command("simplify")
@@ -329,13 +349,13 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
             --preprocess "size=224x224,scale=1/255" -o model.int8.onnx
     """
     from .accuracy import measure_accuracy
-    from .calibration import load_samples, split_holdout
-    from .inspection import graph_inputs, io_specs
-    from .modelio import load_model
+    from .budget import hygiene
+    from .calibration import check_holdout, samples_for_model, split_holdout
     from .pipeline import accuracy_line
     from .quantize import QuantConfig, quantize
     from .targets import load_target
 
+    check_holdout(holdout)
     profile = load_target(target)
     overrides = quant_overrides(kw)
     config = QuantConfig.from_preset(profile.quantization, **overrides)
@@ -347,10 +367,12 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     spec = preprocess_option(preprocess)
     calib_set, held = [], []
     if calib is not None:
-        inputs = io_specs(graph_inputs(load_model(model)))
-        samples = load_samples(calib, inputs=inputs, preprocess=spec,
-                               progress=progress_bar("decoding"))
+        samples = samples_for_model(model, calib, preprocess=spec, command="quantize",
+                                    progress=progress_bar("decoding"))
         calib_set, held = split_holdout(samples, fraction=holdout)
+        if config.precision == "int8" and config.mode == "static":
+            for note in hygiene(calib_set, held):
+                log(f"warning: {note}")
     result: dict[str, Any] = {}
     wants_budget = any(v is not None for v in limits.values())
     if config.calibration_method == "auto" or wants_budget:
@@ -404,13 +426,12 @@ def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | 
         edgepack debug-quant model.static.onnx model.int8.onnx --calib images/ \\
             --preprocess prep.toml
     """
-    from .calibration import load_samples
-    from .inspection import graph_inputs, io_specs
-    from .modelio import load_model
-    from .sensitivity import layer_errors, suggest
+    from .calibration import samples_for_model
+    from .sensitivity import check_pair, layer_errors, suggest
 
-    inputs = io_specs(graph_inputs(load_model(fp32)))
-    loaded = load_samples(calib, inputs=inputs, preprocess=preprocess_option(preprocess))
+    loaded = samples_for_model(fp32, calib, preprocess=preprocess_option(preprocess),
+                               command="debug-quant")
+    check_pair(fp32, quantized)
     rows = layer_errors(fp32, quantized, loaded[:max(1, samples)])
     risky = [r for r in rows if r["damage"] >= damage]
     picks = suggest(risky, [], count=len(risky)) if risky else []
@@ -455,23 +476,31 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
     """
     from .accuracy import measure_accuracy
     from .bundle import PartPayload, bundle, sha256
-    from .calibration import load_samples, split_holdout
-    from .inspection import graph_inputs, io_specs
+    from .calibration import check_golden, check_holdout, samples_for_model, split_holdout
+    from .inspection import check_labels
     from .modelio import load_model
+    from .sensitivity import check_pair
     from .targets import load_target
 
+    check_holdout(holdout)
+    check_golden(golden)
     spec = preprocess_option(preprocess)
-    inputs = io_specs(graph_inputs(load_model(reference or model)))
-    _, held = split_holdout(load_samples(calib, inputs=inputs, preprocess=spec), fraction=holdout)
+    names = _labels(labels)
+    if names:
+        check_labels(names, load_model(model, check=False, external_data=False), model, labels)
+    if reference is not None:
+        check_pair(reference, model, same_graph=False)
+    _, held = split_holdout(samples_for_model(reference or model, calib, preprocess=spec,
+                                              command="bundle"), fraction=holdout)
     part = PartPayload("model", model, reference, held[:golden], _precision_of(model),
                        measure_accuracy(model, reference, held) if reference else None, spec,
-                       _labels(labels), {"file": Path(model).name, "sha256": sha256(Path(model))})
+                       names, {"file": Path(model).name, "sha256": sha256(Path(model))})
     r = bundle([part], output, target=load_target(target), force=force)
     if reference is None:
         log("no FP32 reference: the bundle promises to reproduce this host's outputs only, no "
             "accuracy; pass --reference FP32.onnx for that")
-    emit({"directory": str(r.directory), "archive": str(r.archive), "manifest": r.manifest},
-         as_json, f"{r.directory}/ and {r.archive}")
+    emit({"directory": str(r.directory), "archive": str(r.archive), "digest": r.digest,
+          "manifest": r.manifest}, as_json, f"{r.directory}/ and {r.archive}, digest {r.digest}")
 
 
 def _device_timer(host: str | None, ssh_config: Path | None, python: str, target: str):
@@ -486,7 +515,18 @@ def _device_timer(host: str | None, ssh_config: Path | None, python: str, target
 
 
 def _labels(path: Path | None) -> list[str] | None:
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()] if path else None
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"--labels {path}: not a text file (byte {exc.start} is not UTF-8)",
+                        "give a text file with one class name per line") from None
+    labels = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not labels:
+        raise SpecError(f"--labels {path}: no class names in the file",
+                        "one class name per line")
+    return labels
 
 
 def _precision_of(model: Path) -> dict[str, Any]:
@@ -510,9 +550,12 @@ def _precision_of(model: Path) -> dict[str, Any]:
 @click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--python", default=sys.executable, show_default="this Python",
               help="interpreter that runs run.py")
+@click.option("--expect-digest", metavar="SHA256",
+              help="refuse unless the bundle's digest (printed by build) is this one")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
-               latency_budget_ms: float | None, python: str, as_json: bool) -> None:
+               latency_budget_ms: float | None, python: str, expect_digest: str | None,
+               as_json: bool) -> None:
     """Run BUNDLE's own run.py as the device would: integrity, accuracy, latency, memory.
 
     Writes BUNDLE/reports/report.json and report.md. Exit 0 pass, 1 a check failed, 2 bad input.
@@ -524,7 +567,7 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
     from .verify import verify
 
     report = verify(bundle, python=python, runs=runs, warmup=warmup, threads=threads,
-                    latency_budget_ms=latency_budget_ms)
+                    latency_budget_ms=latency_budget_ms, expect_digest=expect_digest)
     if as_json:
         emit(report, True, "")
     else:
@@ -563,6 +606,8 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
               help="devices deployed at once")
 @click.option("--timeout", type=float, default=900.0, show_default=True,
               help="seconds per remote step")
+@click.option("--expect-digest", metavar="SHA256",
+              help="refuse unless the bundle's digest (printed by build) is this one")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, port: int | None,
                identity: Path | None, ssh_config: Path | None, remote_dir: str | None,
@@ -570,7 +615,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                runs: int, warmup: int,
                threads: int | None, latency_budget_ms: float | None,
                require_provider: str | None, allow_fallback: bool, parallel: int,
-               timeout: float, as_json: bool) -> None:
+               timeout: float, expect_digest: str | None, as_json: bool) -> None:
     """Copy BUNDLE to devices over SSH, check them, verify there, bring the reports back.
 
     Uses your OpenSSH client and ~/.ssh/config; host keys are checked strictly and no
@@ -592,7 +637,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                             runs=runs, warmup=warmup, threads=threads,
                             latency_budget_ms=latency_budget_ms,
                             require_provider=require_provider, allow_fallback=allow_fallback,
-                            timeout=timeout)
+                            timeout=timeout, expect_digest=expect_digest)
     results = deploy(bundle, targets, options=options, parallel=parallel, log=log)
     code = max(r.exit_code for r in results)
     if as_json:
@@ -658,7 +703,6 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
             --input encoder/ids:1x32:int64 --input decoder/feats:1x32x32 \\
             --calib encoder=enc.npz --calib decoder=dec.npz -o out/tts
     """
-    from .errors import SpecError
     from .pipeline import ExportOptions, build
     from .specs import parse_assignments, parse_consts, parse_input
 
@@ -686,7 +730,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
-          "parts": [p.summary() for p in r.parts]}, as_json,
+          "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(
              (f"{p.name} " if len(r.parts) > 1 else "") + p.config.describe() for p in r.parts))
 
@@ -734,6 +778,10 @@ def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preproc
     from .specs import parse_assignments, parse_input
     from .torchload import parse_factory_args
 
+    if chart:   # before the minutes of timing, not after
+        from .chart import check_chart_path
+
+        check_chart_path(chart)
     result = compare(model, inputs=[parse_input(v) for v in inputs], calib=calib,
                      preprocess=preprocess_option(preprocess), target=target,
                      batches=batches or (1, 8), rounds=rounds, block=block, threads=threads,
@@ -746,21 +794,25 @@ def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preproc
 
         render(result, chart)
         result["chart"] = str(chart)
+        log(f"chart: {chart}")
     emit(result, as_json, markdown(result).rstrip())
 
 
 @main.command("targets")
+@click.option("--target", metavar="NAME | FILE.toml",
+              help="check and show only this profile (your own .toml: errors name the key)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def targets_cmd(as_json: bool) -> None:
-    """List the built-in target profiles.
+def targets_cmd(target: str | None, as_json: bool) -> None:
+    """List the built-in target profiles, or check one (--target).
 
     \b
     Example:
         edgepack targets
+        edgepack targets --target my-board.toml
     """
-    from .targets import list_targets
+    from .targets import list_targets, load_target
 
-    found = list_targets()
+    found = [load_target(target)] if target else list_targets()
     data = [{"name": t.name, "arch": t.arch, "description": t.description,
              "providers": [p.name for p in t.providers], "precision": t.quantization.precision,
              "min_onnxruntime": t.min_onnxruntime, "path": str(t.path)} for t in found]

@@ -15,7 +15,7 @@ from .errors import BundleError, PackagerError, VerifyError
 from .inventory import Host
 from .manifest import read_manifest
 from .remote import Connection, DeviceError, have_local
-from .verify import run_checks, write_reports
+from .verify import bundle_digest, integrity_problems, run_checks, write_reports
 
 Log = Callable[[str], None]
 EXCLUDE = ("reports/", "cache/")   # local results and device-built engines stay where they are
@@ -39,6 +39,7 @@ class DeployOptions:
     require_provider: str | None = None
     allow_fallback: bool = False           # run even if the target's providers are missing
     timeout: float = 900.0
+    expect_digest: str | None = None       # refuse unless the bundle's digest is this one
 
 
 @dataclass
@@ -91,6 +92,11 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
         raise PackagerError("no hosts given", "name a host (alias or user@host) or --hosts FILE")
     with bundle_folder(bundle) as (folder, reports):
         manifest = read_manifest(folder)
+        problems = integrity_problems(folder, manifest, options.expect_digest)
+        if problems:   # checked here with this edgepack's code, before anything is copied
+            raise BundleError(f"{bundle}: refused: {problems[0]}"
+                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                              + "; nothing was copied", "build the bundle again")
         if len(hosts) == 1:
             return [deploy_one(folder, manifest, hosts[0], reports, options, log)]
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
@@ -157,7 +163,11 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     say(f"copied {copied.files} file(s), {copied.bytes_sent / 1e6:.2f} MB sent")
 
     proc = conn.run(f"{python} - integrity {quoted}", stdin=probe, timeout=options.timeout)
-    found = _probe_json(proc, host, python)["problems"]
+    probed = _probe_json(proc, host, python)
+    found = probed["problems"]
+    digest = bundle_digest(folder)
+    if probed.get("manifest_sha256") and "sha256:" + probed["manifest_sha256"] != digest:
+        found.insert(0, f"manifest.json differs from the one deployed ({digest})")
     if found:
         raise DeviceError(f"{host.name}: refused: {found[0]} on the device"
                           + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
@@ -176,6 +186,7 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
                         latency_budget_ms=options.latency_budget_ms,
                         require_provider=require, progress=say)
     report["host"] = host.name
+    report["digest"] = digest
     out = reports / host.label
     write_reports(out, report)
     result.report, result.reports_dir = report, str(out)

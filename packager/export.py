@@ -67,7 +67,9 @@ def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (
     *source*: `file.py:factory`, `pkg.module:factory`, a TorchScript file or a `.pt2` program.
     """
     output = Path(output)
-    check_free(output, force=force)
+    sources = [Path(p) for p in (str(source).rsplit(":", 1)[0], str(source), weights)
+               if p is not None and Path(p).exists()]
+    check_free(output, force=force, inputs=sources)
     loaded = load_source(str(source), factory_args=factory_args, weights=weights,
                          submodule=submodule)
     return export_loaded(loaded, output, inputs=inputs, dynamic=dynamic, opset=opset,
@@ -96,10 +98,11 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
         if bad:
             raise ExportError(f"--dynamic {name}: axis {bad[0]} is out of range for "
                               f"{spec.describe()}", f"axes are 0..{len(spec.shape) - 1}")
-    opset = opset or default_opset(target)
+    default = default_opset(target)
+    opset = opset or default
     if not 7 <= opset <= EXPORTER_MAX_OPSET:
         raise ExportError(f"--opset {opset}: the TorchScript exporter writes opsets 7 to "
-                          f"{EXPORTER_MAX_OPSET}", f"pick one in that range (default: {opset})")
+                          f"{EXPORTER_MAX_OPSET}", f"pick one in that range (default: {default})")
     module = loaded.module
     feeds = [make_inputs(specs, module, seed=0)]
     reference = [_run_torch(module, specs, feeds[0], "--input " + " ".join(

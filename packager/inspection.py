@@ -1,6 +1,7 @@
 """Describe an ONNX model: opset, I/O, ops, parameters, FLOPs, quantization."""
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,20 @@ def dtype_name(elem_type: int) -> str:
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
     except Exception:
+        pass
+    try:
         return onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:   # a damaged file: a type number onnx does not know
+        return f"unknown type {elem_type}"
+
+
+def _itemsize(elem_type: int) -> int:
+    """Bytes per element of an ONNX type; 0 for strings and unknown types."""
+    try:
+        return 0 if elem_type == onnx.TensorProto.STRING else \
+            np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except Exception:
+        return 0
 
 
 def dims_of(value_info: onnx.ValueInfoProto) -> list[int | str]:
@@ -36,6 +50,29 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Real inputs: graph inputs that are not initializers (old exporters list both)."""
     inits = {i.name for i in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in inits]
+
+
+def check_labels(labels: Sequence[str], model: onnx.ModelProto, path: Path | str,
+                 source: Path | str = "") -> None:
+    """Raise unless *labels* (from the file *source*) name one class per score of *model*'s
+    class-score outputs (float, 1 x classes, as the runner labels them); silent when the
+    model has no such output."""
+    from .errors import SpecError
+
+    scores = {}
+    for value in model.graph.output:
+        dims = dims_of(value)
+        if len(dims) != 2 or not dtype_name(value.type.tensor_type.elem_type).startswith("float"):
+            continue
+        batch, classes = dims
+        if (batch == 1 or isinstance(batch, str)) and isinstance(classes, int) and classes >= 2:
+            scores[value.name] = classes
+    if scores and len(labels) not in scores.values():
+        name, classes = next(iter(scores.items()))
+        raise SpecError(f"--labels {source}{' ' if source else ''}has {len(labels)} labels but "
+                        f"{path}'s output "
+                        f"'{name}' scores {classes} classes",
+                        "give one class name per line, one per class, in the model's order")
 
 
 def model_family(model: onnx.ModelProto) -> str:
@@ -92,13 +129,19 @@ def _attr(node: onnx.NodeProto, name: str) -> int:
     return next((a.i for a in node.attribute if a.name == name), 0)
 
 
+def node_list(model: Path) -> list[dict[str, str]]:
+    """Every node of *model* in graph order: name (what --exclude takes) and op type."""
+    proto = load_model(model, check=False, external_data=False)
+    return [{"name": n.name, "op": n.op_type} for n in proto.graph.node]
+
+
 def inspect_model(model: Path) -> dict[str, Any]:
     """Return a JSON-ready description of the ONNX model at *model*."""
     proto = load_model(model, check=False, external_data=False)
     ops = Counter(n.op_type for n in proto.graph.node)
     params = sum(int(np.prod(i.dims)) for i in proto.graph.initializer)
-    param_bytes = sum(int(np.prod(i.dims)) * np.dtype(dtype_name(i.data_type)).itemsize
-                      for i in proto.graph.initializer if i.data_type != onnx.TensorProto.STRING)
+    param_bytes = sum(int(np.prod(i.dims)) * _itemsize(i.data_type)
+                      for i in proto.graph.initializer)
     external = sorted({e.value for i in proto.graph.initializer for e in i.external_data
                        if e.key == "location"})
     return {

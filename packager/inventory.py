@@ -78,7 +78,12 @@ def read_inventory(path: Path) -> list[Host]:
     groups: dict[str, list[str]] = {}
     group_vars: dict[str, dict[str, str]] = {}
     section, kind = "ungrouped", "hosts"
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not UTF-8)",
+                             "one host per line, or an Ansible INI inventory") from None
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line or line.startswith(";"):
             continue

@@ -16,16 +16,35 @@ def load_model(path: Path, *, check: bool = True, external_data: bool = True) ->
     if not path.is_file():
         raise ModelError(f"{path}: no such file", "check the path to the .onnx model")
     try:
-        model = onnx.load(str(path), load_external_data=external_data)
-    except FileNotFoundError as exc:
-        raise ModelError(f"{path}: external data file missing ({Path(exc.filename).name})",
-                         "keep the .onnx.data file next to the .onnx file") from None
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning, ValueError...
         raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__})",
                          "the file is corrupt or truncated, or not ONNX; export it again") from None
     if not model.graph.node or not model.opset_import:
         raise ModelError(f"{path}: not an ONNX model (no graph nodes or opset)",
                          "pass a .onnx file exported from your framework")
+    if not model.graph.output:
+        raise ModelError(f"{path}: the graph has no outputs",
+                         "the file is corrupt, or the export lost its outputs; export it again")
+    damaged = _first_non_text(model)
+    if damaged:
+        raise ModelError(f"{path}: not a readable ONNX model ({damaged} is not UTF-8 text)",
+                         "the file is corrupt or truncated; export it again")
+    if external_data and has_external_data(model):
+        # onnx names neither a missing data file nor the tensor (it raises ValidationError)
+        for location in external_locations(model):
+            if not (path.parent / location).is_file():
+                raise ModelError(f"{path}: external data file missing ({location})",
+                                 f"keep {location} next to {path.name}, as exported")
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ModelError(f"{path}: its external data cannot be read ({first[:200]})",
+                             "the .data file is truncated or not this model's; export it "
+                             "again") from None
+    if check:
+        check_opset(model, path)
     if check:
         try:
             onnx.checker.check_model(model, full_check=False)
@@ -34,6 +53,45 @@ def load_model(path: Path, *, check: bool = True, external_data: bool = True) ->
             raise ModelError(f"{path}: invalid ONNX model ({first[:200]})",
                              "re-export the model; onnx.checker must accept it") from None
     return model
+
+
+def _first_non_text(model: onnx.ModelProto) -> str:
+    """Where a damaged file has bytes in a name (protobuf hands invalid UTF-8 back as bytes)."""
+    graph = model.graph
+    for node in graph.node:
+        for field, value in (("op type", node.op_type), ("node name", node.name),
+                             ("domain", node.domain)):
+            if isinstance(value, bytes):
+                return f"a {field}"
+        if any(isinstance(n, bytes) for n in [*node.input, *node.output]):
+            return "a tensor name"
+    values = [*graph.input, *graph.output, *graph.value_info, *graph.initializer]
+    if any(isinstance(v.name, bytes) for v in values) or \
+            any(isinstance(e.domain, bytes) for e in model.opset_import):
+        return "a tensor name"
+    return ""
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The files *model*'s external tensors live in, relative to the model's folder."""
+    found = []
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entry = {e.key: e.value for e in tensor.external_data}
+            if entry.get("location") and entry["location"] not in found:
+                found.append(entry["location"])
+    return found
+
+
+def check_opset(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse a model stamped with an opset newer than onnx and onnxruntime here read."""
+    import onnxruntime
+
+    opset, newest = opset_of(model), onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ModelError(f"{path}: opset {opset} is newer than this onnx {onnx.__version__} / "
+                         f"onnxruntime {onnxruntime.__version__} support (opsets 7 to {newest})",
+                         f"export the model at opset {newest} or lower (e.g. --opset 17)")
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:

@@ -13,12 +13,14 @@ from typing import Any
 import numpy as np
 
 from .accuracy import run_model
-from .atomic import check_free
+from .atomic import check_free, check_writable
 from .autoprecision import decide
 from .budget import EMBEDDING_COSINE, AccuracyBudget, calibration_record, embedding_outputs, hygiene
 from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
 from .calibration import (
     Sample,
+    check_golden,
+    check_holdout,
     is_image_source,
     list_sources,
     load_samples,
@@ -29,11 +31,11 @@ from .calibration import (
 from .errors import CalibrationError, SpecError
 from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .freeze import fold_constant_ifs, freeze_inputs
-from .inspection import dims_of, graph_inputs, io_specs, model_family
+from .inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
 from .provider_graphs import provider_graphs
-from .quantize import QuantConfig
+from .quantize import QuantConfig, check_exclude
 from .sensitivity import name_nodes
 from .shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from .simplify import simplify_proto
@@ -144,10 +146,15 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     autoprecision.remote_timer on a device) and ships the fastest that keeps *min_cosine*
     (default: the target's budget).
     """
+    check_holdout(holdout)
+    check_golden(golden)
     target = load_target(target) if isinstance(target, str | Path) else target
     output = Path(output)
-    check_free(output, force=force)
-    check_free(archive_path(output), force=force)
+    sources = input_paths(model, calib, part_calib, export_options)
+    check_free(output, force=force, inputs=sources)
+    check_free(archive_path(output), force=force, inputs=sources)
+    # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
+    check_writable(output, need_bytes=3 * sum(_size(p) for p in sources) + 10_000_000)
     requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
                           labels=labels, parts=parts, part_calib=part_calib,
                           part_quant=part_quant, export_options=export_options)
@@ -170,9 +177,26 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         if unused:
             raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
                             "see the inputs with `edgepack inspect MODEL`")
-        out = bundle(payloads, output, target=target, name=name, force=force)
-    log(f"bundle: {out.directory} and {out.archive}")
+        out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources)
+    log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
+        "take it as --expect-digest)")
     return BuildResult(out, results)
+
+
+def input_paths(model: Path | str, calib: Path | None, part_calib: Mapping[str, Path],
+                export_options: ExportOptions) -> list[Path]:
+    """The files and folders a build reads, which its output must not replace or lie in."""
+    text = str(model)
+    path = Path(text.rsplit(":", 1)[0]) if is_torch_source(text) and ".py:" in text else \
+        Path(text)
+    found = [path, calib, *part_calib.values(), export_options.weights]
+    return [Path(p) for p in found if p is not None and Path(p).exists()]
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path | None,
@@ -295,6 +319,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if req.preprocess:
         check_fits(req.preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
 
+    if req.labels:
+        check_labels(req.labels, simplified, model_path if loaded is None else "the model")
     family = model_family(simplified)
     preset = target.preset_for(family)
     if family != "default" and family in target.family_quantization:
@@ -335,6 +361,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
     fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
+    check_exclude(req.quant.get("exclude") or (), simplified.graph,
+                  model_path if loaded is None else f"the export of {loaded.description}")
     budget = target.min_cosine if min_cosine is None else min_cosine
     fp32_outputs = run_model(fp32, held_out)   # once: the decision measures against them too
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \

@@ -4,6 +4,7 @@ The spec is plain data stored in the manifest; the runner's `preprocess()` appli
 for calibration and on the device for inference, so both preprocess alike.
 """
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,25 +17,36 @@ LAYOUTS = ("nchw", "nhwc")
 DTYPES = ("float32", "float16", "uint8")
 KEYS = ("size", "resize", "color", "layout", "scale", "mean", "std", "dtype", "pad")
 EXAMPLE = "size=224x224,resize=letterbox,color=rgb,layout=nchw,scale=1/255,mean=0.485/0.456/0.406"
+# OpenCV decodes and resizes in memory: a 16384x16384 RGB float tensor is already 3 GiB
+MAX_SIDE = 16384
 
 
-def _number(text: str, key: str) -> float:
+def _number(text: Any, key: str) -> float:
+    """A finite number from `0.5`, `1/255` or a TOML number."""
     try:
-        if "/" in text:
+        if isinstance(text, bool) or not isinstance(text, str | int | float):
+            raise TypeError
+        if isinstance(text, str) and "/" in text:
             num, den = text.split("/", 1)
-            return float(num) / float(den)
-        return float(text)
-    except (ValueError, ZeroDivisionError):
+            value = float(num) / float(den)
+        else:
+            value = float(text)
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
         raise PreprocessError(f"preprocess {key}={text!r} is not a number",
                               "use e.g. scale=1/255 or scale=0.00392") from None
+    if not math.isfinite(value):
+        raise PreprocessError(f"preprocess {key}={text!r} is not a finite number",
+                              "scale, mean and std must be finite (std non-zero), e.g. "
+                              "scale=1/255,mean=0.5,std=0.25")
+    return value
 
 
 def _numbers(value: Any, key: str) -> list[float]:
-    if isinstance(value, (list, tuple)):
-        return [float(v) for v in value]
-    if isinstance(value, (int, float)):
-        return [float(value)]
-    return [_number(v, key) for v in str(value).split("/")]
+    if isinstance(value, list | tuple):
+        return [_number(v, key) for v in value]
+    if isinstance(value, str):
+        return [_number(v, key) for v in value.split("/")]
+    return [_number(value, key)]
 
 
 def parse_preprocess(text: str) -> dict[str, Any]:
@@ -45,9 +57,15 @@ def parse_preprocess(text: str) -> dict[str, Any]:
             raise PreprocessError(f"{path}: no such preprocessing file", "check the path")
         try:
             raw = tomllib.loads(path.read_text())
+        except UnicodeDecodeError as exc:
+            raise PreprocessError(f"{path}: not a text file (byte {exc.start} is not UTF-8)",
+                                  "--preprocess takes a TOML file or key=value,...") from None
         except tomllib.TOMLDecodeError as exc:
             raise PreprocessError(f"{path}: not valid TOML ({exc})", "fix the syntax") from None
         raw = raw.get("preprocess", raw)
+        if not isinstance(raw, dict):
+            raise PreprocessError(f"{path}: 'preprocess' is not a table",
+                                  "write [preprocess] then size = \"224x224\" ... under it")
     else:
         raw = {}
         for item in filter(None, (p.strip() for p in text.split(","))):
@@ -78,6 +96,10 @@ def normalize_preprocess(raw: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError):
         raise PreprocessError(f"preprocess size={raw['size']!r} is not WIDTHxHEIGHT",
                               "use e.g. size=224x224") from None
+    if max(size) > MAX_SIDE:
+        raise PreprocessError(f"preprocess size={size[0]}x{size[1]} is larger than "
+                              f"{MAX_SIDE}x{MAX_SIDE}", "image models take inputs of at most a "
+                              "few thousand pixels a side; check the size (and --input)")
     spec: dict[str, Any] = {"size": size}
     for key, choices, default in (("resize", RESIZE, "stretch"), ("color", COLORS, "rgb"),
                                   ("layout", LAYOUTS, "nchw"), ("dtype", DTYPES, "float32")):
@@ -86,8 +108,7 @@ def normalize_preprocess(raw: dict[str, Any]) -> dict[str, Any]:
             raise PreprocessError(f"preprocess {key}={value!r} is not valid",
                                   f"use one of: {', '.join(choices)}")
         spec[key] = value
-    scale = raw.get("scale", 1.0)
-    spec["scale"] = _number(scale, "scale") if isinstance(scale, str) else float(scale)
+    spec["scale"] = _number(raw.get("scale", 1.0), "scale")
     channels = 1 if spec["color"] == "gray" else 3
     for key in ("mean", "std"):
         if raw.get(key) is None:
@@ -102,8 +123,12 @@ def normalize_preprocess(raw: dict[str, Any]) -> dict[str, Any]:
         if key == "std" and min(values) == 0:
             raise PreprocessError("preprocess std contains 0", "std values must be non-zero")
         spec[key] = values
-    pad = raw.get("pad", 114)
-    spec["pad"] = int(_number(pad, "pad") if isinstance(pad, str) else pad)
+    pad = _number(raw.get("pad", 114), "pad")
+    if pad != int(pad) or not 0 <= pad <= 255:
+        raise PreprocessError(f"preprocess pad={raw['pad']!r} is not a pixel value",
+                              "pad is the letterbox border's 8-bit value, an integer 0..255 "
+                              "(default 114)")
+    spec["pad"] = int(pad)
     return spec
 
 

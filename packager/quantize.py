@@ -268,10 +268,26 @@ def check_runs(model: Path, samples: Sequence[Sample]) -> None:
                                 "--precision fp16") from None
 
 
+def check_exclude(names: Sequence[str], graph: Any, model: Path | str) -> None:
+    """Raise unless every --exclude name is a node of *graph* (the quantizer ignores the rest).
+
+    *model* names the graph's file, or describes it (an export of a PyTorch model)."""
+    known = {n.name for n in graph.node if n.name}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        some = f"it has {len(known)} named nodes, e.g. {', '.join(sorted(known)[:3])}" if known \
+            else "its nodes have no names"
+        raise QuantizationError(f"--exclude {unknown[0]}: {model} has no node of that name "
+                                f"({some})", "list the node names with `edgepack inspect "
+                                f"{model if Path(model).is_file() else 'MODEL.onnx'} --nodes`")
+
+
 def quantize(model: Path, output: Path, *, config: QuantConfig, samples: Sequence[Sample] = (),
              progress: Progress | None = None, force: bool = False) -> Path:
     """Quantize *model* into *output* as *config* says, calibrating on *samples*."""
-    with atomic_file(Path(output), force=force) as tmp:
+    if config.exclude:
+        check_exclude(config.exclude, load_model(model, external_data=False).graph, model)
+    with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
         quantize_file(model, tmp, config=config, samples=samples, progress=progress,
                       location=Path(output).name + ".data")
     return Path(output)

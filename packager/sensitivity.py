@@ -59,6 +59,28 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, flo
     return cosine, float(sqnr)
 
 
+def check_pair(fp32: Path, quantized: Path, *, same_graph: bool = True) -> None:
+    """Refuse two models that are not an FP32 model and a quantized copy of it: different
+    inputs, or (*same_graph*) no tensor name in common, so nothing to compare layer by layer."""
+    from .errors import ModelError
+    from .inspection import graph_inputs, io_specs
+    from .modelio import load_model
+
+    a, b = (load_model(p, check=False, external_data=False) for p in (fp32, quantized))
+    ins = [{i["name"]: (i["shape"], i["dtype"]) for i in io_specs(graph_inputs(m))} for m in (a, b)]
+    if ins[0] != ins[1]:
+        def describe(found: dict) -> str:
+            return ", ".join(f"{k} {'x'.join(map(str, s))} {t}" for k, (s, t) in found.items())
+
+        raise ModelError(f"{quantized} takes {describe(ins[1])} but {fp32} takes "
+                         f"{describe(ins[0])}: not a quantized copy of it",
+                         "pass the FP32 model and the model quantized from it")
+    names = [{o for n in m.graph.node for o in n.output} for m in (a, b)]
+    if same_graph and not names[0] & names[1]:
+        raise ModelError(f"{quantized} and {fp32} share no tensor names: not a quantized copy "
+                         "of it", "pass the FP32 model and the model quantized from it")
+
+
 def layer_errors(fp32: Path, quantized: Path, samples: Sequence[Sample]) -> list[dict[str, Any]]:
     """Per FP32 node: agreement of its output in the quantized graph, and the damage it adds.
 

@@ -20,6 +20,24 @@ class ShapeResult:
     outputs: dict[str, list[int]]
 
 
+def static_inputs(model: onnx.ModelProto, path: Path, command: str) -> list[dict[str, Any]]:
+    """io_specs of *model*'s inputs, or ShapeError naming the first dynamic one and the fix."""
+    from .inspection import io_specs
+
+    specs = io_specs(graph_inputs(model))
+    for spec in specs:
+        dims = spec["shape"]
+        if not all(isinstance(d, int) and d > 0 for d in dims):
+            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" if i == 0 else "N"
+                               for i, d in enumerate(dims))
+            raise ShapeError(f"{path}: input '{spec['name']}' is dynamic "
+                             f"({'x'.join(map(str, dims))}) and `edgepack {command}` needs static "
+                             "shapes", f"run `edgepack fix-shapes {path} --input {spec['name']}:"
+                             f"{example} -o static.onnx` first, or use `edgepack build`, which "
+                             "fixes shapes itself")
+    return specs
+
+
 def resolve_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
                          *, batch: int | None) -> dict[str, list[int]]:
     """Static shape per input: from *shapes*, else static dims kept and dim 0 set to *batch*."""
@@ -224,7 +242,7 @@ def fix_shapes(model: Path, output: Path, *, shapes: Mapping[str, Sequence[int]]
                batch: int | None = 1, force: bool = False) -> ShapeResult:
     """Write *model* to *output* with every symbolic dim replaced by a static size."""
     fixed = fix_shapes_proto(load_model(model), shapes, batch=batch)
-    with atomic_file(Path(output), force=force) as tmp:
+    with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
         save_model(fixed, tmp)
     return ShapeResult(Path(output), {i.name: dims_of(i) for i in graph_inputs(fixed)},
                        {o.name: dims_of(o) for o in fixed.graph.output})

@@ -1,5 +1,8 @@
 """Simplify a graph with onnxsim (ONNX Runtime's basic optimiser when onnxsim fails)."""
 
+import contextlib
+import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +80,28 @@ def ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(str(dst))
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 to /dev/null: onnxsim's C++ prints a WARNING and a Python
+    traceback there for every op it cannot fold, even when it then succeeds."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run_onnxsim(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
     """Return (simplified model, "") or (None, why onnxsim could not be used)."""
     try:
         import onnxsim
 
-        simplified, ok = onnxsim.simplify(model)
+        with _quiet_stderr():
+            simplified, ok = onnxsim.simplify(model)
     except Exception as exc:  # onnxsim raises anything from RuntimeError to protobuf errors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return None, f"onnxsim failed: {first[:160]}"
@@ -105,6 +124,11 @@ def simplify_proto(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto,
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ModelError(f"{path}: neither onnxsim nor ONNX Runtime can load the model "
                              f"({first[:200]})", "check that the model runs in onnxruntime") from None
+    if not simplified.graph.node:   # every output is an input or a constant: no model left
+        raise ModelError(f"{path}: no output is computed by a node (outputs: "
+                         f"{', '.join(o.name for o in model.graph.output)[:200]}), simplifying "
+                         "leaves an empty graph", "the file is corrupt, or its outputs are "
+                         "wrong; export it again")
     try:
         onnx.checker.check_model(simplified)
     except Exception as exc:
@@ -118,7 +142,7 @@ def simplify(model: Path, output: Path, *, force: bool = False) -> SimplifyResul
     proto = load_model(model)
     before, opset_before = len(proto.graph.node), opset_of(proto)
     simplified, simplifier, reason = simplify_proto(proto, Path(model))
-    with atomic_file(Path(output), force=force) as tmp:
+    with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
         save_model(simplified, tmp)
     return SimplifyResult(Path(output), before, len(simplified.graph.node), simplifier, reason,
                           opset_before, opset_of(simplified))

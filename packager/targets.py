@@ -181,9 +181,17 @@ def _parse(data: dict, path: Path) -> Target:
     budget = _get(data, "budget", dict, f, {})
     _unknown(budget, {"latency_p90_ms", "min_cosine", "max_accuracy_drop"}, f"{f}: budget")
     drop = _get(budget, "max_accuracy_drop", float, f"{f}: budget", None)
-    if drop is not None and not 0 <= drop < 1:
+    if drop is not None and not 0 <= drop < 1:  # NaN fails this too
         raise TargetError(f"{f}: budget: max_accuracy_drop = {drop} is not a fraction in [0, 1)",
                           "write 0.01 for 1%")
+    min_cosine = _get(budget, "min_cosine", float, f"{f}: budget", 0.98)
+    if not 0 <= min_cosine <= 1:
+        raise TargetError(f"{f}: budget: min_cosine = {min_cosine} is not a cosine in [0, 1]",
+                          "write e.g. 0.98 (every held-out output's cosine to FP32)")
+    latency = _get(budget, "latency_p90_ms", float, f"{f}: budget", None)
+    if latency is not None and not 0 < latency < float("inf"):
+        raise TargetError(f"{f}: budget: latency_p90_ms = {latency} is not a positive time",
+                          "write milliseconds, e.g. 20.0")
     batch = _get(data, "batch", int, f, 1)
     if batch < 1:
         raise TargetError(f"{f}: batch must be >= 1", "fix the value")
@@ -195,7 +203,6 @@ def _parse(data: dict, path: Path) -> Target:
         install=_get(runtime, "install", str, f"{f}: runtime", ""),
         providers=tuple(providers), session=dict(session), quantization=preset,
         family_quantization=families,
-        latency_p90_ms=_get(budget, "latency_p90_ms", float, f"{f}: budget", None),
-        min_cosine=_get(budget, "min_cosine", float, f"{f}: budget", 0.98), path=path,
+        latency_p90_ms=latency, min_cosine=min_cosine, path=path,
         max_accuracy_drop=drop,
     )

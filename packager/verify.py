@@ -1,6 +1,7 @@
 """Verify a bundle by running its own runner in a separate process, as the device would."""
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -36,6 +37,10 @@ def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict
     """`run.py ARGS --json` through *execute*: (exit code, parsed JSON, stderr)."""
     code, stdout, stderr = execute([*args, "--json"])
     last = (stderr.strip().splitlines() or [""])[-1]
+    if code == 2 and re.search(r"\b(onnxruntime|numpy) is not installed for ", last):
+        # the bundle is fine; the device's Python lacks a package, and the line says the fix
+        raise VerifyError(f"run.py {args[0]} cannot run in {where}: {last}",
+                          "then verify again (or point --python at a Python that has it)")
     if code == 2 or (code != 0 and not stdout.strip()):
         raise VerifyError(f"run.py {args[0]} failed in {where} (exit {code}): {last}",
                           "rebuild or copy the bundle again")
@@ -47,15 +52,59 @@ def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict
     return code, report, stderr
 
 
+def bundle_digest(bundle: Path) -> str:
+    """The bundle's identity: the sha256 of its manifest.json, which holds every other file's
+    hash. `build` prints it; `verify` and `deploy` record it and compare it with
+    --expect-digest."""
+    from ._runtimes import ort_runner
+
+    return "sha256:" + ort_runner.sha256(str(Path(bundle) / "manifest.json"))
+
+
+def integrity_problems(bundle: Path, manifest: dict[str, Any],
+                       expect_digest: str | None = None) -> list[str]:
+    """The host's check of *bundle* (with the host's own runner code, not the bundle's), done
+    before anything from the bundle runs."""
+    from ._runtimes import ort_runner
+
+    problems = []
+    if expect_digest:
+        digest = bundle_digest(bundle)
+        wanted = expect_digest if expect_digest.startswith("sha256:") else "sha256:" + \
+            expect_digest
+        if digest != wanted.lower():
+            problems.append(f"manifest.json: digest {digest} is not the expected {wanted}")
+    return problems + ort_runner.integrity_problems(str(bundle), manifest)
+
+
+def refused(manifest: dict[str, Any], problems: list[str], digest: str) -> dict[str, Any]:
+    """The report of a bundle that failed the host's integrity check: nothing was run."""
+    return {"bundle": manifest.get("name"), "target": manifest.get("target", {}).get("name"),
+            "precision": "; ".join(p.get("precision", {}).get("description", "?")
+                                   for p in manifest.get("parts", [])),
+            "passed": False, "digest": digest, "providers": [], "check": {}, "bench": {},
+            "checks": [{"name": "integrity", "passed": False,
+                        "detail": "; ".join(problems) + "; nothing from the bundle was run"}]}
+
+
 def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,
            threads: int | None = None, latency_budget_ms: float | None = None,
-           require_provider: str | None = None, timeout: float = 900.0) -> dict[str, Any]:
-    """Check integrity and accuracy, benchmark, apply budgets; write reports/ in *bundle*."""
+           require_provider: str | None = None, timeout: float = 900.0,
+           expect_digest: str | None = None) -> dict[str, Any]:
+    """Check integrity (here, before anything from the bundle runs), then run the bundle's own
+    run.py: accuracy, benchmark, budgets; write reports/ in *bundle*."""
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
-    report = run_checks(manifest, local_runner(bundle, python=python, timeout=timeout),
-                        str(bundle), runs=runs, warmup=warmup, threads=threads,
-                        latency_budget_ms=latency_budget_ms, require_provider=require_provider)
+    digest = bundle_digest(bundle)
+    problems = integrity_problems(bundle, manifest, expect_digest)
+    if problems:
+        report = refused(manifest, problems, digest)
+    else:
+        report = run_checks(manifest, local_runner(bundle, python=python, timeout=timeout),
+                            str(bundle), runs=runs, warmup=warmup, threads=threads,
+                            latency_budget_ms=latency_budget_ms,
+                            require_provider=require_provider)
+        report["digest"] = digest
     write_reports(bundle / REPORTS, report)
     return report
 
@@ -143,6 +192,7 @@ def _result(check: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
              f"**{'PASSED' if report['passed'] else 'FAILED'}** — {report['precision']}; "
+             + (f"bundle {report['digest']}; " if report.get("digest") else "") +
              f"providers: {', '.join(report['providers']) or 'n/a'}"
              + (f"; graph {', '.join(sorted(set(report['graphs'].values())))}"
                 if report.get("graphs") else "")

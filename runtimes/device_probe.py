@@ -68,7 +68,16 @@ def integrity(remote_dir):
             problems.append("%s: missing" % rel)
         elif sha256(path) != expected:
             problems.append("%s: sha256 mismatch" % rel)
-    return {"problems": problems, "files": len(files)}
+    listed = set(rel.split("/")[0] for rel in files) | {"manifest.json"}
+    for name in sorted(os.listdir(root)):   # what `python3 run.py` would import from its folder
+        if name not in listed and (name.endswith((".py", ".pyc", ".so", ".pth")) or
+                                   os.path.isfile(os.path.join(root, name, "__init__.py"))):
+            problems.append("%s: not part of the bundle, and Python would import it before "
+                            "run.py's own modules" % name)
+    # the host compares this with the digest of the manifest it deployed: the table above is
+    # only as good as the manifest that holds it
+    return {"problems": problems, "files": len(files),
+            "manifest_sha256": sha256(os.path.join(root, "manifest.json"))}
 
 
 if __name__ == "__main__":

@@ -20,14 +20,20 @@ import glob
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import re
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 
-import numpy as np
+try:  # checked in run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
 
 MANIFEST = "manifest.json"
 SUPPORTED_SCHEMA = 2
@@ -36,10 +42,24 @@ OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130   # Ctrl-C, as shells and `edgepack build` report it
 
 
 class BundleError(Exception):
-    """The bundle or the command line is unusable (exit 2)."""
+    """The bundle or the command line is unusable (exit 2); in `serve`, a bad request (400)."""
+
+    status = 400
+
+
+class TooLarge(BundleError):
+    """An input over a size limit (exit 2; in `serve`, 413)."""
+
+    status = 413
+
+
+# A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
+MAX_PIXELS = 50 * 1000 * 1000
+MAX_UNPACKED = 256 * 1024 * 1024   # bytes an .npz may inflate to
 
 
 # --------------------------------------------------------------------------- preprocessing
@@ -51,8 +71,62 @@ def read_image(path, spec):
     return decode_image(np.fromfile(str(path), dtype=np.uint8), spec, path)
 
 
-def decode_image(data, spec, path):
-    """Decode encoded image bytes (a uint8 array) named *path* in messages."""
+def image_size(data):
+    """(width, height) from a PNG, JPEG, BMP or WebP header in *data* (bytes-like), else None."""
+    mv = memoryview(data).cast("B")
+    head = mv[:32].tobytes()
+    try:
+        if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+            return struct.unpack(">II", head[16:24])
+        if head.startswith(b"BM"):
+            if struct.unpack("<I", head[14:18])[0] == 12:   # OS/2 core header
+                return struct.unpack("<HH", head[18:22])
+            w, h = struct.unpack("<ii", head[18:26])
+            return abs(w), abs(h)
+        if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+            chunk = head[12:16]
+            if chunk == b"VP8 ":
+                w, h = struct.unpack("<HH", head[26:30])
+                return w & 0x3FFF, h & 0x3FFF
+            if chunk == b"VP8L":
+                bits = struct.unpack("<I", head[21:25])[0]
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if chunk == b"VP8X":
+                return (int.from_bytes(head[24:27], "little") + 1,
+                        int.from_bytes(head[27:30], "little") + 1)
+            return None
+        if head.startswith(b"\xff\xd8"):
+            i, segments = 2, 0
+            while i + 9 <= len(mv) and segments < 1000:   # then OpenCV's own limit applies
+                segments += 1
+                if mv[i] != 0xFF:
+                    return None
+                marker = mv[i + 1]
+                if marker == 0xFF:   # fill byte
+                    i += 1
+                    continue
+                if marker == 0x01 or 0xD0 <= marker <= 0xD8:   # no length
+                    i += 2
+                    continue
+                if marker in (0xD9, 0xDA):   # end of image, start of scan: no frame header
+                    return None
+                if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                    h, w = struct.unpack(">HH", mv[i + 5:i + 9].tobytes())
+                    return w, h
+                i += 2 + struct.unpack(">H", mv[i + 2:i + 4].tobytes())[0]
+    except struct.error:   # a header cut short: the decoder will say it is unreadable
+        return None
+    return None
+
+
+def decode_image(data, spec, path, max_pixels=MAX_PIXELS):
+    """Decode encoded image bytes (a uint8 array) named *path* in messages; refuse an image
+    over *max_pixels* before decoding it."""
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise TooLarge("%s: the image is %dx%d (%.0f MP), over the %.0f MP limit; resize it, "
+                       "or raise --max-megapixels" % (path, size[0], size[1],
+                                                      size[0] * size[1] / 1e6, max_pixels / 1e6))
     try:
         import cv2
     except ImportError:
@@ -60,7 +134,15 @@ def decode_image(data, spec, path):
                           "(or pass .npy/.npz tensors)") from None
     if hasattr(cv2, "setLogLevel"):
         cv2.setLogLevel(0)  # a broken file gets our one-line message, not decoder noise
-    image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
+    elif hasattr(getattr(cv2, "utils", None), "logging"):   # OpenCV 5 moved it
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    try:
+        image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
+    except cv2.error as exc:
+        if "MAX_IMAGE_PIXELS" in str(exc):
+            raise TooLarge("%s: the image is over the %.0f MP limit; resize it, or raise "
+                           "--max-megapixels" % (path, max_pixels / 1e6)) from None
+        image = None
     if image is None:
         raise BundleError("%s: not a readable image (corrupt or unsupported format); "
                           "remove it or re-save it as PNG/JPEG" % path)
@@ -163,15 +245,68 @@ def sha256(path):
     return digest.hexdigest()
 
 
+RUNNER_FILE = "run.py"
+IMPORTABLE = (".py", ".pyc", ".so", ".pth")
+
+
+def manifest_files(manifest):
+    """The files a bundle cannot do without: the runner, each part's graphs and golden data."""
+    needed = [RUNNER_FILE]
+    for part in manifest.get("parts") or []:
+        needed.append(part.get("model", {}).get("file"))
+        needed += [g.get("file") for g in part.get("graphs", [])]
+        golden = part.get("golden", {})
+        needed += [golden.get(k) for k in ("inputs", "outputs", "shipped") if golden.get(k)]
+    return needed
+
+
 def integrity_problems(bundle, manifest):
-    """Return one line per file that is missing or whose sha256 differs from the manifest."""
+    """One line per problem: a file missing or changed, a file the manifest's table leaves out,
+    a part whose model hash disagrees with the table, a floor that is not a cosine, a stray
+    module Python would import before run.py's own. (The manifest itself is vouched for by its
+    digest, which `edgepack verify` and `deploy` record and compare.)"""
     problems = []
-    for rel, expected in sorted(manifest.get("files", {}).items()):
+    files = manifest.get("files") or {}
+    for rel in files:
+        if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
+            problems.append("manifest: file table entry %r points outside the bundle" % rel)
+    for rel in manifest_files(manifest):
+        if not rel or rel not in files:
+            problems.append("manifest: %s is not in its file table" % rel)
+    for i, part in enumerate(manifest.get("parts") or []):
+        entries = [("parts[%d].model" % i, part.get("model", {}))] + [
+            ("parts[%d].graphs[%d]" % (i, j), g) for j, g in enumerate(part.get("graphs", []))]
+        for where, entry in entries:
+            if entry.get("file") in files and entry.get("sha256") != files[entry["file"]]:
+                problems.append("manifest: %s.sha256 differs from the file table" % where)
+        golden = part.get("golden", {})
+        floors = [("parts[%d].golden.%s" % (i, k), golden.get(k))
+                  for k in ("min_cosine", "reproduce_min_cosine") if k in golden]
+        floors += [("parts[%d].graphs[%d].min_cosine" % (i, j), g.get("min_cosine"))
+                   for j, g in enumerate(part.get("graphs", []))]
+        for where, value in floors:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0.0 < value <= 1.0:
+                problems.append("manifest: %s = %r is not a cosine floor in (0, 1]"
+                                % (where, value))
+    for rel, expected in sorted(files.items()):
         path = os.path.join(bundle, rel)
         if not os.path.isfile(path):
             problems.append("%s: missing" % rel)
         elif sha256(path) != expected:
             problems.append("%s: sha256 mismatch (file changed or truncated in transfer)" % rel)
+    listed = set(rel.split("/")[0] for rel in files)
+    try:
+        names = sorted(os.listdir(bundle))
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(bundle, name)
+        if name in listed or name == MANIFEST:
+            continue
+        if name.endswith(IMPORTABLE) or os.path.isfile(os.path.join(path, "__init__.py")):
+            problems.append("%s: not part of the bundle, and Python would import it before "
+                            "run.py's own modules; remove it" % name)
     return problems
 
 
@@ -603,6 +738,16 @@ def gpu_memory_mb():
 
 
 def peak_rss_mb():
+    """This process's peak resident memory in MB. Linux: VmHWM, which exec resets; getrusage's
+    ru_maxrss keeps the parent's peak across fork + exec (883 MB for a 77 KB model run from
+    `edgepack verify`, 72 MB from a shell)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # Windows
@@ -800,6 +945,12 @@ def check_feed(feed, part, source):
             raise BundleError("%s: no input named %s (has: %s)"
                               % (source, spec["name"], ", ".join(sorted(feed)) or "none"))
         arr = np.asarray(feed[spec["name"]])
+        if arr.dtype.kind == "c":   # a cast would drop the imaginary part without a word
+            raise BundleError("%s: input %s is %s, the model wants %s; pass real values"
+                              % (source, spec["name"], arr.dtype, spec["dtype"]))
+        if arr.dtype.kind not in "biuf":
+            raise BundleError("%s: input %s holds %s, not numbers; the model wants %s"
+                              % (source, spec["name"], arr.dtype, spec["dtype"]))
         if list(arr.shape) != list(spec["shape"]):
             raise BundleError("%s: %s has shape %s, the model wants %s"
                               % (source, spec["name"], list(arr.shape), spec["shape"]))
@@ -807,12 +958,13 @@ def check_feed(feed, part, source):
     return out
 
 
-def image_feed(data, part, source):
+def image_feed(data, part, source, max_pixels=MAX_PIXELS):
     spec = part.get("preprocess")
     if not spec:
         raise BundleError("%s: %s has no image preprocessing; send .npy/.npz/JSON tensors"
                           % (source, part["name"]))
-    return {part["inputs"][0]["name"]: preprocess(decode_image(data, spec, source), spec)}
+    image = decode_image(data, spec, source, max_pixels)
+    return {part["inputs"][0]["name"]: preprocess(image, spec)}
 
 
 def single_input(arr, part, source):
@@ -823,25 +975,87 @@ def single_input(arr, part, source):
     return {part["inputs"][0]["name"]: arr}
 
 
-def load_input_file(path, part):
+def load_input_file(path, part, max_pixels=MAX_PIXELS):
     """Return {input name: tensor} for one .npy/.npz/image file."""
     lower = path.lower()
-    if lower.endswith(".npz"):
-        with np.load(path) as f:
-            feed = {k: f[k] for k in f.files}
-    elif lower.endswith(".npy"):
-        feed = single_input(np.load(path), part, path)
-    elif lower.endswith(IMAGE_SUFFIXES):
-        feed = image_feed(np.fromfile(path, dtype=np.uint8), part, path)
-    else:
-        raise BundleError("%s: unsupported input (use an image, .npy or .npz)" % path)
+    try:
+        if lower.endswith(".npz"):
+            feed = read_npz_input(path, path)
+        elif lower.endswith(".npy"):
+            feed = single_input(np.load(path, allow_pickle=False), part, path)
+        elif lower.endswith(IMAGE_SUFFIXES):
+            feed = image_feed(np.fromfile(path, dtype=np.uint8), part, path, max_pixels)
+        else:
+            raise BundleError("%s: unsupported input (use an image, .npy or .npz)" % path)
+    except MemoryError:
+        raise TooLarge("%s: too large to load here; pass a smaller input" % path) from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:   # truncated, damaged
+        raise BundleError("%s: cannot read it (%s); save it again with numpy.save/savez"
+                          % (path, one_line(exc))) from None
     return check_feed(feed, part, path)
+
+
+def one_line(exc):
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def read_npz_input(source, name):
+    """{key: array} from an .npz (a path or a file object), refusing a zip bomb unread."""
+    with np.load(source, allow_pickle=False) as f:
+        unpacked = sum(info.file_size for info in f.zip.infolist())
+        if unpacked > MAX_UNPACKED:
+            raise TooLarge("%s: the .npz unpacks to %d MB, over the %d MB limit; send the "
+                           "model's inputs only" % (name, unpacked // 2 ** 20,
+                                                    MAX_UNPACKED // 2 ** 20))
+        return {k: f[k] for k in f.files}
+
+
+def npy_body(body, source):
+    """An .npy held in *body*, its declared size checked against the bytes there first."""
+    fp = io.BytesIO(body)
+    version = np.lib.format.read_magic(fp)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+        np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(fp)
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > len(body):
+        raise BundleError("%s: the .npy header says shape %s %s (%d bytes), the body holds %d "
+                          "bytes; send the whole file" % (source, list(shape), dtype, needed,
+                                                          len(body)))
+    fp.seek(0)
+    return np.load(fp, allow_pickle=False)
 
 
 IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8", b"BM", b"RIFF")
 
 
-def decode_body(body, content_type, part):
+MAX_JSON_DEPTH = 64
+NOT_JSON_SYNTAX = bytes(c for c in range(256) if c not in b'[]{}"')
+
+
+def json_depth(text, limit=MAX_JSON_DEPTH):
+    """How deep [ and { nest in JSON *text* (bytes), strings skipped, counted without recursion
+    (json.loads recurses once per level) and stopping past *limit*."""
+    # after \\ pairs go, a backslash left before a quote escapes it
+    kept = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, NOT_JSON_SYNTAX)
+    step = np.zeros(256, dtype=np.int64)
+    step[list(b"[{")] = 1
+    step[list(b"]}")] = -1
+    deepest = depth = quotes = 0
+    for start in range(0, len(kept), 1 << 20):
+        chunk = np.frombuffer(kept[start:start + (1 << 20)], dtype=np.uint8)
+        is_quote = chunk == ord('"')
+        in_string = (quotes + np.cumsum(is_quote)) % 2 == 1
+        levels = depth + np.cumsum(np.where(in_string, 0, step[chunk]))
+        deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
+        quotes += int(is_quote.sum())
+        if deepest > limit:
+            break
+    return deepest
+
+
+def decode_body(body, content_type, part, max_pixels=MAX_PIXELS):
     """An HTTP request body (image, .npy, .npz or JSON) as a checked feed for *part*."""
     source = "request body"
     ctype = content_type.split(";")[0].strip().lower()
@@ -849,13 +1063,15 @@ def decode_body(body, content_type, part):
         raise BundleError("empty request body; POST an image, a .npy/.npz file or JSON")
     try:
         if ctype.startswith("image/") or body.startswith(IMAGE_MAGIC):
-            feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source)
+            feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source, max_pixels)
         elif body.startswith(b"\x93NUMPY"):
-            feed = single_input(np.load(io.BytesIO(body), allow_pickle=False), part, source)
+            feed = single_input(npy_body(body, source), part, source)
         elif body.startswith(b"PK"):
-            with np.load(io.BytesIO(body), allow_pickle=False) as f:
-                feed = {k: f[k] for k in f.files}
+            feed = read_npz_input(io.BytesIO(body), source)
         elif ctype == "application/json" or body.lstrip()[:1] in (b"{", b"["):
+            if json_depth(body) > MAX_JSON_DEPTH:
+                raise BundleError("the JSON body nests deeper than %d levels; send "
+                                  "{\"inputs\": {name: nested list}}" % MAX_JSON_DEPTH)
             data = json.loads(body.decode("utf-8"))
             if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
                 data = data["inputs"]
@@ -864,8 +1080,13 @@ def decode_body(body, content_type, part):
         else:
             raise BundleError("unsupported body (Content-Type %r); send an image, a .npy/.npz "
                               "file or JSON {\"inputs\": {name: nested list}}" % ctype)
-    except (ValueError, OSError) as exc:
-        raise BundleError("cannot decode the request body: %s" % exc) from None
+    except BundleError:
+        raise
+    except MemoryError:
+        raise TooLarge("the request body unpacks to more than this device can hold; send "
+                       "the model's inputs only") from None
+    except Exception as exc:  # whatever the bytes were, they were the client's
+        raise BundleError("cannot decode the request body: %s" % one_line(exc)) from None
     return check_feed(feed, part, source)
 
 
@@ -893,15 +1114,42 @@ def one_part(manifest, name):
     return parts[0]
 
 
+def input_files(paths, part):
+    """*paths* with each folder replaced by its supported files, in sorted order."""
+    suffixes = (".npy", ".npz") + (IMAGE_SUFFIXES if part.get("preprocess") else ())
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(path, name) for name in os.listdir(path)
+                           if name.lower().endswith(suffixes) and
+                           os.path.isfile(os.path.join(path, name)))
+            if not found:
+                raise BundleError("%s: a folder with no %s files; pass a folder or files this "
+                                  "model reads" % (path, "/".join(s[1:] for s in suffixes)))
+            files.extend(found)
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise BundleError("%s: no such file or folder" % path)
+    return files
+
+
 def cmd_infer(bundle, manifest, args):
+    problems = integrity_problems(bundle, manifest)
+    if problems:
+        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
     part = one_part(manifest, args.part)
+    files = input_files(args.files, part)
     session, _ = open_session(bundle, manifest, part, args)
     names = [o.name for o in session.get_outputs()]
     results, arrays = [], {}
-    for path in args.files:
-        if not os.path.isfile(path):
-            raise BundleError("%s: no such file" % path)
-        outputs = session.run(names, load_input_file(path, part))
+    max_pixels = args.max_megapixels * 1e6
+    for path in files:
+        feed = load_input_file(path, part, max_pixels)
+        try:
+            outputs = session.run(names, feed)
+        except Exception as exc:  # e.g. a token id past the vocabulary: the input's fault
+            raise BundleError("%s: onnxruntime refused it: %s" % (path, one_line(exc))) from None
         for name, value in zip(names, outputs):
             arrays["%s/%s" % (os.path.basename(path), name)] = value
         results.append({"file": path, "outputs": describe_outputs(
@@ -912,12 +1160,16 @@ def cmd_infer(bundle, manifest, args):
 
 
 MAX_BODY = 64 * 1024 * 1024
+QUEUE_WAIT_S = 2.0   # a request over --max-concurrent waits this long, then gets a 503
 
 
 def cmd_serve(bundle, manifest, args):
     """A small HTTP endpoint (stdlib only). Bad requests get a 4xx; the server keeps running."""
+    import errno
+    import socket
+    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import parse_qs, urlparse
+    from urllib.parse import parse_qs, urlsplit
 
     problems = integrity_problems(bundle, manifest)
     if problems:
@@ -942,23 +1194,61 @@ def cmd_serve(bundle, manifest, args):
                            "precision": p.get("precision", {}).get("description")}
                           for p in parts]}
 
+    slots = threading.BoundedSemaphore(args.max_concurrent)
+    max_pixels = args.max_megapixels * 1e6
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "edgepack-run"
+        timeout = args.timeout   # on the socket: a stalled client lets go of its thread
 
         def log_message(self, fmt, *values):
             if not args.quiet:
                 sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
 
-        def reply(self, code, obj):
+        def reply(self, code, obj, headers=()):
             body = json.dumps(obj).encode("utf-8")
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            for key, value in headers:
+                self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def parse_request(self):
+            try:
+                return BaseHTTPRequestHandler.parse_request(self)
+            except socket.timeout:   # headers begun, never finished (http.server just hangs up)
+                self.close_connection = True
+                self.reply(408, {"error": "the headers did not arrive in time (--timeout %g s)"
+                                          % args.timeout})
+                return False
+
+        def __getattr__(self, name):   # PUT, DELETE, BREW...: 405 where http.server says 501
+            if name.startswith("do_"):
+                return self.not_allowed
+            raise AttributeError(name)
+
+        def not_allowed(self):
+            self.reply(405, {"error": "method %s not allowed: use POST /infer, GET /health, "
+                                      "GET /metadata" % self.command[:20]},
+                       [("Allow", "GET, POST")])
+
+        def target(self):
+            """(path, query) of the request, or None after a 400."""
+            try:
+                url = urlsplit(self.path)
+            except ValueError:
+                self.reply(400, {"error": "cannot parse the request target %r" % self.path[:100]})
+                return None
+            return url.path, url.query
 
         def do_GET(self):
-            path = urlparse(self.path).path
+            url = self.target()
+            if url is None:
+                return
+            path = url[0]
             if path == "/health":
                 self.reply(200, {"status": "ok", "bundle": manifest.get("name"),
                                  "providers": dict((n, s.get_providers())
@@ -967,47 +1257,130 @@ def cmd_serve(bundle, manifest, args):
                 self.reply(200, metadata)
             else:
                 self.reply(404, {"error": "no such path %s: use POST /infer, GET /health, "
-                                          "GET /metadata" % path})
+                                          "GET /metadata" % path[:200]})
 
         def do_POST(self):
             try:
-                url = urlparse(self.path)
-                if url.path != "/infer" and not url.path.startswith("/infer/"):
-                    return self.reply(404, {"error": "no such path %s: POST /infer" % url.path})
-                name = url.path[len("/infer/"):] or parse_qs(url.query).get("part", [default])[0]
-                if name is None:
-                    return self.reply(400, {"error": "this bundle holds several models (%s); "
-                                                     "POST /infer/<part>" % ", ".join(sessions)})
-                if name not in sessions:
-                    return self.reply(404, {"error": "no part named %s (parts: %s)"
-                                                     % (name, ", ".join(sessions))})
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    return self.reply(413, {"error": "body of %d bytes is over the %d MB limit"
-                                                     % (length, MAX_BODY // 2 ** 20)})
-                body = self.rfile.read(length) if length > 0 else b""
-                part, session, names = sessions[name]
-                feed = decode_body(body, self.headers.get("Content-Type", ""), part)
+                self.infer()
+            except (ConnectionError, socket.timeout):   # the client left or stalled mid-reply
+                self.close_connection = True
+
+        def infer(self):
+            url = self.target()
+            if url is None:
+                return
+            path, query = url
+            if path != "/infer" and not path.startswith("/infer/"):
+                return self.reply(404, {"error": "no such path %s: POST /infer" % path[:200]})
+            name = path[len("/infer/"):] or parse_qs(query).get("part", [default])[0]
+            if name is None:
+                return self.reply(400, {"error": "this bundle holds several models (%s); "
+                                                 "POST /infer/<part>" % ", ".join(sessions)})
+            if name not in sessions:
+                return self.reply(404, {"error": "no part named %s (parts: %s)"
+                                                 % (name[:200], ", ".join(sessions))})
+            length = self.content_length()
+            if length is None:
+                return None
+            # the bound is taken before the body is read: bodies in memory are bounded too
+            if not slots.acquire(timeout=QUEUE_WAIT_S):
+                return self.reply(503, {"error": "busy: %d requests are running (--max-concurrent);"
+                                                 " retry shortly" % args.max_concurrent},
+                                  [("Retry-After", "1")])
+            try:
+                code, answer = self.run_part(sessions[name], length)
+            finally:
+                slots.release()
+            self.reply(code, answer)
+
+        def content_length(self):
+            """The declared body length, or None after a 4xx."""
+            values = self.headers.get_all("Content-Length") or []
+            if not values:
+                if self.headers.get("Transfer-Encoding"):
+                    self.reply(411, {"error": "send a Content-Length (chunked bodies are not "
+                                              "read)"})
+                    return None
+                return 0
+            value = values[0].strip()
+            if len(set(v.strip() for v in values)) > 1 or not re.match(r"[0-9]+\Z", value):
+                self.reply(400, {"error": "Content-Length %r is not one byte count; send the "
+                                          "body's length in bytes" % ", ".join(values)[:60]})
+                return None
+            if len(value) > 12 or int(value) > MAX_BODY:
+                self.reply(413, {"error": "body of %s bytes is over the %d MB limit"
+                                          % (value[:20], MAX_BODY // 2 ** 20)})
+                return None
+            return int(value)
+
+        def read_body(self, length):
+            """The body; the client gets --timeout seconds of silence at most, and the whole
+            body must come at 1 MB/s after the first --timeout seconds."""
+            deadline = time.monotonic() + args.timeout + length / 1e6
+            chunks, got = [], 0
+            while got < length:
+                if time.monotonic() > deadline:
+                    raise socket.timeout("the body is arriving too slowly")
+                chunk = self.rfile.read1(min(length - got, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+
+        def run_part(self, entry, length):
+            """(status, answer) for one request to the part in *entry*."""
+            part, session, names = entry
+            try:
+                body = self.read_body(length)
+            except socket.timeout:
+                self.close_connection = True
+                return 408, {"error": "the body did not arrive in time (--timeout %g s); send "
+                                      "it whole" % args.timeout}
+            if len(body) < length:
+                self.close_connection = True
+                return 400, {"error": "the body ended after %d of the %d bytes its "
+                                      "Content-Length declares" % (len(body), length)}
+            try:
+                feed = decode_body(body, self.headers.get("Content-Type", ""), part, max_pixels)
                 start = time.perf_counter()
                 outputs = session.run(names, feed)
                 ms = (time.perf_counter() - start) * 1000.0
-                self.reply(200, {"part": name, "latency_ms": ms, "outputs": describe_outputs(
-                    names, outputs, part.get("labels"), args.top)})
+                return 200, {"part": part["name"], "latency_ms": ms, "outputs": describe_outputs(
+                    names, outputs, part.get("labels"), args.top)}
             except BundleError as exc:
-                self.reply(400, {"error": str(exc)})
-            except Exception as exc:  # the model failed on this input: report, keep serving
-                self.reply(500, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])})
+                return exc.status, {"error": str(exc)}
+            except Exception as exc:
+                # names, shapes and dtypes are checked: what onnxruntime still calls an invalid
+                # argument (a token id past the vocabulary) is the input's fault, the rest ours
+                code = 400 if type(exc).__name__ == "InvalidArgument" else 500
+                return code, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128   # a burst of clients waits in the kernel, not reset (was 5)
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            exc = sys.exc_info()[1]
+            if not isinstance(exc, (ConnectionError, socket.timeout)):   # a client that left
+                sys.stderr.write("edgepack: a request from %s failed: %s: %s\n"
+                                 % (client_address[0], type(exc).__name__, one_line(exc)))
+
+    try:
+        server = Server((args.host, args.port), Handler)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise BundleError("%s:%d is in use (%s); pass another --port, or --port 0 for a free "
+                              "one" % (args.host, args.port, exc.strerror)) from None
+        raise BundleError("cannot listen on %s:%d (%s); check --host and --port"
+                          % (args.host, args.port, exc.strerror or one_line(exc))) from None
     host, port = server.server_address[:2]
     sys.stderr.write("edgepack: serving %s on http://%s:%d (POST /infer, GET /health, "
                      "GET /metadata)\n" % (manifest.get("name"), host, port))
     sys.stderr.flush()
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
+    finally:   # Ctrl-C: stop listening, then exit 130 (run_command)
         server.server_close()
     return None
 
@@ -1121,17 +1494,31 @@ def parse_args(argv):
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
         if name in ("infer", "serve"):
             p.add_argument("--top", type=int, default=5, help="classes shown per output")
+            p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
+                           help="refuse images larger than this, measured from their header "
+                                "before decoding (default %(default)g)")
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1",
                            help="address to listen on (0.0.0.0 for the network)")
             p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
             p.add_argument("--quiet", action="store_true", help="do not log requests")
+            p.add_argument("--timeout", type=float, default=30.0,
+                           help="seconds a client may stay silent while sending its request "
+                                "(then 408 and the connection closes; default 30)")
+            p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
+                           help="requests read and run at once; one more waits %g s, then gets "
+                                "503 with Retry-After (default 2 x cores, at least 4: "
+                                "%%(default)d here)" % QUEUE_WAIT_S)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         raise SystemExit(EXIT_BAD_INPUT)
     if args.command == "bench" and (args.runs < 1 or args.warmup < 0):
         parser.error("--runs must be >= 1 and --warmup >= 0")
+    if args.command in ("infer", "serve") and not args.max_megapixels > 0:
+        parser.error("--max-megapixels must be > 0")
+    if args.command == "serve" and (not args.timeout > 0 or args.max_concurrent < 1):
+        parser.error("--timeout must be > 0 and --max-concurrent >= 1")
     return args
 
 
@@ -1152,11 +1539,40 @@ def main(argv=None):
         os.close(json_fd)
 
 
+def check_dependencies(manifest):
+    """numpy and onnxruntime importable here, else one line naming the manifest's install line
+    (the import error alone names neither this Python nor the fix)."""
+    install = (manifest.get("target") or {}).get("install") or \
+        "python3 -m pip install -r requirements.txt"
+    missing = "numpy" if np is None else None
+    if missing is None:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            if exc.name != "onnxruntime":   # installed, but broken (a library it loads)
+                raise BundleError("onnxruntime is installed for %s but does not import (%s); "
+                                  "reinstall it on the device with: %s"
+                                  % (sys.executable, one_line(exc), install)) from None
+            missing = "onnxruntime"
+    if missing:
+        raise BundleError("%s is not installed for %s; install it on the device with: %s"
+                          % (missing, sys.executable, install))
+
+
 def run_command(args, json_out=None):
     commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer, "serve": cmd_serve}
     try:
         manifest = load_manifest(args.bundle)
+        check_dependencies(manifest)
+        if getattr(args, "max_megapixels", None):
+            # for formats whose header decode_image does not read (TIFF, ...): OpenCV's own
+            # limit, which it reads once, when it first decodes
+            os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(int(args.max_megapixels * 1e6))
         report = commands[args.command](args.bundle, manifest, args)
+    except KeyboardInterrupt:   # Ctrl-C; serve has closed its socket by now
+        sys.stderr.write("interrupted%s\n" % (": the server is closed"
+                                              if args.command == "serve" else ""))
+        return EXIT_INTERRUPTED
     except BundleError as exc:
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_BAD_INPUT

@@ -125,3 +125,59 @@ def encoder_files(tmp_path_factory):
     ids, mask, _ = torch_models.topic_batch(torch.Generator().manual_seed(1), n=40)
     np.savez(folder / "tokens.npz", input_ids=ids.numpy(), attention_mask=mask.numpy())
     return folder / "enc.safetensors", folder / "tokens.npz"
+
+
+def start_server(bundle: Path, log: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """`run.py serve --port 0 OPTIONS` in *bundle*, its stderr in *log*: (process, base URL)."""
+    import re
+    import time
+
+    with open(log, "w") as err:   # a file, not a pipe: a server that logs never blocks on it
+        proc = subprocess.Popen([sys.executable, "-I", "run.py", "serve", "--port", "0", *options],
+                                cwd=bundle, stderr=err, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", log.read_text())
+        if found:
+            return proc, found.group(1)
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the server did not start: " + log.read_text())
+
+
+def raw_http(url: str, data: bytes, *, half_close: bool = False, timeout: float = 10.0,
+             pause: float = 0.0, rest: bytes = b"") -> tuple[int | None, dict, bytes]:
+    """Send *data* (then, after *pause* s, *rest*) to the server at *url* over a plain socket;
+    read the answer to the end: (status or None when it hung up without one, headers, body).
+    A client timeout raises socket.timeout: the server hung."""
+    import socket
+    import time
+
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+            if pause:
+                time.sleep(pause)
+            if rest:
+                sock.sendall(rest)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:   # it answered early and closed (EPIPE, ECONNRESET, ENOTCONN)
+            if isinstance(exc, TimeoutError):
+                raise
+        answer = b""
+        try:
+            while True:
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    break
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not lines[0].startswith("HTTP/"):
+        return None, {}, answer
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), headers, body

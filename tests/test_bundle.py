@@ -1,6 +1,8 @@
 import hashlib
 import json
+import os
 
+import numpy as np
 import onnx
 import pytest
 
@@ -46,10 +48,27 @@ def test_force_replaces(cnn_onnx, image_dir, tmp_path):
     out = tmp_path / "b"
     out.mkdir()
     (out / "stale.txt").write_text("old")
+    (out / "manifest.json").write_text("{}")    # an old bundle
+    (tmp_path / "b.tar.gz").write_bytes(b"old")
     build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, force=True,
           quant={"precision": "fp32"})
     assert not (out / "stale.txt").exists() and (out / "manifest.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]
+    # bundles get the umask's modes (0755/0644 under the usual 022), not mkdtemp's 0700/0600
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (out.stat().st_mode & 0o777, (out / "model.onnx").stat().st_mode & 0o777) == \
+        (0o777 & ~mask, 0o666 & ~mask)
+
+
+def test_force_never_replaces_a_folder_that_is_not_a_bundle(cnn_onnx, image_dir, tmp_path):
+    out = tmp_path / "work"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match="is a folder that is not an edgepack bundle"):
+        build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, force=True,
+              quant={"precision": "fp32"})
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -136,3 +155,135 @@ def test_exact_integer_ops_do_not_saturate():
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3))
     want_z = np.einsum("ijkl,mkl->mij", windows, w[:, 0].astype(np.int64) + 1)
     np.testing.assert_array_equal(z[0], want_z)
+
+
+@pytest.mark.parametrize("where, relation", [("model", "is"), ("folder", "contains"),
+                                             ("calib", "lies inside")])
+def test_output_may_not_be_contain_or_lie_inside_an_input(cnn_onnx, image_dir, tmp_path, where,
+                                                         relation):
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    model = work / "m.onnx"
+    shutil.copyfile(cnn_onnx, model)
+    calib = work / "calib"
+    shutil.copytree(image_dir, calib)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    out = {"model": model, "folder": work, "calib": calib / "bundle"}[where]
+    with pytest.raises(BundleError, match=f"-o {out} {relation} the input"):
+        build(model, out, target="x86_64-cpu", calib=calib, preprocess=PREP, force=True,
+              quant={"precision": "fp32"})
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_an_interrupted_final_step_leaves_the_old_bundle_and_archive(cnn_onnx, image_dir,
+                                                                     tmp_path, monkeypatch):
+    """Ctrl-C between the folder's and the archive's rename: both old ones come back."""
+    from packager import atomic
+
+    out = tmp_path / "b"
+    build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          quant={"precision": "fp32"})
+    old = {p: p.read_bytes() for p in (out / "manifest.json", tmp_path / "b.tar.gz")}
+    real = os.replace
+    calls = []
+
+    def interrupted(src, dst):   # the OS call fails at the archive's own rename
+        calls.append(dst)
+        if str(dst).endswith("b.tar.gz") and str(src).endswith(".part"):
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, force=True,
+              quant={"precision": "fp32"}, name="other")
+    monkeypatch.undo()
+    assert any(str(c) == str(out) for c in calls)   # the new folder had been put in place
+    assert {p: p.read_bytes() for p in old} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]   # no leftovers
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A real 2 MB filesystem (tmpfs), read-write or read-only; skipped where mount is denied."""
+    import subprocess
+
+    mounted = []
+
+    def make(*options):
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=2m", *options)),
+                            "tmpfs", str(point)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:80]}): needs root")
+        mounted.append(point)
+        return point
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", str(point)], capture_output=True)
+
+
+def test_a_full_or_read_only_disk_is_found_before_the_pipeline(cnn_onnx, image_dir, tiny_fs):
+    full = tiny_fs()
+    (full / "filler").write_bytes(b"\0" * 1_900_000)
+    with pytest.raises(BundleError, match=r"-o .*/b: \d+ MB free on .*, about \d+ MB needed"):
+        build(cnn_onnx, full / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+              quant={"precision": "fp32"})
+    read_only = tiny_fs("ro")
+    with pytest.raises(BundleError, match=f"-o {read_only}/b: {read_only} is not writable"):
+        build(cnn_onnx, read_only / "b", target="x86_64-cpu", calib=image_dir,
+              preprocess=PREP, quant={"precision": "fp32"})
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+def test_the_archive_is_reproducible(built, tmp_path, monkeypatch):
+    """SOURCE_DATE_EPOCH fixes `created`; members are sorted, owned by root, one mtime, and the
+    gzip header holds no name or time: the same inputs give the same bytes."""
+    import tarfile
+
+    from packager.bundle import PartPayload, bundle
+    from packager.targets import load_target
+
+    manifest = json.loads((built.bundle.directory / "manifest.json").read_text())
+    samples = [{"image": a[None]} for a in np.load(
+        built.bundle.directory / "golden" / "model.inputs.npz")["image"][:, 0]]
+    part = PartPayload("model", built.bundle.directory / "model.onnx", None, samples,
+                       manifest["parts"][0]["precision"])
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    first = bundle([part], tmp_path / "a" / "net", target=load_target("x86_64-cpu"))
+    second = bundle([part], tmp_path / "b" / "net", target=load_target("x86_64-cpu"))
+    assert first.archive.read_bytes() == second.archive.read_bytes()
+    assert first.manifest["created"] == "2023-11-14T22:13:20+00:00"
+    with tarfile.open(first.archive) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names[0] == "net" and names[1:] == sorted(names[1:])
+    assert {(m.uid, m.gid, m.mtime) for m in members} == {(0, 0, 1700000000)}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(BundleError, match="SOURCE_DATE_EPOCH='yesterday' is not a Unix time"):
+        bundle([part], tmp_path / "c" / "net", target=load_target("x86_64-cpu"))
+    assert not (tmp_path / "c" / "net").exists()
+
+
+def test_an_output_that_names_no_folder_is_refused(cnn_onnx, image_dir, tmp_path):
+    (tmp_path / "a").mkdir()
+    with pytest.raises(BundleError, match=r"-o .*a/\.\.: names no file or folder"):
+        build(cnn_onnx, tmp_path / "a" / "..", target="x86_64-cpu", calib=image_dir,
+              preprocess=PREP, force=True, quant={"precision": "fp32"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_single_stage_commands_never_write_over_their_input(cnn_onnx, tmp_path):
+    import shutil
+
+    from packager.simplify import simplify
+
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(cnn_onnx, model)
+    before = model.read_bytes()
+    with pytest.raises(BundleError, match=f"-o {model} is the input"):
+        simplify(model, model, force=True)
+    assert model.read_bytes() == before

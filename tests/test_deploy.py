@@ -20,7 +20,7 @@ import sshd_server
 
 from conftest import PREP
 from packager.deploy import DeployOptions, deploy, summary_table
-from packager.errors import PackagerError
+from packager.errors import BundleError, PackagerError
 from packager.inventory import InventoryError, parse_host, read_inventory
 from packager.pipeline import build
 from packager.specs import parse_input
@@ -84,6 +84,38 @@ def test_tampered_file_on_the_device_is_refused(server, built, tmp_path):
     fixed = deploy(built.bundle.directory, [host("device1")],
                    options=options(server, tmp_path, checksum=True))
     assert fixed[0].exit_code == 0 and fixed[0].copied["files"] == 1
+
+
+def test_a_tampered_bundle_is_refused_before_anything_is_copied(server, built, tmp_path):
+    bundle = tmp_path / "cnn"
+    shutil.copytree(built.bundle.directory, bundle)
+    with (bundle / "run.py").open("a") as f:
+        f.write("# changed\n")
+    with pytest.raises(BundleError, match=r"refused: run.py: sha256 mismatch .*; nothing was "
+                                          r"copied; build the bundle again"):
+        deploy(bundle, [host("device1")], options=options(server, tmp_path))
+    assert not (tmp_path / "device").exists()
+    with pytest.raises(BundleError, match="is not the expected sha256:"):
+        deploy(built.bundle.directory, [host("device1")],
+               options=options(server, tmp_path, expect_digest="sha256:" + "0" * 64))
+
+
+def test_a_manifest_changed_on_the_device_is_refused(server, built, tmp_path):
+    opts = options(server, tmp_path, expect_digest=built.bundle.digest)
+    [first] = deploy(built.bundle.directory, [host("device1")], options=opts)
+    assert first.exit_code == 0, first.error
+    assert first.report["digest"] == built.bundle.digest
+    target = tmp_path / "device" / "manifest.json"
+    stat = target.stat()
+    text = target.read_text()
+    edited = text.replace('"min_cosine": 0.9', '"min_cosine": 0.1', 1)
+    assert edited != text and len(edited) == len(text)
+    target.write_text(edited)
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))   # rsync's quick check misses it
+    [r] = deploy(built.bundle.directory, [host("device1")], options=opts)
+    assert r.exit_code == 2 and not r.report
+    assert f"refused: manifest.json differs from the one deployed ({built.bundle.digest})" \
+        in r.error
 
 
 def test_interrupted_copy_resumes(server, built, tmp_path):

@@ -238,3 +238,154 @@ def test_bench_io_binding_times_bound_runs_too(built):
     assert part["graph"] == "model.onnx" and report["gpu"] is None   # CPU: no GPU facts
     human = run_py(built.bundle.directory, "bench", "--runs", "3", "--io-binding")
     assert "model with I/O binding on cpu: p50 " in human.stdout
+
+
+def load_runner():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ort_runner", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    """The error line of a run that failed cleanly: exit 2, no traceback, one `error:` line."""
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+def test_infer_refuses_a_tampered_bundle(built, tmp_path):
+    bundle, _ = copy_of(built, tmp_path)
+    data = bytearray((bundle / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (bundle / "model.onnx").write_bytes(bytes(data))
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 32, 32), np.float32))
+    line = one_error_line(run_py(bundle, "infer", str(tmp_path / "x.npy")))
+    assert line == ("error: integrity check failed: model.onnx: sha256 mismatch (file changed or "
+                    "truncated in transfer); copy the bundle again")
+
+
+def test_infer_damaged_or_oversized_files_get_one_line(built, tmp_path):
+    import zipfile
+
+    from test_serve import big_png
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "whole.npy", x)
+    whole = (tmp_path / "whole.npy").read_bytes()
+    (tmp_path / "cut.npy").write_bytes(whole[:len(whole) // 2])
+    np.save(tmp_path / "complex.npy", x.astype(np.complex128))
+    np.savez(tmp_path / "whole.npz", image=x)
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:300])
+    (tmp_path / "huge.png").write_bytes(big_png(8000, 8000))
+    bomb = tmp_path / "bomb.npz"   # a 300 MB float32 array of zeros in a 300 KB zip
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z, z.open("image.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (75 << 20,)})
+        for _ in range(300):
+            f.write(bytes(1 << 20))
+    assert bomb.stat().st_size < 1_000_000
+    bundle = built.bundle.directory
+    for name, message in [
+        ("cut.npy", "cut.npy: cannot read it (Failed to read all data for array. Expected "
+                    "(1, 3, 32, 32) = 3072 elements, could only read 1520 elements."),
+        ("complex.npy", "complex.npy: input image is complex128, the model wants float32; "
+                        "pass real values"),
+        ("cut.npz", "cut.npz: cannot read it ("),
+        ("huge.png", "huge.png: the image is 8000x8000 (64 MP), over the 50 MP limit; resize it, "
+                     "or raise --max-megapixels"),
+        ("bomb.npz", "bomb.npz: the .npz unpacks to 300 MB, over the 256 MB limit; send the "
+                     "model's inputs only"),
+        ("missing.npy", "missing.npy: no such file or folder"),
+    ]:
+        line = one_error_line(run_py(bundle, "infer", str(tmp_path / name)))
+        assert line.startswith(f"error: {tmp_path / name}: ") and message in line, line
+    ok = run_py(bundle, "infer", str(tmp_path / "huge.png"), "--max-megapixels", "70")
+    assert ok.returncode == 0, ok.stderr   # the limit is an option
+
+
+def test_infer_a_folder_runs_its_supported_files_in_order(built, tmp_path):
+    import cv2
+
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.save(folder / "b.npy", x)
+    np.savez(folder / "a.npz", image=x)
+    cv2.imwrite(str(folder / "c.PNG"), np.full((40, 50, 3), 90, np.uint8))
+    (folder / "notes.txt").write_text("not an input")
+    (folder / "sub").mkdir()
+    np.save(folder / "sub" / "d.npy", x)   # not recursive
+    r = run_py(built.bundle.directory, "infer", str(folder), "--json")
+    assert r.returncode == 0, r.stderr
+    files = [Path(e["file"]).name for e in json.loads(r.stdout)["results"]]
+    assert files == ["a.npz", "b.npy", "c.PNG"]
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("")
+    line = one_error_line(run_py(built.bundle.directory, "infer", str(tmp_path / "empty")))
+    assert line == (f"error: {tmp_path / 'empty'}: a folder with no npy/npz/jpg/jpeg/png/bmp/webp "
+                    "files; pass a folder or files this model reads")
+
+
+def test_image_size_is_read_from_the_header():
+    import cv2
+
+    r = load_runner()
+    image = np.zeros((37, 53, 3), np.uint8)
+    for ext in (".png", ".jpg", ".bmp", ".webp"):
+        data = cv2.imencode(ext, image)[1]
+        assert r.image_size(data) == (53, 37), ext
+    lossless = cv2.imencode(".webp", image, [cv2.IMWRITE_WEBP_QUALITY, 101])[1]   # VP8L
+    assert r.image_size(lossless) == (53, 37)
+    assert r.image_size(np.frombuffer(b"\x89PNG\r\n\x1a\n", np.uint8)) is None
+    assert r.image_size(np.frombuffer(b"\xff\xd8\xff\xe0\x00", np.uint8)) is None
+
+
+def python_without(tmp_path: Path, *, numpy: bool) -> str:
+    """A real Python with neither onnxruntime nor (unless *numpy*) numpy: a fresh venv, numpy
+    linked in from this one."""
+    import sysconfig
+    import venv
+
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    python = env / "bin" / "python"
+    if numpy:
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                               "['purelib'])"], capture_output=True, text=True).stdout.strip()
+        ours = Path(sysconfig.get_paths()["purelib"])
+        for name in ("numpy", "numpy.libs"):
+            if (ours / name).exists():
+                (Path(site) / name).symlink_to(ours / name)
+    return str(python)
+
+
+@pytest.mark.parametrize("missing", ["numpy", "onnxruntime"])
+def test_missing_package_says_how_to_install_it(built, tmp_path, missing):
+    from packager.errors import VerifyError
+    from packager.verify import local_runner, run_runner
+
+    python = python_without(tmp_path, numpy=missing == "onnxruntime")
+    bundle = built.bundle.directory
+    install = json.loads((bundle / "manifest.json").read_text())["target"]["install"]
+    r = subprocess.run([python, "run.py", "check"], cwd=bundle, capture_output=True, text=True,
+                       timeout=120)
+    assert one_error_line(r) == (f"error: {missing} is not installed for {python}; install it "
+                                 f"on the device with: {install}")
+    with pytest.raises(VerifyError) as caught:
+        run_runner(local_runner(bundle, python=python, timeout=120), ["check"], "here")
+    assert f"{missing} is not installed for {python}" in caught.value.message
+    assert caught.value.hint == "then verify again (or point --python at a Python that has it)"
+
+
+def test_peak_rss_is_this_process_not_its_parent(built):
+    ballast = b"\x01" * (600 << 20)   # this process: 600 MB resident when run.py is started
+    r = run_py(built.bundle.directory, "bench", "--runs", "3", "--warmup", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert 10 < json.loads(r.stdout)["peak_rss_mb"] < 400, "ru_maxrss counts the parent's peak"
+    del ballast

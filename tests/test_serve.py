@@ -4,12 +4,15 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
 import cv2
 import numpy as np
 import pytest
+
+from conftest import raw_http, start_server
 
 
 @pytest.fixture
@@ -81,3 +84,224 @@ def test_bad_requests_get_4xx_and_the_server_lives(server, path, body, ctype, co
     status, out = request(server + path, body, ctype)
     assert status == code and message in out["error"]
     assert request(server + "/health")[0] == 200
+
+
+# ----------------------------------------------------------------------------- bounds
+# A server that gives a silent client 1 s and runs one request at a time, shared by the tests
+# below (each leaves it serving; each checks that it still does).
+
+
+@pytest.fixture(scope="module")
+def strict(built, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "strict.log"
+    proc, url = start_server(built.bundle.directory, log, "--timeout", "1",
+                             "--max-concurrent", "1")
+    yield url, log, proc
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert "Traceback" not in log.read_text()
+
+
+PNG = cv2.imencode(".png", np.full((40, 50, 3), 200, np.uint8))[1].tobytes()
+
+
+def post(body: bytes, *headers: str) -> bytes:
+    head = ["POST /infer HTTP/1.1", "Host: device", *headers]
+    if not any(h.lower().startswith("content-length:") for h in headers):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def still_serves(url: str) -> None:
+    status, _, body = raw_http(url, post(PNG, "Content-Type: image/png"))
+    assert status == 200, body
+    assert json.loads(body)["outputs"]["scores"]["top"][0]["label"].startswith("class")
+
+
+@pytest.mark.parametrize("lengths, code, message", [
+    (["abc"], 400, "Content-Length 'abc' is not one byte count"),
+    (["-5"], 400, "Content-Length '-5' is not one byte count"),
+    (["4", "5"], 400, "Content-Length '4, 5' is not one byte count"),
+    (["99999999999999999999999"], 413, "is over the 64 MB limit"),
+    (["67108865"], 413, "body of 67108865 bytes is over the 64 MB limit"),
+])
+def test_content_length_lies_get_4xx(strict, lengths, code, message):
+    url = strict[0]
+    status, _, body = raw_http(url, post(b"abcd", *(f"Content-Length: {n}" for n in lengths)))
+    assert status == code and message in json.loads(body)["error"]
+    still_serves(url)
+
+
+def test_chunked_body_without_length_gets_411(strict):
+    status, _, body = raw_http(strict[0], b"POST /infer HTTP/1.1\r\nTransfer-Encoding: chunked"
+                                          b"\r\n\r\n4\r\nabcd\r\n0\r\n\r\n")
+    assert status == 411 and "send a Content-Length" in json.loads(body)["error"]
+    still_serves(strict[0])
+
+
+def test_deep_json_gets_400_without_recursion(strict):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    status, _, body = raw_http(strict[0], post(deep, "Content-Type: application/json"))
+    assert status == 400
+    assert json.loads(body)["error"] == ('the JSON body nests deeper than 64 levels; send '
+                                         '{"inputs": {name: nested list}}')
+    # brackets inside strings are not nesting; a real tensor 4 levels deep passes the bound
+    x = np.zeros((1, 3, 32, 32), np.float32).tolist()
+    status, _, body = raw_http(strict[0], post(json.dumps({"inputs": {"image": x}, "note": "[[[" * 40})
+                                               .encode(), "Content-Type: application/json"))
+    assert status == 200, body
+    still_serves(strict[0])
+
+
+def test_a_silent_client_gets_408_and_lets_go(strict):
+    url, log, _ = strict
+    start = time.monotonic()
+    # half a body, then silence: 408 after --timeout (1 s), and the slot is free again
+    status, _, body = raw_http(url, post(b"x" * 10, "Content-Length: 1000"))
+    assert status == 408 and "the body did not arrive in time (--timeout 1 s)" in \
+        json.loads(body)["error"]
+    # half the headers, then silence
+    status, _, body = raw_http(url, b"POST /infer HTTP/1.1\r\nHost: device\r\nContent-")
+    assert status == 408 and "the headers did not arrive in time" in json.loads(body)["error"]
+    assert time.monotonic() - start < 8
+    # a body cut short by a client that hangs up: 400 at once
+    status, _, body = raw_http(url, post(b"x" * 10, "Content-Length: 1000"), half_close=True)
+    assert status == 400 and "the body ended after 10 of the 1000 bytes" in json.loads(body)["error"]
+    still_serves(url)
+
+
+def test_over_max_concurrent_gets_503_with_retry_after(built, tmp_path):
+    import socket
+    import threading
+
+    proc, url = start_server(built.bundle.directory, tmp_path / "log", "--timeout", "4",
+                             "--max-concurrent", "1")
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    holder = socket.create_connection((host, int(port)), timeout=10)
+    holder.sendall(post(b"x", "Content-Length: 100"))   # holds the only slot for 4 s
+    time.sleep(0.2)
+    found = {}
+    thread = threading.Thread(target=lambda: found.update(
+        answer=raw_http(url, post(PNG, "Content-Type: image/png"))))
+    thread.start()
+    assert request(url + "/health")[0] == 200   # GETs need no slot
+    thread.join(timeout=30)
+    status, headers, body = found["answer"]
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert "busy: 1 requests are running (--max-concurrent); retry shortly" in \
+        json.loads(body)["error"]
+    holder.close()   # its body ends short: 400, and the slot is free again
+    still_serves(url)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def big_png(width: int, height: int) -> bytes:
+    """A real RGB PNG of *width* x *height* black pixels: under a MB, 3 bytes a pixel decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    z = zlib.compressobj(1)
+    row = b"\x00" * (1 + 3 * width)
+    idat = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def peak_rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def test_image_over_the_pixel_limit_gets_413_before_decoding(strict):
+    url, _, proc = strict
+    png = big_png(8000, 8000)   # 64 MP: 192 MB once decoded
+    assert len(png) < 1_000_000
+    before = peak_rss_kb(proc.pid)
+    status, _, body = raw_http(url, post(png, "Content-Type: image/png"))
+    assert status == 413
+    assert json.loads(body)["error"] == ("request body: the image is 8000x8000 (64 MP), over the "
+                                         "50 MP limit; resize it, or raise --max-megapixels")
+    assert peak_rss_kb(proc.pid) - before < 50_000   # never decoded
+    still_serves(url)
+
+
+@pytest.mark.parametrize("data, code, message", [
+    (b"PUT /infer HTTP/1.1\r\n\r\n", 405, "method PUT not allowed"),
+    (b"BREW /infer HTTP/1.1\r\n\r\n", 405, "method BREW not allowed"),
+    (b"POST //[x/infer HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 404, "no such path"),
+    (b"GET /health?x=%zz HTTP/1.1\r\n\r\n", 200, None),
+])
+def test_odd_requests_get_4xx(strict, data, code, message):
+    status, headers, body = raw_http(strict[0], data)
+    assert status == code
+    if message:
+        assert message in json.loads(body)["error"]
+    if code == 405:
+        assert headers["Allow"] == "GET, POST"
+    still_serves(strict[0])
+
+
+def test_bad_bodies_get_4xx(strict):
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    buf = __import__("io").BytesIO()
+    np.save(buf, x)
+    npy = buf.getvalue()
+    buf = __import__("io").BytesIO()
+    np.save(buf, x.astype(np.complex64))
+    for body, code, message in [
+        (npy[:len(npy) // 2], 400, "the .npy header says shape [1, 3, 32, 32] float32 (12288 bytes)"),
+        (buf.getvalue(), 400, "input image is complex64, the model wants float32; pass real values"),
+        (b'{"inputs": {"image": "abc"}}', 400, "input image holds <U3, not numbers"),
+        (b'{"inputs": {"image": [[1], [2, 3]]}}', 400, "cannot decode the request body"),
+        (b"PK\x03\x04broken zip", 400, "cannot decode the request body"),
+    ]:
+        status, _, answer = raw_http(strict[0], post(body, "Content-Type: application/octet-stream"))
+        assert status == code and message in json.loads(answer)["error"], answer
+    still_serves(strict[0])
+
+
+def test_a_burst_of_200_clients_is_answered_not_reset(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_):
+        return raw_http(server, post(PNG, "Content-Type: image/png"), timeout=60)
+
+    with ThreadPoolExecutor(200) as pool:
+        answers = list(pool.map(one, range(200)))   # a reset raises here
+    codes = [status for status, _, _ in answers]
+    assert set(codes) <= {200, 503}, codes
+    assert all(h["Retry-After"] == "1" for status, h, _ in answers if status == 503)
+    assert codes.count(200) >= 100, codes
+
+
+def test_ctrl_c_closes_the_server_and_exits_130(built, tmp_path):
+    import signal
+    import socket
+
+    proc, url = start_server(built.bundle.directory, tmp_path / "log")
+    assert request(url + "/health")[0] == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    log = (tmp_path / "log").read_text()
+    assert log.rstrip().endswith("interrupted: the server is closed") and "Traceback" not in log
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_busy_port_is_named(built):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-I", "run.py", "serve", "--port", str(port)],
+                           cwd=built.bundle.directory, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"error: 127.0.0.1:{port} is in use (Address already in use); pass another --port, "
+        "or --port 0 for a free one")

@@ -1,5 +1,8 @@
+import hashlib
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -47,8 +50,86 @@ def test_broken_bundle_is_a_verify_error(tmp_path):
     bundle = tmp_path / "b"
     bundle.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"schema_version": 2, "name": "x"}))
+    report = verify(bundle)     # refused by the host's own check: nothing of it runs
+    assert not report["passed"]
+    assert "manifest: run.py is not in its file table" in report["checks"][0]["detail"]
+    (bundle / "run.py").write_text("import sys; sys.exit(2)\n")
+    manifest = {"schema_version": 2, "name": "x", "files": {
+        "run.py": hashlib.sha256((bundle / "run.py").read_bytes()).hexdigest()}}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(VerifyError, match="run.py check failed"):
         verify(bundle)
+
+
+def copy_of(built, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(built.bundle.directory, bundle)
+    return bundle
+
+
+def test_a_replaced_run_py_never_runs_on_the_host(built, tmp_path):
+    bundle = copy_of(built, tmp_path)
+    marker = tmp_path / "ran"
+    (bundle / "run.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    report = verify(bundle, runs=3)
+    assert not report["passed"] and not marker.exists()
+    assert report["checks"] == [{"name": "integrity", "passed": False, "detail":
+                                 "run.py: sha256 mismatch (file changed or truncated in transfer)"
+                                 "; nothing from the bundle was run"}]
+    r = subprocess.run([sys.executable, "-m", "packager", "verify", str(bundle)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and not marker.exists() and "Traceback" not in r.stderr
+
+
+def test_a_stray_module_beside_run_py_is_refused(built, tmp_path):
+    bundle = copy_of(built, tmp_path)
+    (bundle / "numpy.py").write_text("raise SystemExit('imported')\n")   # python3 run.py would
+    report = verify(bundle, runs=3)
+    assert not report["passed"]
+    assert report["checks"][0]["detail"].startswith(
+        "numpy.py: not part of the bundle, and Python would import it before run.py's own")
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda m: m.update(files={}), "manifest: run.py is not in its file table"),
+    (lambda m: m["parts"][0]["golden"].update(min_cosine=-1),
+     "manifest: parts[0].golden.min_cosine = -1 is not a cosine floor in (0, 1]"),
+    (lambda m: m["parts"][0]["model"].update(sha256="0" * 64),
+     "manifest: parts[0].model.sha256 differs from the file table"),
+    (lambda m: m["files"].update({"../outside": "0" * 64}),
+     "manifest: file table entry '../outside' points outside the bundle"),
+])
+def test_manifest_edits_fail_integrity_and_change_the_digest(built, tmp_path, edit, problem):
+    from packager.verify import bundle_digest
+
+    bundle = copy_of(built, tmp_path)
+    before = bundle_digest(bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    edit(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    report = verify(bundle, runs=3)
+    assert not report["passed"] and problem in report["checks"][0]["detail"]
+    check = subprocess.run([sys.executable, "-I", "run.py", "check"], cwd=bundle,
+                           capture_output=True, text=True)   # the device's own check agrees
+    assert check.returncode == 1 and problem in check.stdout
+    assert bundle_digest(bundle) != before
+
+
+def test_expect_digest_holds_verify_to_the_built_bundle(built, tmp_path):
+    from packager.verify import bundle_digest
+
+    bundle = copy_of(built, tmp_path)
+    digest = built.bundle.digest
+    assert digest == bundle_digest(bundle) and digest.startswith("sha256:")
+    assert verify(bundle, runs=3, expect_digest=digest)["passed"]
+    assert verify(bundle, runs=3, expect_digest=digest[7:])["digest"] == digest
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["name"] = "renamed"     # a consistent edit: only the digest tells
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    report = verify(bundle, runs=3, expect_digest=digest)
+    assert not report["passed"]
+    assert report["checks"][0]["detail"].startswith(
+        f"manifest.json: digest {bundle_digest(bundle)} is not the expected {digest}")
 
 
 def test_reproduction_failure_is_its_own_check(built, tmp_path):
