@@ -74,6 +74,10 @@ def integrity_problems(bundle: Path, manifest: dict[str, Any],
             expect_digest
         if digest != wanted.lower():
             problems.append(f"manifest.json: digest {digest} is not the expected {wanted}")
+    try:
+        ort_runner.check_manifest(manifest)
+    except ort_runner.BundleError as exc:   # a damaged manifest: its shape is the problem
+        return problems + [str(exc)]
     return problems + ort_runner.integrity_problems(str(bundle), manifest)
 
 

@@ -12,7 +12,7 @@ the standard library, numpy and onnxruntime only (OpenCV only for image inputs).
     python3 run.py serve --port 8080     # HTTP: POST /infer, GET /health, GET /metadata
 
 Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
-bundle.
+bundle, 3 an unexpected error (a bug: please report it), 130 interrupted.
 """
 
 import argparse
@@ -43,6 +43,7 @@ OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130   # Ctrl-C, as shells and `edgepack build` report it
+EXIT_BUG = 3             # an unexpected exception: a bug, as in `edgepack`
 
 
 class BundleError(Exception):
@@ -217,10 +218,126 @@ def load_manifest(bundle):
     except (OSError, ValueError) as exc:
         raise BundleError("%s: cannot read the manifest (%s); is this an edgepack bundle?"
                           % (path, exc)) from None
-    if manifest.get("schema_version") != SUPPORTED_SCHEMA:
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SUPPORTED_SCHEMA:
         raise BundleError("%s: schema_version %r, this runner reads %d; rebuild the bundle"
-                          % (path, manifest.get("schema_version"), SUPPORTED_SCHEMA))
+                          % (path, manifest.get("schema_version") if isinstance(manifest, dict)
+                             else None, SUPPORTED_SCHEMA))
+    check_manifest(manifest)
     return manifest
+
+
+class ManifestShape(object):
+    """Checks that a manifest has the types this runner reads, naming the first that does not
+    (a damaged or hand-edited manifest is a broken bundle, not a crash)."""
+
+    def __init__(self):
+        self.where = []
+
+    def fail(self, what):
+        raise BundleError("%s: %s is not %s; rebuild the bundle with edgepack"
+                          % (MANIFEST, "".join(self.where) or "the top level", what))
+
+    def at(self, key, value, kind, what, optional=False):
+        self.where.append("[%d]" % key if isinstance(key, int) else
+                          ("." if self.where else "") + str(key))
+        if value is None and optional:
+            pass
+        elif kind is str and not (isinstance(value, str) and value):
+            self.fail(what)
+        elif kind is float and (isinstance(value, bool) or
+                                not isinstance(value, (int, float))):
+            self.fail(what)
+        elif kind not in (str, float) and not isinstance(value, kind):
+            self.fail(what)
+        return value
+
+    def pop(self):
+        self.where.pop()
+
+    def table(self, parent, key, optional=True, nullable=False):
+        """parent[key] as an object; absent is fine when *optional*, null when *nullable*."""
+        absent = optional and key not in parent
+        value = self.at(key, parent.get(key), dict, "an object", absent or nullable)
+        return value or {}
+
+    def items(self, parent, key, optional=True, nullable=False):
+        absent = optional and key not in parent
+        value = self.at(key, parent.get(key), list, "a list", absent or nullable)
+        return value or []
+
+
+def check_manifest(manifest):
+    m = ManifestShape()
+    for key in ("target", "session", "budget"):
+        m.table(manifest, key)
+        m.pop()
+    for rel, digest in m.table(manifest, "files").items():
+        m.at(rel, digest, str, "a sha256")
+        m.pop()
+    m.pop()
+    for i, entry in enumerate(m.items(manifest, "providers")):
+        m.at(i, entry, dict, "an object")
+        m.at("name", entry.get("name"), str, "a provider name")
+        m.pop()
+        m.table(entry, "options")
+        m.pop()
+        m.pop()
+    m.pop()
+    for i, part in enumerate(m.items(manifest, "parts", optional=False)):
+        m.at(i, part, dict, "an object")
+        m.at("name", part.get("name"), str, "a name")
+        m.pop()
+        files = [m.table(part, "model", optional=False)]
+        m.pop()
+        for j, graph in enumerate(m.items(part, "graphs")):
+            m.at(j, graph, dict, "an object")
+            files.append(graph)
+            for k, name in enumerate(m.items(graph, "providers", optional=False)):
+                m.at(k, name, str, "a provider name")
+                m.pop()
+            m.pop()
+            m.pop()
+        m.pop()
+        for entry in files:
+            for key in ("file", "sha256"):
+                m.at(key, entry.get(key), str, "a file name" if key == "file" else "a sha256")
+                m.pop()
+        for key in ("inputs", "outputs"):
+            for j, value in enumerate(m.items(part, key, optional=False)):
+                m.at(j, value, dict, "an object")
+                m.at("name", value.get("name"), str, "a tensor name")
+                m.pop()
+                if key == "inputs":
+                    for k, dim in enumerate(m.items(value, "shape", optional=False)):
+                        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                            m.at(k, dim, int, "a size")
+                            m.fail("a size")
+                    m.pop()
+                    m.at("dtype", value.get("dtype"), str, "a dtype")
+                    m.pop()
+                m.pop()
+            m.pop()
+        for key in ("preprocess", "precision", "accuracy"):
+            m.table(part, key, nullable=key == "preprocess")
+            m.pop()
+        precision = part.get("precision") or {}
+        m.at("precision", precision, dict, "an object")
+        m.at("precision", precision.get("precision"), str, "a precision name", optional=True)
+        m.pop()
+        m.pop()
+        for j, label in enumerate(m.items(part, "labels", nullable=True)):
+            m.at(j, label, str, "a label")
+            m.pop()
+        m.pop()
+        golden = m.table(part, "golden", optional=False)
+        m.at("inputs", golden.get("inputs"), str, "a file name")
+        m.pop()
+        for key in ("outputs", "shipped", "reference", "shipped_provider"):
+            m.at(key, golden.get(key), str, "a name", optional=True)
+            m.pop()
+        m.pop()
+        m.pop()
+    m.pop()
 
 
 def select_parts(manifest, name=None):
@@ -281,7 +398,8 @@ def integrity_problems(bundle, manifest):
                 problems.append("manifest: %s.sha256 differs from the file table" % where)
         golden = part.get("golden", {})
         floors = [("parts[%d].golden.%s" % (i, k), golden.get(k))
-                  for k in ("min_cosine", "reproduce_min_cosine") if k in golden]
+                  for k in ("min_cosine", "reproduce_min_cosine")
+                  if k in golden or (k == "reproduce_min_cosine" and golden.get("shipped"))]
         floors += [("parts[%d].graphs[%d].min_cosine" % (i, j), g.get("min_cosine"))
                    for j, g in enumerate(part.get("graphs", []))]
         for where, value in floors:
@@ -760,8 +878,15 @@ def peak_rss_mb():
 
 
 def read_npz(bundle, rel):
-    with np.load(os.path.join(bundle, rel)) as f:
-        return {k: f[k] for k in f.files}
+    """The arrays of a golden .npz of the bundle (no pickles, whatever the manifest points at)."""
+    try:
+        with np.load(os.path.join(bundle, rel), allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("not an .npz archive")
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError("%s: not golden data (%s); rebuild the bundle"
+                          % (rel, one_line(exc))) from None
 
 
 def load_golden(bundle, part):
@@ -1582,6 +1707,13 @@ def run_command(args, json_out=None):
     except OSError as exc:  # e.g. serve's port in use
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_BAD_INPUT
+    except Exception as exc:  # a bug in run.py (or a bundle it does not know how to refuse)
+        if os.environ.get("EDGEPACK_DEBUG"):
+            raise
+        sys.stderr.write("error: unexpected %s: %s; this is a bug in run.py: please report it "
+                         "with the command line (EDGEPACK_DEBUG=1 shows the traceback)\n"
+                         % (type(exc).__name__, one_line(exc)))
+        return EXIT_BUG
     if report is None:  # serve: stopped with Ctrl-C
         return EXIT_OK
     if json_out is not None:

@@ -389,3 +389,18 @@ def test_peak_rss_is_this_process_not_its_parent(built):
     assert r.returncode == 0, r.stderr
     assert 10 < json.loads(r.stdout)["peak_rss_mb"] < 400, "ru_maxrss counts the parent's peak"
     del ballast
+
+
+def test_a_manifest_of_the_wrong_shape_is_one_line_not_a_crash(built, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(built.bundle.directory, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["parts"][0]["inputs"][0]["shape"] = "x"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    r = run_py(bundle, "check", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: manifest.json: parts[0].inputs[0].shape is not a list; rebuild the bundle with "
+        "edgepack")
