@@ -679,6 +679,9 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")
 @click.option("--device-python", default="python3", show_default=True,
               help="the --time-on device's Python")
+@click.option("--fuse/--no-fuse", default=True, show_default=True,
+              help="transformers on CPU targets: onnxruntime's attention / LayerNorm / GELU "
+                   "fusions before quantizing")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -689,7 +692,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
-              device_python: str, force: bool, as_json: bool, **kw: Any) -> None:
+              device_python: str, fuse: bool, force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -728,7 +731,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
               timer=_device_timer(time_on, ssh_config, device_python, target),
               **budget_kwargs(kw),
-              labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"))
+              labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
+              fuse=fuse)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(

@@ -133,7 +133,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           timer: Any = None, log: Log = lambda _: None,
-          progress: Callable[[int, int], None] | None = None) -> BuildResult:
+          progress: Callable[[int, int], None] | None = None, fuse: bool = True) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -170,7 +170,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
                                           options=export_options, min_cosine=min_cosine,
                                           max_drop=max_accuracy_drop, metric=metric,
-                                          timer=timer, log=part_log, progress=progress)
+                                          timer=timer, log=part_log, progress=progress,
+                                          fuse=fuse)
             payloads.append(payload)
             results.append(result)
         unused = set(consts) - {k for r in results for k in r.consts}
@@ -254,7 +255,8 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
 def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, golden: int,
                 options: ExportOptions, min_cosine: float | None, max_drop: float | None,
                 metric: tuple[Any, str] | None, timer: Any, log: Log,
-                progress: Callable[[int, int], None] | None) -> tuple[PartPayload, PartResult]:
+                progress: Callable[[int, int], None] | None,
+                fuse: bool = True) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
         loaded = load_source(str(req.source), factory_args=options.factory_args,
@@ -365,6 +367,12 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                   model_path if loaded is None else f"the export of {loaded.description}")
     budget = target.min_cosine if min_cosine is None else min_cosine
     fp32_outputs = run_model(fp32, held_out)   # once: the decision measures against them too
+    fusion = None
+    if fuse and family == "transformer" and not consts and not req.quant.get("exclude") and \
+            all(p.name == "CPUExecutionProvider" for p in target.providers):
+        fused, fusion = _fuse(fixed, model_path, target, held_out, fp32_outputs,
+                              tmp / f"{req.name}.fused.onnx", log)
+        fp32 = fused or fp32
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
             budget < EMBEDDING_COSINE:
         embeddings = embedding_outputs(fp32_outputs)
@@ -395,6 +403,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                  "description": config.describe(),
                  "calibration_samples": len(calib_set) if needs_calib else 0}
     precision["decision"] = decision.record
+    if fusion:
+        precision["fusion"] = fusion
     if needs_calib:
         precision["calibration"] = calibration_record(calib_set, config.calibration_method)
     graphs = provider_graphs(target, config, fp32, folder, held_out, guard, labels_held,
@@ -405,6 +415,48 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
                         tuple(consts))
     return payload, result
+
+
+def _fuse(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
+          reference: dict[str, Any], path: Path, log: Log) -> tuple[Path | None, dict | None]:
+    """The transformer-fused FP32 graph (fused before simplification, where attention still
+    matches, and again after it), kept only when it computes what the unfused graph does."""
+    from collections import Counter
+
+    from .accuracy import compare_outputs
+    from .fusion import fuse_transformer
+
+    first = fuse_transformer(fixed, target.min_onnxruntime)
+    if first is None:
+        log("fusion: onnxruntime's transformer optimizer found nothing to fuse")
+        return None, None
+    try:
+        simplified, _, _ = simplify_proto(first.model, model_path)
+        simplified = fix_shapes_proto(simplified, {}, batch=target.batch, strict=False)
+        second = fuse_transformer(simplified, target.min_onnxruntime)
+        final = second.model if second else simplified
+        if dynamic_tensors(final):
+            final, _ = shapes_from_run(final, held[:2])
+        save_model(name_nodes(final), path)
+        agreement = min(o["cosine_min"] for o in
+                        compare_outputs(run_model(path, held), reference).values())
+    except Exception as exc:   # an optional rewrite that fails costs its speed, not the build
+        log(f"fusion: dropped, the fused graph does not run here ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:160]})")
+        return None, None
+    counts = Counter(first.fused) + Counter(second.fused if second else {})
+    text = ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
+    if agreement < FUSION_COSINE:
+        log(f"fusion: dropped, the fused graph ({text}) differs from the unfused one "
+            f"(cosine {agreement:.6f} < {FUSION_COSINE})")
+        return None, None
+    log(f"fusion: {text} ({first.heads or '?'} heads, hidden {first.hidden or '?'}); outputs "
+        f"match the unfused graph (cosine {agreement:.6f})")
+    return path, {**first.record(), "fused": dict(counts), "cosine_to_unfused": agreement,
+                  "min_onnxruntime": target.min_onnxruntime}
+
+
+FUSION_COSINE = 0.99999   # fused ops reorder float sums; anything further off is not the model
 
 
 def _if_count(model) -> int:

@@ -193,3 +193,63 @@ class Sensitive(nn.Module):
 def sensitive() -> nn.Module:
     torch.manual_seed(0)
     return Sensitive()
+
+
+class BertSelfAttention(nn.Module):
+    """Hugging Face BERT's attention, written out: separate query/key/value Linears, heads split
+    with view + permute, an additive mask."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.size = heads, dim // heads
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+
+    def split(self, x):
+        b, s, _ = x.shape
+        return x.view(b, s, self.heads, self.size).permute(0, 2, 1, 3)
+
+    def forward(self, h, mask):
+        q, k, v = self.split(self.query(h)), self.split(self.key(h)), self.split(self.value(h))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / self.size ** 0.5 + mask
+        context = torch.matmul(scores.softmax(-1), v).permute(0, 2, 1, 3).contiguous()
+        return context.view(context.shape[0], context.shape[1], -1)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn: int):
+        super().__init__()
+        self.attention = BertSelfAttention(dim, heads)
+        self.attention_output, self.attention_norm = nn.Linear(dim, dim), nn.LayerNorm(dim)
+        self.intermediate, self.output = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
+        self.output_norm = nn.LayerNorm(dim)
+
+    def forward(self, h, mask):
+        h = self.attention_norm(self.attention_output(self.attention(h, mask)) + h)
+        return self.output_norm(self.output(nn.functional.gelu(self.intermediate(h))) + h)
+
+
+class MiniBert(nn.Module):
+    """A small BERT in the Hugging Face layout (embeddings + LayerNorm, post-norm layers, the
+    [CLS] vector out), the export users get from `transformers` without downloading one."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, layers: int = 2,
+                 ffn: int = 128, positions: int = 128):
+        super().__init__()
+        self.word, self.position = nn.Embedding(vocab, dim), nn.Embedding(positions, dim)
+        self.token_type = nn.Embedding(2, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(BertLayer(dim, heads, ffn) for _ in range(layers))
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        h = self.norm(self.word(input_ids) + self.position(positions)
+                      + self.token_type(torch.zeros_like(input_ids)))
+        mask = (1.0 - attention_mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        for layer in self.layers:
+            h = layer(h, mask)
+        return h[:, 0]
+
+
+def mini_bert(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return MiniBert()
