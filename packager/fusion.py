@@ -72,6 +72,9 @@ def attention_shape(model: onnx.ModelProto) -> tuple[int, int]:
         if len(shape) in (3, 4) and shape[-2] > 1 and shape[-1] > 1 and \
                 shape[-2] * shape[-1] == hidden:
             heads[shape[-2]] += 1
+        elif len(shape) == 4 and shape[-2] == -1 and 1 < shape[-1] < hidden and \
+                hidden % shape[-1] == 0:   # [batch, sequence, -1, head size] (transformers)
+            heads[hidden // shape[-1]] += 1
     if not heads:
         return 0, 0   # the optimizer's own detection
     return heads.most_common(1)[0][0], hidden

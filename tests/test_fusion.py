@@ -86,3 +86,18 @@ def test_no_fusion_when_asked_or_where_the_target_cannot_run_it(tmp_path, tokens
     gpu = tmp_path / "orin"
     build(f"{MODELS}:mini_bert", gpu, target="jetson-orin", calib=tokens, inputs=TOKENS)
     assert not contrib_ops(gpu / "model.onnx")
+
+
+def test_heads_from_a_reshape_to_minus_one_and_head_size():
+    """transformers' BertSelfAttention views to (batch, sequence, -1, head size)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 384])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 32])
+    inits = [numpy_helper.from_array(np.ones(384, np.float32), "w"),
+             numpy_helper.from_array(np.zeros(384, np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 4, -1, 32], np.int64), "shape")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "w", "b"], ["n"], axis=-1),
+             helper.make_node("Reshape", ["n", "shape"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits))
+    assert attention_shape(model) == (12, 384)
