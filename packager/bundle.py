@@ -292,6 +292,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                                        target.session.get("graph_optimization_level", "all"),
                                        target.min_onnxruntime))
         shutil.copyfile(runner_source(), tmp / RUNNER_FILE)
+        roofline = _write_roofline(tmp, parts, target)
         reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]
         if any(p.preprocess for p in parts):
             reqs.append("opencv-python-headless  # image inputs only")
@@ -306,6 +307,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             providers=[{"name": p.name, "options": p.options} for p in target.providers],
             session=target.session,
             budget={"latency_p90_ms": target.latency_p90_ms, "min_cosine": target.min_cosine},
+            roofline=roofline,
             tools=tool_versions(),
         )
         (tmp / "README.md").write_text(_readme(manifest, target))
@@ -348,6 +350,48 @@ def write_archive(folder: Path, path: Path, arcname: str, when: datetime) -> Non
         tar.add(folder, arcname=arcname, recursive=False, filter=member)
         for item in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")):
             tar.add(folder / item, arcname=f"{arcname}/{item}", recursive=False, filter=member)
+
+
+def _operations(part: PartPayload, proto: Any) -> dict[str, Any]:
+    """Operations per call (2 x the multiply-adds of Conv, Gemm, MatMul and fused attention),
+    counted on the FP32 graph: what `run.py bench` divides by its latency for GOP/s."""
+    from .inspection import estimate_flops
+
+    source = load_model(part.reference, check=False) if part.reference is not None else proto
+    return {"per_call": estimate_flops(source),
+            "counted": "2 x multiply-adds of Conv, ConvTranspose, Gemm, MatMul, Attention"}
+
+
+ROOFLINE_SIZE = 512   # M = K = N: large enough to reach a CPU's GEMM rate, 0.27 GOP a call
+
+
+def _write_roofline(tmp: Path, parts: Sequence[PartPayload], target: Target) -> dict[str, Any]:
+    """Two one-node graphs for `run.py bench --roofline`: an FP32 MatMul and a MatMulInteger of
+    the bundle's integer types, inputs fed at run time (a few hundred bytes, no weights)."""
+    from onnx import TensorProto, helper
+
+    int8 = next((p.precision for p in parts if p.precision.get("precision") == "int8"), None)
+    activation = (int8 or {}).get("activation_type") or target.quantization.activation_type
+    types = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
+    n = ROOFLINE_SIZE
+    (tmp / "roofline").mkdir()
+    graphs = {}
+    for kind, a, b, out, op in (
+            ("fp32", TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.FLOAT, "MatMul"),
+            ("int8", types.get(activation, TensorProto.UINT8), TensorProto.INT8,
+             TensorProto.INT32, "MatMulInteger")):
+        graph = helper.make_graph(
+            [helper.make_node(op, ["a", "b"], ["y"])], f"roofline_{kind}",
+            [helper.make_tensor_value_info("a", a, [n, n]),
+             helper.make_tensor_value_info("b", b, [n, n])],
+            [helper.make_tensor_value_info("y", out, [n, n])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                  ir_version=7)
+        save_model(model, tmp / "roofline" / f"matmul_{kind}.onnx")
+        graphs[kind] = f"roofline/matmul_{kind}.onnx"
+    integer = "u8s8" if activation == "uint8" else "s8s8"
+    return {"size": n, "ops_per_call": 2 * n ** 3, "fp32": graphs["fp32"],
+            "int8": graphs["int8"], "int8_kind": integer}
 
 
 def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
@@ -394,6 +438,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
         "precision": part.precision,
         "accuracy": part.accuracy or {},
         "golden": golden,
+        "operations": _operations(part, proto),
         "source": part.source,
         **({"graphs": entry_graphs} if entry_graphs else {}),
     }

@@ -95,8 +95,15 @@ def _static(dims) -> bool:
 def estimate_flops(model: onnx.ModelProto) -> int | None:
     """Multiply-accumulate x2 for Conv / ConvTranspose / Gemm / MatMul with known shapes."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
+        if any(n.domain == "com.microsoft" for n in model.graph.node):
+            # onnxruntime's contrib ops (fused attention, LayerNorms): only its own symbolic
+            # shape inference knows their output shapes
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        else:
+            inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:   # shapes unknown: no estimate, not an error
         return None
     shapes = {v.name: dims_of(v) for v in list(inferred.graph.value_info) +
               list(inferred.graph.input) + list(inferred.graph.output)}
@@ -116,6 +123,14 @@ def estimate_flops(model: onnx.ModelProto) -> int | None:
             if x and w and _static(x) and _static(w):
                 total += 2 * int(np.prod(x)) * int(np.prod(w[1:]))
                 known = True
+        elif node.op_type in ("Attention", "QAttention") and ins and ins[0] and \
+                len(ins) > 1 and ins[1] and _static(ins[0]) and _static(ins[1]) and \
+                len(ins[0]) == 3:
+            # onnxruntime's fused attention: the QKV projection, then Q.K^T and scores.V
+            batch, seq, width = ins[0]
+            hidden = ins[1][-1] // 3
+            total += 2 * batch * seq * width * ins[1][-1] + 2 * 2 * batch * seq * seq * hidden
+            known = True
         elif node.op_type in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"):
             a = ins[0]
             if a and out and _static(a) and _static(out) and len(a) >= 1:

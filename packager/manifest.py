@@ -25,6 +25,7 @@ class Manifest:
     budget: dict[str, Any]
     tools: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)   # every file but this one: sha256
+    roofline: dict[str, Any] = field(default_factory=dict)  # bench --roofline's MatMul graphs
     created: str = ""
     schema_version: int = SCHEMA_VERSION
 

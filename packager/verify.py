@@ -132,8 +132,9 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
             for name, stats in entry["outputs"].items():
                 checks += _accuracy_checks(_label(part, name, several), entry, stats)
         progress(f"bench: {runs} runs after {warmup} warm-up")
+        roofline = ["--roofline"] if manifest.get("roofline") else []   # (newer bundles)
         _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),
-                                           *common], where)
+                                           *roofline, *common], where)
         budget = latency_budget_ms or manifest.get("budget", {}).get("latency_p90_ms")
         if budget:
             for part, entry in bench["parts"].items():
@@ -216,6 +217,21 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {part} | {entry['batch']} | {lat['p50']:.3f} | {lat['p90']:.3f} | "
                          f"{lat['p99']:.3f} | {lat['mean']:.3f} | {lat['std']:.3f} | "
                          f"{entry['throughput_per_s']:.1f} |")
+        ceiling = bench.get("roofline")
+        for part, entry in bench["parts"].items():
+            if entry.get("achieved_gops"):
+                share = entry.get("roofline_share")
+                lines.append(
+                    f"\n{part}: {entry['operations_per_call'] / 1e9:.3g} GOP per call, "
+                    f"{entry['achieved_gops']:.1f} GOP/s" + (
+                        f", {100 * share:.0f}% of this device's "
+                        f"{ceiling['int8_kind'] if entry['precision'] == 'int8' else 'FP32'} "
+                        "MatMul rate" if share is not None else "") + ".")
+        if ceiling:
+            lines.append(f"\nRoofline ({ceiling['size']}x{ceiling['size']} MatMul, "
+                         f"{ceiling['threads']} threads): FP32 {ceiling['fp32_gops']:.1f} GOP/s, "
+                         f"{ceiling['int8_kind']} MatMulInteger {ceiling['int8_gops']:.1f} "
+                         "GOP/s.")
         lines += ["", f"Peak RSS {f'{rss:.1f} MB' if rss is not None else 'n/a'}. "
                       f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
                       f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]

@@ -1037,6 +1037,37 @@ def bench_part(bundle, manifest, part, args):
                                 "throughput_per_s": float(1000.0 * batch / np.mean(bound))}
     if opened["provider"] != CPU:
         result["gpu_memory_mb"] = gpu_memory_mb()
+    ops = (part.get("operations") or {}).get("per_call")
+    if isinstance(ops, (int, float)) and ops > 0:
+        result["operations_per_call"] = ops
+        result["achieved_gops"] = ops / (result["latency_ms"]["p50"] * 1e6)
+    return result
+
+
+def roofline(bundle, manifest, args, threads):
+    """GOP/s of an FP32 MatMul and of the bundle's MatMulInteger kind on this device with the
+    same threads: the ceiling the bundle's GOP/s is a share of."""
+    import onnxruntime as ort
+
+    spec = manifest.get("roofline") or {}
+    if not spec.get("fp32") or not spec.get("int8"):
+        raise BundleError("this bundle has no roofline graphs (built by an older edgepack); "
+                          "rebuild it to use --roofline")
+    n = int(spec.get("size", 512))
+    rng = np.random.RandomState(0)
+    feeds = {"fp32": {"a": rng.rand(n, n).astype(np.float32),
+                      "b": rng.rand(n, n).astype(np.float32)},
+             "int8": {"a": rng.randint(0, 127, (n, n)).astype(
+                 np.uint8 if spec.get("int8_kind") == "u8s8" else np.int8),
+                 "b": rng.randint(-64, 64, (n, n)).astype(np.int8)}}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    result = {"threads": threads, "size": n, "int8_kind": spec.get("int8_kind")}
+    for kind in ("fp32", "int8"):
+        session = ort.InferenceSession(os.path.join(bundle, spec[kind]), sess_options=so,
+                                       providers=[CPU])
+        times = timed(lambda s=session, f=feeds[kind]: s.run(None, f), 3, 10)
+        result["%s_gops" % kind] = 2.0 * n ** 3 / (float(np.percentile(times, 50)) * 1e6)
     return result
 
 
@@ -1048,7 +1079,17 @@ def cmd_bench(bundle, manifest, args):
     for part in select_parts(manifest, args.part):
         parts[part["name"]] = bench_part(bundle, manifest, part, args)
     first = next(iter(parts.values()))
+    ceiling = None
+    if getattr(args, "roofline", False):
+        threads = int(session_settings(manifest, args).get("intra_op_threads", 0)) or \
+            (os.cpu_count() or 1)
+        ceiling = roofline(bundle, manifest, args, threads)
+        for entry in parts.values():
+            if "achieved_gops" in entry:
+                kind = "int8" if entry["precision"] == "int8" else "fp32"
+                entry["roofline_share"] = entry["achieved_gops"] / ceiling[kind + "_gops"]
     return {
+        "roofline": ceiling,
         "bundle": manifest.get("name"),
         "target": manifest.get("target", {}).get("name"),
         "runs": args.runs, "warmup": args.warmup,
@@ -1557,6 +1598,13 @@ def print_human(command, report):
             print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
                 part, entry["graph"], entry["precision"], lat["p50"], lat["p90"], lat["p99"],
                 lat["mean"], lat["std"], entry["throughput_per_s"]))
+            if entry.get("achieved_gops"):
+                share = entry.get("roofline_share")
+                print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
+                    part, entry["operations_per_call"] / 1e9, entry["achieved_gops"],
+                    " (%.0f%% of this device's %s MatMul rate)" % (
+                        100 * share, (report["roofline"]["int8_kind"] if entry["precision"] ==
+                                      "int8" else "FP32")) if share is not None else ""))
             bound = entry.get("io_binding")
             if bound:
                 lat = bound["latency_ms"]
@@ -1565,6 +1613,12 @@ def print_human(command, report):
                     bound["throughput_per_s"]))
             if entry.get("gpu_memory_mb") is not None:
                 print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
+        ceiling = report.get("roofline")
+        if ceiling:
+            print("roofline (%dx%d MatMul, %d threads, CPU): FP32 %.1f GOP/s, %s "
+                  "MatMulInteger %.1f GOP/s" % (ceiling["size"], ceiling["size"],
+                                                ceiling["threads"], ceiling["fp32_gops"],
+                                                ceiling["int8_kind"], ceiling["int8_gops"]))
         gpu = report.get("gpu")
         if gpu:
             print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
@@ -1611,6 +1665,9 @@ def parse_args(argv):
         if name == "bench":
             p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
+            p.add_argument("--roofline", action="store_true",
+                           help="also time an FP32 MatMul and the bundle's MatMulInteger with "
+                                "the same threads, and report the model's share of that rate")
             p.add_argument("--io-binding", action="store_true",
                            help="also time runs with inputs and outputs bound on the provider's "
                                 "device (no host copies per call), as an application would")

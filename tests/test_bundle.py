@@ -19,7 +19,8 @@ def test_manifest_contract(built):
         assert hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
     assert set(m["files"]) == {"model.onnx", "run.py", "requirements.txt", "README.md",
                                "golden/model.inputs.npz", "golden/model.outputs.npz",
-                               "golden/model.shipped.npz"}
+                               "golden/model.shipped.npz", "roofline/matmul_fp32.onnx",
+                               "roofline/matmul_int8.onnx"}
     [part] = m["parts"]
     assert part["name"] == "model" and part["model"]["sha256"] == m["files"]["model.onnx"]
     assert part["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]

@@ -59,7 +59,7 @@ def test_deploy_then_redeploy_copies_nothing(server, built, tmp_path):
     shutil.copytree(built.bundle.directory, bundle)
     [first] = deploy(bundle, [host("device1")], options=options(server, tmp_path))
     assert first.exit_code == 0, first.error
-    assert first.copied["method"] == "rsync" and first.copied["files"] == 8
+    assert first.copied["method"] == "rsync" and first.copied["files"] == 10
     assert first.device["arch"] and first.device["onnxruntime"]
     report = json.loads((bundle / "reports" / "device1" / "report.json").read_text())
     assert report["passed"] and report["host"] == "device1"

@@ -101,3 +101,12 @@ def test_heads_from_a_reshape_to_minus_one_and_head_size():
              helper.make_node("Reshape", ["n", "shape"], ["y"])]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits))
     assert attention_shape(model) == (12, 384)
+
+
+def test_fused_attention_counts_the_operations_it_replaced(tmp_path):
+    from packager.inspection import estimate_flops
+
+    model = onnx.load(str(export(f"{MODELS}:mini_bert", tmp_path / "m.onnx",
+                                 inputs=TOKENS).path))
+    fused = fuse_transformer(model, "1.17").model
+    assert estimate_flops(fused) == estimate_flops(model) > 0

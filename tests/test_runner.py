@@ -54,7 +54,8 @@ def test_check_bench_infer_from_unpacked_archive(built, tmp_path):
         tar.extractall(tmp_path, filter="data")
     bundle = tmp_path / built.bundle.directory.name
     assert sorted(p.name for p in bundle.iterdir()) == [
-        "README.md", "golden", "manifest.json", "model.onnx", "requirements.txt", "run.py"]
+        "README.md", "golden", "manifest.json", "model.onnx", "requirements.txt", "roofline",
+        "run.py"]
 
     check = run_py(bundle, "check", "--json")
     assert check.returncode == 0, check.stderr
@@ -404,3 +405,22 @@ def test_a_manifest_of_the_wrong_shape_is_one_line_not_a_crash(built, tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         "error: manifest.json: parts[0].inputs[0].shape is not a list; rebuild the bundle with "
         "edgepack")
+
+
+def test_bench_reports_operations_and_the_roofline(built):
+    manifest = json.loads((built.bundle.directory / "manifest.json").read_text())
+    ops = manifest["parts"][0]["operations"]["per_call"]
+    assert ops > 0 and manifest["roofline"]["int8_kind"] == "u8s8"   # x86's preset
+    r = run_py(built.bundle.directory, "bench", "--runs", "5", "--warmup", "1", "--roofline",
+               "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    part, ceiling = report["parts"]["model"], report["roofline"]
+    assert part["operations_per_call"] == ops
+    assert part["achieved_gops"] == pytest.approx(ops / (part["latency_ms"]["p50"] * 1e6))
+    assert ceiling["fp32_gops"] > 0 and ceiling["int8_gops"] > 0 and ceiling["size"] == 512
+    kind = "int8" if part["precision"] == "int8" else "fp32"
+    assert part["roofline_share"] == pytest.approx(part["achieved_gops"] /
+                                                   ceiling[kind + "_gops"])
+    human = run_py(built.bundle.directory, "bench", "--runs", "3", "--roofline")
+    assert "GOP per call" in human.stdout and "roofline (512x512 MatMul" in human.stdout
