@@ -37,6 +37,7 @@ Log = Callable[[str], None]
 class Decision:
     candidate: Candidate
     record: dict[str, Any]
+    candidates: tuple[Candidate, ...] = ()   # all that were built (provider graphs reuse FP16)
 
     @property
     def config(self) -> QuantConfig:
@@ -318,4 +319,4 @@ def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candid
               "notes": notes, "search_seconds": round(seconds, 2),
               "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
               "timing": timing, "candidates": [c.summary() for c in candidates]}
-    return Decision(chosen, record)
+    return Decision(chosen, record, tuple(candidates))

@@ -408,7 +408,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if needs_calib:
         precision["calibration"] = calibration_record(calib_set, config.calibration_method)
     graphs = provider_graphs(target, config, fp32, folder, held_out, guard, labels_held,
-                             fp32_outputs, log)
+                             fp32_outputs, log, decision.candidates)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source, graphs)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,

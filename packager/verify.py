@@ -62,14 +62,14 @@ def bundle_digest(bundle: Path) -> str:
 
 
 def integrity_problems(bundle: Path, manifest: dict[str, Any],
-                       expect_digest: str | None = None) -> list[str]:
+                       expect_digest: str | None = None, digest: str | None = None) -> list[str]:
     """The host's check of *bundle* (with the host's own runner code, not the bundle's), done
-    before anything from the bundle runs."""
+    before anything from the bundle runs. *digest*: the bundle's, when already computed."""
     from ._runtimes import ort_runner
 
     problems = []
     if expect_digest:
-        digest = bundle_digest(bundle)
+        digest = digest or bundle_digest(bundle)
         wanted = expect_digest if expect_digest.startswith("sha256:") else "sha256:" + \
             expect_digest
         if digest != wanted.lower():
@@ -100,7 +100,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
     digest = bundle_digest(bundle)
-    problems = integrity_problems(bundle, manifest, expect_digest)
+    problems = integrity_problems(bundle, manifest, expect_digest, digest)
     if problems:
         report = refused(manifest, problems, digest)
     else:
@@ -168,19 +168,14 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
 def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
                    bench: dict[str, Any]) -> str:
     """'' when the check ran on the target's arch and first provider, else what differed (a
-    pass there says nothing of the target's kernels or speed)."""
-    if "target_note" in check:   # the runner on the device said it
+    pass there says nothing of the target's kernels or speed): the runner's own note, or for a
+    runner from before it, the same judgement from its report."""
+    from ._runtimes import ort_runner
+
+    if "target_note" in check:
         return check["target_note"]
-    target = manifest["target"]    # a runner from before it: judge from its report
-    wanted = [p["name"] for p in manifest.get("providers", [])]
-    arch = (bench.get("device") or check.get("device") or {}).get("arch")
-    running = (check.get("providers") or [""])[0]
-    differs = []
-    if arch and target.get("arch") and arch != target["arch"]:
-        differs.append(f"this machine is {arch}, {target['name']} is {target['arch']}")
-    if wanted and running and running != wanted[0]:
-        differs.append(f"{running} ran, {target['name']} runs {wanted[0]} first")
-    return "; ".join(differs)
+    arch = (bench.get("device") or check.get("device") or {}).get("arch") or ""
+    return ort_runner.target_note(manifest, (check.get("providers") or [""])[0], arch)
 
 
 def write_reports(out: Path, report: dict[str, Any]) -> None:

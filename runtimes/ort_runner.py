@@ -16,6 +16,7 @@ bundle, 3 an unexpected error (a bug: please report it), 130 interrupted.
 """
 
 import argparse
+import functools
 import glob
 import hashlib
 import io
@@ -244,10 +245,7 @@ class ManifestShape(object):
             pass
         elif kind is str and not (isinstance(value, str) and value):
             self.fail(what)
-        elif kind is float and (isinstance(value, bool) or
-                                not isinstance(value, (int, float))):
-            self.fail(what)
-        elif kind not in (str, float) and not isinstance(value, kind):
+        elif kind is not str and not isinstance(value, kind):
             self.fail(what)
         return value
 
@@ -457,6 +455,7 @@ def session_options(ort, conf):
 # --------------------------------------------------------------------------- TensorRT caches
 
 
+@functools.lru_cache(maxsize=None)   # a directory scan; asked per session and per cache key
 def tensorrt_version():
     """TensorRT's version from its library's file name (libnvinfer.so.X.Y.Z), else 'unknown'."""
     dirs = ["/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64"]
@@ -470,6 +469,7 @@ def tensorrt_version():
     return max(found, key=lambda v: [int(x) for x in v.split(".") if x]) if found else "unknown"
 
 
+@functools.lru_cache(maxsize=None)   # may run nvidia-smi: once per process
 def gpu_name():
     """The Jetson module's name, or the first GPU's name and compute capability, else 'unknown'."""
     try:
@@ -649,7 +649,7 @@ def open_session(bundle, manifest, part, args=None):
                     not os.listdir(folder):
                 os.rmdir(folder)
                 folder = os.path.dirname(folder)
-    info = {"load_ms": load_ms, "provider": name, "graph": graph["file"],
+    info = {"load_ms": load_ms, "provider": name, "graph": graph["file"], "entry": graph,
             "precision": graph.get("precision"), "not_running": not_running,
             "provider_options": session.get_provider_options().get(name, {})}
     line = "edgepack: %s running on %s (%s%s)" % (
@@ -927,8 +927,7 @@ def cmd_check(bundle, manifest, args):
         golden = part["golden"]
         got = run_samples(session, inputs)
         own = opened["graph"] != part["model"]["file"]   # this provider's own graph
-        graph = graph_for(part, opened["provider"])
-        min_cosine = graph["min_cosine"] if own else golden.get("min_cosine", 0.99)
+        min_cosine = opened["entry"]["min_cosine"] if own else golden.get("min_cosine", 0.99)
         host = golden.get("shipped_provider", "CPUExecutionProvider")
         running = opened["provider"]
         if not golden.get("shipped"):
@@ -967,14 +966,15 @@ def cmd_check(bundle, manifest, args):
     return report
 
 
-def target_note(manifest, running):
+def target_note(manifest, running, arch=None):
     """'' on the target's arch and first provider, else what differs: a pass elsewhere says
-    nothing of the target's kernels."""
+    nothing of the target's kernels. *arch*: the machine's (default: this one's; '' unknown)."""
     target = manifest.get("target", {})
     wanted = [p["name"] for p in manifest.get("providers", [])]
+    arch = platform.machine() if arch is None else arch
     differs = []
-    if target.get("arch") and platform.machine() != target["arch"]:
-        differs.append("this machine is %s, %s is %s" % (platform.machine(), target.get("name"),
+    if target.get("arch") and arch and arch != target["arch"]:
+        differs.append("this machine is %s, %s is %s" % (arch, target.get("name"),
                                                          target["arch"]))
     if wanted and running and running != wanted[0]:
         differs.append("%s ran, %s runs %s first" % (running, target.get("name"), wanted[0]))
@@ -1071,10 +1071,15 @@ def roofline(bundle, manifest, args, threads):
     return result
 
 
-def cmd_bench(bundle, manifest, args):
+def require_intact(bundle, manifest):
+    """bench, infer and serve run nothing from a bundle that fails its integrity check."""
     problems = integrity_problems(bundle, manifest)
     if problems:
         raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+
+
+def cmd_bench(bundle, manifest, args):
+    require_intact(bundle, manifest)
     parts = {}
     for part in select_parts(manifest, args.part):
         parts[part["name"]] = bench_part(bundle, manifest, part, args)
@@ -1301,9 +1306,7 @@ def input_files(paths, part):
 
 
 def cmd_infer(bundle, manifest, args):
-    problems = integrity_problems(bundle, manifest)
-    if problems:
-        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+    require_intact(bundle, manifest)
     part = one_part(manifest, args.part)
     files = input_files(args.files, part)
     session, _ = open_session(bundle, manifest, part, args)
@@ -1337,15 +1340,14 @@ def cmd_serve(bundle, manifest, args):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
-    problems = integrity_problems(bundle, manifest)
-    if problems:
-        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+    require_intact(bundle, manifest)
     parts = select_parts(manifest, args.part)
     sessions = {}
     for part in parts:
         session, _ = open_session(bundle, manifest, part, args)
         names = [o.name for o in session.get_outputs()]
-        # warm up before listening: the first run allocates and picks kernels (454 ms on a GPU)
+        # warm up before listening: the first run allocates and picks kernels (454 ms on an
+        # H100, measured for issue 12)
         inputs, _ = load_golden(bundle, part)
         start = time.perf_counter()
         for _ in range(2):
