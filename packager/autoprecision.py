@@ -19,6 +19,7 @@ from .budget import AccuracyBudget
 from .calibration import Sample
 from .compare import session
 from .errors import BudgetMissed
+from .progress import OFF, Progress
 from .quantize import QuantConfig, quantize_file
 from .search import Candidate, Search, dynamic_ops
 from .targets import Target
@@ -53,9 +54,13 @@ Timer = Callable[[Sequence[Path], Sample, int, int, int], tuple[dict[str, dict],
 
 
 def local_timer(paths: Sequence[Path], feed: Sample, threads: int, rounds: int,
-                block: int) -> tuple[dict[str, dict], dict[str, Any]]:
-    runs = {str(p): _runner(session(p, threads), feed) for p in paths}
-    return time_blocks(runs, rounds=rounds, block=block), machine()
+                block: int, *, labels: Sequence[str] = (), steps: Progress | None = None
+                ) -> tuple[dict[str, dict], dict[str, Any]]:
+    """*labels* name the models on the *steps* line (paths when they are not unique)."""
+    keys = list(labels) if len(set(labels)) == len(paths) else [str(p) for p in paths]
+    runs = {k: _runner(session(p, threads), feed) for k, p in zip(keys, paths, strict=True)}
+    times = time_blocks(runs, rounds=rounds, block=block, steps=steps)
+    return {str(p): times[k] for k, p in zip(keys, paths, strict=True)}, machine()
 
 
 def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "python3",
@@ -124,13 +129,16 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
            budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
            log: Log = lambda _: None, progress=None,
-           fp32_outputs: dict[str, Any] | None = None) -> Decision:
+           fp32_outputs: dict[str, Any] | None = None,
+           steps: Progress | None = None) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship.
 
     *overrides* are the user's quantization options: 'precision' forces one precision (INT8
     that misses the budget is then an error), the others pin those fields of the search.
-    *fp32_outputs* are FP32's outputs on *held*, when the caller has them already.
+    *fp32_outputs* are FP32's outputs on *held*, when the caller has them already. *steps*
+    shows each candidate built and each timing block (*progress*: calibration, per sample).
     """
+    steps = steps or OFF
     started = time.perf_counter()
     requested = overrides.get("precision")
     preset = target.preset_for(family)
@@ -162,7 +170,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         MIN_GAIN faster than FP32: moving nodes back to float will not make them faster."""
         if forced or why_not or not structural or len(held) < MIN_HELD:
             return ""
-        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer)
+        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer,
+                                        steps)
         fastest = min(structural, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""
@@ -171,7 +180,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                 f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
 
     search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
-                    progress=progress, reference=fp32_outputs, pays=pays)
+                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps)
     static_ok = bool(calib)
     if base.mode == "static" and not static_ok:
         base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
@@ -192,7 +201,9 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             precision="int8"))
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
+        search.show("FP16")
         _fp16(fp32, folder, base, held, budget, labels, candidates, fp32_outputs)
+    steps.finish()
     passing = [c for c in candidates[1:] if c.passed]
     if forced == "int8" and not passing:
         best = search.best()
@@ -238,7 +249,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                        started, {"measured": False, "why": why_not,
                                  "basis": "providers" if gpu else "ops"}, log)
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
-    where = _time([reference] + ranked, fp32, held, threads, timer)
+    where = _time([reference] + ranked, fp32, held, threads, timer, steps)
     timing = {"measured": True, "threads": threads, "measured_on": where}
     fastest = min(c.p50_ms for c in ranked)
     chosen = min((c for c in ranked if c.p50_ms <= fastest * SAME_SPEED),
@@ -263,11 +274,13 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
 
 
 def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], threads: int,
-          timer: Any) -> Any:
+          timer: Any, steps: Progress) -> Any:
     """Time *timed* interleaved (here or with *timer*); sets their p50/p90, returns where."""
     rounds, block = _plan(fp32, held[0], threads)
-    times, where = (timer or local_timer)([c.path for c in timed], held[0], threads, rounds,
-                                          block)
+    paths = [c.path for c in timed]
+    times, where = (timer(paths, held[0], threads, rounds, block) if timer else
+                    local_timer(paths, held[0], threads, rounds, block,
+                                labels=[c.label for c in timed], steps=steps))
     for c in timed:
         c.p50_ms, c.p90_ms = times[str(c.path)]["p50"], times[str(c.path)]["p90"]
     return where

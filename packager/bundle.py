@@ -26,6 +26,7 @@ from .inspection import dims_of, graph_inputs, io_specs
 from .manifest import MANIFEST, Manifest
 from .modelio import load_model, opset_of, save_model
 from .targets import Target
+from .tuning import Tuner
 
 RUNNER_FILE = "run.py"
 
@@ -264,11 +265,12 @@ quantization settings, checksums and tool versions.
 
 def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
            name: str | None = None, force: bool = False,
-           inputs: Sequence[Path | str] = ()) -> BundleResult:
+           inputs: Sequence[Path | str] = (), tune: Tuner | None = None) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
-    its FP32 reference's outputs when it has one.
+    its FP32 reference's outputs when it has one. *tune* (tuning.local_tuner or remote_tuner)
+    times session options with the staged bundle's own runner; the manifest keeps the fastest.
     """
     output = Path(output)
     archive = archive_path(output)
@@ -315,9 +317,25 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                  if p.is_file()}
         manifest = Manifest(**{**manifest.__dict__, "files": files})
         manifest.write(tmp / MANIFEST)
+        if tune is not None:
+            tuning = tune(tmp)
+            _remove_unlisted(tmp, files)   # e.g. cache folders a GPU provider made
+            manifest = Manifest(**{**manifest.__dict__, "session": tuning["chosen"],
+                                   "tuning": tuning})
+            manifest.write(tmp / MANIFEST)
         write_archive(tmp, tar_tmp, output.name, created)
     return BundleResult(output, archive, manifest.to_dict(),
                         "sha256:" + sha256(output / MANIFEST))
+
+
+def _remove_unlisted(folder: Path, files: dict[str, str]) -> None:
+    """Remove what a run of the staged bundle left in it beyond its files and manifest."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and rel not in files and rel != MANIFEST:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
 
 
 def build_time() -> datetime:

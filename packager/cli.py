@@ -70,7 +70,16 @@ def emit(data: Any, as_json: bool, text: str) -> None:
 
 
 def log(message: str) -> None:
-    click.echo(message, err=True)
+    from .progress import echo
+
+    echo(message)   # clears a status line first (progress.py) and draws it again after
+
+
+def step_line(label: str, as_json: bool):
+    """A status line for a long multi-step job: on a terminal only, and never under --json."""
+    from .progress import Progress
+
+    return None if as_json else Progress(label, stream=sys.stderr)
 
 
 def progress_bar(label: str):
@@ -83,6 +92,9 @@ def progress_bar(label: str):
         if "bar" not in state or done == 1:
             if "bar" in state:
                 state["bar"].render_finish()
+            from .progress import clear
+
+            clear()   # a step_line status line; its next step draws it again
             state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr)
         state["bar"].update(1)
         if done == total:
@@ -390,7 +402,7 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
         config, _, result["budget"] = quantize_checked(
             model, output, config=config, calib=calib_set, held=held, budget=guard,
             labels=labels, pinned=frozenset(overrides) - {"precision"}, force=force, log=log,
-            progress=progress_bar("calibrating"))
+            progress=progress_bar("calibrating"), steps=step_line("quantize", as_json))
     else:
         quantize(model, output, config=config, samples=calib_set, force=force,
                  progress=progress_bar("calibrating"))
@@ -514,6 +526,30 @@ def _device_timer(host: str | None, ssh_config: Path | None, python: str, target
                         providers=load_target(target).providers, log=log)
 
 
+def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, target: str):
+    """build --tune's tuner: on the --time-on device, else here when this machine is one."""
+    if not tune:
+        return None
+    import platform
+
+    from .autoprecision import GPU_PROVIDERS
+    from .inventory import parse_host
+    from .targets import load_target
+    from .tuning import local_tuner, remote_tuner
+
+    if host is not None:
+        return remote_tuner(parse_host(host), ssh_config=ssh_config, python=python, log=log)
+    profile = load_target(target)
+    gpu = any(p.name in GPU_PROVIDERS for p in profile.providers)
+    if gpu or profile.arch != platform.machine():
+        raise SpecError(f"--tune: {profile.name} is {profile.arch}{' with a GPU' if gpu else ''}"
+                        f" and this host {platform.machine()}, so timings here say nothing "
+                        "about it", "add --time-on HOST to tune on the device, or tune each "
+                        "device after deploying: `edgepack deploy --tune` or `run.py bench "
+                        "--tune` there")
+    return local_tuner(log=log)
+
+
 def _labels(path: Path | None) -> list[str] | None:
     if path is None:
         return None
@@ -547,13 +583,16 @@ def _precision_of(model: Path) -> dict[str, Any]:
 @click.option("--runs", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--threads", type=int, default=None, help="override the session's threads")
+@click.option("--tune", is_flag=True,
+              help="first time thread counts, optimisation levels and the execution mode "
+                   "here (run.py bench --tune) and keep the fastest for this machine")
 @click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--python", default=sys.executable, show_default="this Python",
               help="interpreter that runs run.py")
 @click.option("--expect-digest", metavar="SHA256",
               help="refuse unless the bundle's digest (printed by build) is this one")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
+def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: bool,
                latency_budget_ms: float | None, python: str, expect_digest: str | None,
                as_json: bool) -> None:
     """Run BUNDLE's own run.py as the device would: integrity, accuracy, latency, memory.
@@ -567,7 +606,7 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
     from .verify import verify
 
     report = verify(bundle, python=python, runs=runs, warmup=warmup, threads=threads,
-                    latency_budget_ms=latency_budget_ms, expect_digest=expect_digest)
+                    latency_budget_ms=latency_budget_ms, expect_digest=expect_digest, tune=tune)
     if as_json:
         emit(report, True, "")
     else:
@@ -598,6 +637,9 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None,
 @click.option("--runs", type=int, default=100, show_default=True)
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--threads", type=int, default=None, help="override the session's threads")
+@click.option("--tune", is_flag=True,
+              help="first time thread counts, optimisation levels and the execution mode on "
+                   "each device (run.py bench --tune) and keep the fastest there")
 @click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--require-provider", default=None, help="fail unless this provider runs")
 @click.option("--allow-fallback", is_flag=True,
@@ -613,7 +655,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                identity: Path | None, ssh_config: Path | None, remote_dir: str | None,
                remote_python: str, transfer: str, checksum: bool, bwlimit: int | None,
                runs: int, warmup: int,
-               threads: int | None, latency_budget_ms: float | None,
+               threads: int | None, tune: bool, latency_budget_ms: float | None,
                require_provider: str | None, allow_fallback: bool, parallel: int,
                timeout: float, expect_digest: str | None, as_json: bool) -> None:
     """Copy BUNDLE to devices over SSH, check them, verify there, bring the reports back.
@@ -634,7 +676,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
     options = DeployOptions(remote_dir=remote_dir, python=remote_python, ssh_config=ssh_config,
                             port=port, identity=identity, transfer=transfer, checksum=checksum,
                             bwlimit_kbps=bwlimit,
-                            runs=runs, warmup=warmup, threads=threads,
+                            runs=runs, warmup=warmup, threads=threads, tune=tune,
                             latency_budget_ms=latency_budget_ms,
                             require_provider=require_provider, allow_fallback=allow_fallback,
                             timeout=timeout, expect_digest=expect_digest)
@@ -682,6 +724,10 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 @click.option("--fuse/--no-fuse", default=True, show_default=True,
               help="transformers on CPU targets: onnxruntime's attention / LayerNorm / GELU "
                    "fusions before quantizing")
+@click.option("--tune", is_flag=True,
+              help="time thread counts, optimisation levels and the execution mode with the "
+                   "finished bundle here (or on the --time-on device) and keep the fastest as "
+                   "the manifest's session options")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -692,7 +738,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
-              device_python: str, fuse: bool, force: bool, as_json: bool, **kw: Any) -> None:
+              device_python: str, fuse: bool, tune: bool, force: bool, as_json: bool,
+              **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -732,7 +779,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               timer=_device_timer(time_on, ssh_config, device_python, target),
               **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
-              fuse=fuse)
+              fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
+              steps=step_line("build", as_json))
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(
@@ -792,7 +840,8 @@ def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preproc
                      variants=variants or None, weights=weights,
                      factory_args=parse_factory_args(parse_assignments(factory_args,
                                                                        "--factory-arg")),
-                     submodule=submodule, cold=cold, log=log)
+                     submodule=submodule, cold=cold, log=log,
+                     steps=step_line("compare", as_json))
     if chart:
         from .chart import render
 

@@ -22,6 +22,7 @@ from .errors import PackagerError
 from .export import export_loaded, make_inputs
 from .inspection import graph_inputs, io_specs
 from .modelio import load_model, save_model
+from .progress import OFF, Progress
 from .quantize import QuantConfig, quantize_file
 from .shapes import fix_shapes_proto
 from .simplify import simplify_proto
@@ -132,8 +133,12 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             threads: int | None = None, variants: Sequence[str] | None = None,
             weights: Path | None = None, factory_args: dict[str, Any] | None = None,
             submodule: str | None = None, cold: bool = True,
-            log: Log = lambda _: None) -> dict[str, Any]:
-    """Benchmark every variant of *source* (PyTorch or .onnx) on this machine; see module doc."""
+            log: Log = lambda _: None, steps: Progress | None = None) -> dict[str, Any]:
+    """Benchmark every variant of *source* (PyTorch or .onnx) on this machine; see module doc.
+
+    *steps* shows each variant built, each timing block and each cold start (on a terminal).
+    """
+    steps = steps or OFF
     target = load_target(target) if isinstance(target, str | Path) else target
     wanted = list(variants or VARIANTS)
     unknown = [v for v in wanted if v not in VARIANTS]
@@ -168,13 +173,14 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     calib_set, held = split_holdout(samples, fraction=0.25)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
-        for batch in batches:
+        for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
             rows += _compare_batch(Path(tmp), source, loaded, specs, batch, calib_set, held,
-                                   target, threads, wanted, rounds, block, log)
+                                   target, threads, wanted, rounds, block, log, steps,
+                                   f"batch {batch} ({i + 1}/{len(batches)})")
         if cold:
             _cold_starts(Path(tmp), source, loaded, rows, threads, weights, factory_args,
-                         submodule, log)
+                         submodule, log, steps)
     return {"source": str(source), "machine": machine(), "threads": threads,
             "reference": "PyTorch" if loaded is not None else "ORT FP32",
             "batches": list(batches), "rounds": rounds, "block": block,
@@ -190,9 +196,12 @@ class _NoModule:
 
 def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                    calib_set, held, target: Target, threads: int, wanted, rounds: int,
-                   block: int, log: Log) -> list[dict[str, Any]]:
+                   block: int, log: Log, steps: Progress, phase: str) -> list[dict[str, Any]]:
     import onnxruntime as ort
 
+    built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED)]
+    steps.start(f"{phase} build", 3 + len(built))
+    steps.step("export" if loaded is not None else "fix shapes")
     shaped = [TensorSpec(s.name, (batch, *s.shape[1:]), s.dtype) for s in specs]
     calib_b, held_b = batched(calib_set, batch), batched(held, batch, count=max(2, len(held) //
                                                                              batch))
@@ -203,6 +212,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         proto = fix_shapes_proto(load_model(Path(source)), {s.name: list(s.shape)
                                                             for s in shaped}, strict=False)
         save_model(proto, raw)
+    steps.step("simplify")
     fixed = fix_shapes_proto(load_model(raw), {}, batch=batch, strict=False)
     simplified, _, _ = simplify_proto(fixed, raw)
     simple = save_model(fix_shapes_proto(simplified, {}, batch=batch), tmp / f"sim_b{batch}.onnx")
@@ -212,6 +222,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     if ORT_FP32 in wanted:
         paths[ORT_FP32] = raw
     if ORT_OPT in wanted:
+        steps.step(ORT_OPT)
         start = time.perf_counter()
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -223,6 +234,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         if name not in wanted:
             continue
         out = tmp / f"{name.replace(' ', '_')}_b{batch}.onnx"
+        steps.step(name)
         start = time.perf_counter()
         try:
             quantize_file(simple, out, config=QuantConfig.from_preset(target.quantization,
@@ -247,6 +259,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
             with torch.inference_mode():
                 return [[t.numpy() for t in _flat(fn(*ts))] for ts in tensors]
 
+        steps.step("reference outputs")
         reference = torch_out(module)
         if EAGER in wanted:
             outputs[EAGER] = reference
@@ -259,6 +272,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
                 import torch._inductor.config as inductor
 
                 inductor.compile_threads = 1
+                steps.step(COMPILED)
                 start = time.perf_counter()
                 compiled = torch.compile(module)
                 outputs[COMPILED] = torch_out(compiled)
@@ -266,6 +280,8 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
                 engines[COMPILED] = lambda: _no_grad(compiled, tensors[0])
             except Exception as exc:   # no C++ compiler, unsupported op, ...
                 errors[COMPILED] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+    if loaded is None:
+        steps.step("reference outputs")
     for name, path in paths.items():
         try:
             sess = session(path, threads)
@@ -276,8 +292,10 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     if loaded is None:
         reference = outputs.get(ORT_FP32) or [session(raw, threads).run(None, f) for f in feeds]
     scale = max(1, batch)
+    steps.finish()
     log(f"compare: timing {len(engines)} engines, batch {batch}")
-    medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale))
+    medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
+                          phase=f"{phase} timing")
     eager = medians.get(EAGER, {}).get("p50")
     base = medians.get(ORT_FP32, {}).get("p50")
     rows = []
@@ -322,13 +340,15 @@ def _flat(value):
 
 
 def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args, submodule,
-                 log: Log) -> None:
+                 log: Log, steps: Progress) -> None:
     """Import + load + first call in a fresh process, batch 1 only."""
     first = min((r["batch"] for r in rows), default=1)
     feed = tmp / f"feed_b{first}.npz"
-    for row in rows:
-        if row["batch"] != first or "error" in row or row["variant"] == COMPILED:
-            continue
+    todo = [r for r in rows if r["batch"] == first and "error" not in r and
+            r["variant"] != COMPILED]
+    steps.start("cold start", len(todo))
+    for row in todo:
+        steps.step(row["variant"])
         if row["variant"] == EAGER:
             with np.load(feed) as f:
                 names = list(f.files)
@@ -343,6 +363,7 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
             row["cold_start"] = json.loads(proc.stdout.strip().splitlines()[-1])
         else:
             row["cold_start_error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:160]
+    steps.finish()
     for row in rows:
         row.pop("_path", None)
 

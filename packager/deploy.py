@@ -15,10 +15,11 @@ from .errors import BundleError, PackagerError, VerifyError
 from .inventory import Host
 from .manifest import read_manifest
 from .remote import Connection, DeviceError, have_local
-from .verify import bundle_digest, integrity_problems, run_checks, write_reports
+from .verify import bundle_digest, check_tune, integrity_problems, run_checks, write_reports
 
 Log = Callable[[str], None]
-EXCLUDE = ("reports/", "cache/")   # local results and device-built engines stay where they are
+# local results, device-built engines and a session tuned for this machine (not the device)
+EXCLUDE = ("reports/", "cache/", "session.tuned.json")
 MIN_PYTHON = (3, 8)
 
 
@@ -40,6 +41,7 @@ class DeployOptions:
     allow_fallback: bool = False           # run even if the target's providers are missing
     timeout: float = 900.0
     expect_digest: str | None = None       # refuse unless the bundle's digest is this one
+    tune: bool = False                     # run.py bench --tune on each device first
 
 
 @dataclass
@@ -90,6 +92,7 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
     """Deploy *bundle* to every host, at most *parallel* at once; one host's failure is its own."""
     if not hosts:
         raise PackagerError("no hosts given", "name a host (alias or user@host) or --hosts FILE")
+    check_tune(options.tune, options.threads)
     with bundle_folder(bundle) as (folder, reports):
         manifest = read_manifest(folder)
         problems = integrity_problems(folder, manifest, options.expect_digest)
@@ -184,7 +187,7 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     report = run_checks(manifest, execute, f"{host.name}:{remote}", runs=options.runs,
                         warmup=options.warmup, threads=options.threads,
                         latency_budget_ms=options.latency_budget_ms,
-                        require_provider=require, progress=say)
+                        require_provider=require, progress=say, tune=options.tune)
     report["host"] = host.name
     report["digest"] = digest
     out = reports / host.label

@@ -26,6 +26,7 @@ class Manifest:
     tools: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)   # every file but this one: sha256
     roofline: dict[str, Any] = field(default_factory=dict)  # bench --roofline's MatMul graphs
+    tuning: dict[str, Any] = field(default_factory=dict)    # build --tune: what it tried, where
     created: str = ""
     schema_version: int = SCHEMA_VERSION
 

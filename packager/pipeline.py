@@ -34,6 +34,7 @@ from .freeze import fold_constant_ifs, freeze_inputs
 from .inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .preprocessing import check_fits, spec_shape
+from .progress import Progress
 from .provider_graphs import provider_graphs
 from .quantize import QuantConfig, check_exclude
 from .sensitivity import name_nodes
@@ -42,6 +43,8 @@ from .simplify import simplify_proto
 from .specs import TensorSpec
 from .targets import Target, load_target
 from .torchload import LoadedModel, is_torch_source, load_source, select_submodule
+from .tuning import Tuner
+from .verify import describe_session
 
 Log = Callable[[str], None]
 RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
@@ -133,7 +136,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           timer: Any = None, log: Log = lambda _: None,
-          progress: Callable[[int, int], None] | None = None, fuse: bool = True) -> BuildResult:
+          progress: Callable[[int, int], None] | None = None, fuse: bool = True,
+          tune: Tuner | None = None, steps: Progress | None = None) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -144,7 +148,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
     autoprecision.remote_timer on a device) and ships the fastest that keeps *min_cosine*
-    (default: the target's budget).
+    (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
+    times session options with the finished bundle's runner; the manifest keeps the fastest.
     """
     check_holdout(holdout)
     check_golden(golden)
@@ -171,6 +176,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                           options=export_options, min_cosine=min_cosine,
                                           max_drop=max_accuracy_drop, metric=metric,
                                           timer=timer, log=part_log, progress=progress,
+                                          steps=steps,
                                           fuse=fuse)
             payloads.append(payload)
             results.append(result)
@@ -178,7 +184,12 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         if unused:
             raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
                             "see the inputs with `edgepack inspect MODEL`")
-        out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources)
+        out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
+                     tune=tune)
+    tuning = out.manifest.get("tuning")
+    if tuning:
+        log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "
+            f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
     log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
         "take it as --expect-digest)")
     return BuildResult(out, results)
@@ -256,7 +267,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                 options: ExportOptions, min_cosine: float | None, max_drop: float | None,
                 metric: tuple[Any, str] | None, timer: Any, log: Log,
                 progress: Callable[[int, int], None] | None,
-                fuse: bool = True) -> tuple[PartPayload, PartResult]:
+                fuse: bool = True, steps: Progress | None = None
+                ) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
         loaded = load_source(str(req.source), factory_args=options.factory_args,
@@ -394,7 +406,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     decision = decide(fp32, folder, target=target, family=family, overrides=dict(req.quant),
                       calib=calib_set if data != "random" else [], held=held_out,
                       budget=guard, labels=labels_held, timer=timer, log=log, progress=progress,
-                      fp32_outputs=fp32_outputs)
+                      fp32_outputs=fp32_outputs, steps=steps)
     config, candidate = decision.config, decision.candidate.path
     needs_calib = config.precision == "int8" and config.mode == "static"
     accuracy = {**decision.candidate.accuracy, "data": data}

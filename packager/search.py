@@ -30,6 +30,7 @@ from .accuracy import run_model
 from .budget import METHODS, PROBE_SAMPLES, AccuracyBudget, worst_samples
 from .calibration import Sample
 from .errors import QuantizationError
+from .progress import OFF, Progress
 from .quantize import QuantConfig, quantize_file
 from .sensitivity import layer_errors, quantized_nodes
 
@@ -153,13 +154,17 @@ class Search:
                  held: Sequence[Sample], budget: AccuracyBudget,
                  labels: Sequence[Any] | None = None, log: Log = lambda _: None,
                  progress=None, reference: dict[str, Any] | None = None,
-                 pays: Callable[[list["Candidate"]], str] | None = None):
+                 pays: Callable[[list["Candidate"]], str] | None = None,
+                 steps: Progress | None = None):
         """*reference*: FP32's outputs on *held* when already computed. *pays*, given variants
         that miss the budget, times them against FP32 and returns why INT8 cannot pay ('' when
-        it can): variants with more nodes in float will not be faster, so the search stops."""
+        it can): variants with more nodes in float will not be faster, so the search stops.
+        *steps* shows each variant as it is built and measured (how many is not known ahead)."""
         self.fp32, self.folder, self.calib, self.held = fp32, folder, calib, held
         self.budget, self.labels, self.log, self.progress = budget, labels, log, progress
-        self.pays = pays
+        self.pays, self.steps = pays, steps or OFF
+        self.steps.start("search", None)
+        self.steps_since = self.steps.started
         self.candidates: list[Candidate] = []
         # FP32's outputs, once for every variant
         self.reference = run_model(fp32, held) if reference is None else reference
@@ -183,6 +188,7 @@ class Search:
         """Quantize and measure one variant; quantizer failures are retried around the node."""
         path = self.folder / f"variant_{len(self.candidates):02d}.onnx"
         cand = Candidate(label, config, path)
+        self.show(label)
         for _ in range(RETRIES + 1):
             try:
                 quantize_file(self.fp32, path, config=cand.config, samples=self.calib,
@@ -210,6 +216,11 @@ class Search:
         self.candidates.append(cand)
         self.log(f"search: {cand.line()}")
         return cand
+
+    def show(self, label: str) -> None:
+        """Put the candidate now built on the *steps* line (after timing drew its own there)."""
+        self.steps.start("search", None, done=len(self.candidates), since=self.steps_since)
+        self.steps.step(label)
 
     def _culprits(self, message: str, config: QuantConfig) -> list[str]:
         """Node names (else all nodes of the op type) that a quantizer error points at."""

@@ -14,22 +14,35 @@ from typing import Any
 
 import numpy as np
 
+from .progress import OFF, Progress
+
 
 def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
-                switch_warmup: int = 3, warmup: int = 5) -> dict[str, dict[str, float]]:
-    """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks."""
+                switch_warmup: int = 3, warmup: int = 5, steps: Progress | None = None,
+                phase: str = "timing") -> dict[str, dict[str, float]]:
+    """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks.
+
+    *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
+    """
+    steps = steps or OFF
     times: dict[str, list[float]] = {name: [] for name in engines}
-    for fn in engines.values():
+    cost = {}
+    for name, fn in engines.items():
+        start = time.perf_counter()
         for _ in range(warmup):
             fn()
-    for _ in range(rounds):
+        cost[name] = (time.perf_counter() - start) / max(warmup, 1)
+    steps.start(phase, [cost[name] or 1e-6 for _ in range(rounds) for name in engines])
+    for r in range(rounds):
         for name, fn in engines.items():
+            steps.step(f"round {r + 1}/{rounds}, {name}")
             for _ in range(switch_warmup):
                 fn()
             for _ in range(block):
                 start = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - start) * 1000.0)
+    steps.finish()
     return {name: {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
                    "mean": float(np.mean(t)), "calls": len(t)} for name, t in times.items()}
 

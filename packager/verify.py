@@ -12,6 +12,7 @@ from .errors import VerifyError
 from .manifest import read_manifest
 
 REPORTS = "reports"
+TUNE_RUNS = 50   # runs per session setting tried by --tune
 
 
 # Runs `run.py ARGS --json` where the bundle is: (exit code, stdout, stderr).
@@ -94,9 +95,12 @@ def refused(manifest: dict[str, Any], problems: list[str], digest: str) -> dict[
 def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,
            threads: int | None = None, latency_budget_ms: float | None = None,
            require_provider: str | None = None, timeout: float = 900.0,
-           expect_digest: str | None = None) -> dict[str, Any]:
+           expect_digest: str | None = None, tune: bool = False) -> dict[str, Any]:
     """Check integrity (here, before anything from the bundle runs), then run the bundle's own
-    run.py: accuracy, benchmark, budgets; write reports/ in *bundle*."""
+    run.py: accuracy, benchmark, budgets; write reports/ in *bundle*. *tune*: first time
+    session options with `run.py bench --tune`, which keeps the fastest in the bundle's
+    session.tuned.json for this machine."""
+    check_tune(tune, threads)
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
     digest = bundle_digest(bundle)
@@ -107,7 +111,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
         report = run_checks(manifest, local_runner(bundle, python=python, timeout=timeout),
                             str(bundle), runs=runs, warmup=warmup, threads=threads,
                             latency_budget_ms=latency_budget_ms,
-                            require_provider=require_provider)
+                            require_provider=require_provider, tune=tune)
         report["digest"] = digest
     write_reports(bundle / REPORTS, report)
     return report
@@ -116,11 +120,19 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
 def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: int = 100,
                warmup: int = 10, threads: int | None = None,
                latency_budget_ms: float | None = None, require_provider: str | None = None,
-               progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """run.py check then bench through *execute*, judged against the bundle's budgets."""
+               progress: Callable[[str], None] = lambda _: None,
+               tune: bool = False) -> dict[str, Any]:
+    """run.py check then bench through *execute*, judged against the bundle's budgets; with
+    *tune*, `bench --tune` first (its choice is kept on the device and used by both)."""
     common = [] if threads is None else ["--threads", str(threads)]
     if require_provider:
         common += ["--require-provider", require_provider]
+    tuning = None
+    if tune:
+        progress(f"tune: timing session options, {min(runs, TUNE_RUNS)} runs each")
+        _, tuned, _ = run_runner(execute, ["bench", "--tune", "--runs", str(min(runs, TUNE_RUNS)),
+                                           "--warmup", str(min(warmup, 5)), *common], where)
+        tuning = tuned.get("tuning")
     progress("check: integrity and accuracy against the golden outputs")
     _, check, check_log = run_runner(execute, ["check", *common], where)
     checks = [{"name": "integrity", "passed": not check.get("integrity"),
@@ -158,11 +170,17 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
         "passed": all(c["passed"] for c in checks), "checks": checks,
         "providers": check.get("providers", []),
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
-        "check": check, "bench": bench,
+        "check": check, "bench": bench, "tuning": tuning,
         "precision_choice": {p["name"]: p["precision"]["decision"] for p in manifest["parts"]
                              if "decision" in p.get("precision", {})},
     }
     return report
+
+
+def check_tune(tune: bool, threads: int | None) -> None:
+    if tune and threads is not None:
+        raise VerifyError("--tune and --threads: tuning tries the thread counts itself",
+                          "drop one of them")
 
 
 def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
@@ -230,6 +248,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak RSS {f'{rss:.1f} MB' if rss is not None else 'n/a'}. "
                       f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
                       f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
+        if bench.get("session"):
+            lines += ["", f"Session: {describe_session(bench['session'])} (from "
+                          f"{bench.get('session_from', 'the manifest')})."]
+    tuning = report.get("tuning")
+    if tuning:
+        lines += ["", f"## Session tuning ({len(tuning['tried'])} settings, {tuning['runs']} runs "
+                      f"each, {tuning['cores']} cores)", "",
+                  ("Kept the current settings, " if tuning["chosen"] == tuning["current"]
+                   else "Chose ") + f"{describe_session(tuning['chosen'])}: {tuning['reason']}"
+                  + (f"; kept in {tuning['saved']} on the device" if tuning.get("saved") else "")
+                  + ".", "", "| threads | inter-op | mode | opt level | p50 ms | stage |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for t in tuning["tried"]:
+            s = t["session"]
+            lines.append(f"| {s['intra_op_threads'] or 'auto'} | {s['inter_op_threads'] or 'auto'}"
+                         f" | {s['execution_mode']} | {s['graph_optimization_level']} | "
+                         f"{t['p50_ms']:.3f} | {t['stage']} |")
     for part, choice in report.get("precision_choice", {}).items():
         lines += ["", f"## Precision chosen at build ({part}): {choice['chosen']}", "",
                   choice["reason"], "", "| candidate | p50 ms | p90 ms | cosine min | bytes | "
@@ -241,6 +276,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {c.get('label', c['precision'])} | {p50} | {p90} | {cos} | "
                          f"{c['bytes'] or '-'} | {'yes' if c['meets_budget'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def describe_session(conf: dict[str, Any]) -> str:
+    """'threads 2, inter-op auto, sequential, opt all' (the runner's defaults where unsaid)."""
+    return (f"threads {conf.get('intra_op_threads') or 'auto'}, inter-op "
+            f"{conf.get('inter_op_threads') or 'auto'}, "
+            f"{conf.get('execution_mode', 'sequential')}, opt "
+            f"{conf.get('graph_optimization_level', 'all')}")
 
 
 def _accuracy_checks(label: str, entry: dict[str, Any], stats: dict[str, Any]) -> list[dict]:

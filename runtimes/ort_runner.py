@@ -432,8 +432,10 @@ SESSION_OVERRIDES = (("intra_op_threads", "threads"), ("inter_op_threads", "inte
 
 
 def session_settings(manifest, args=None):
-    """The target's session options with the command line's overrides applied."""
+    """The target's session options, then this device's tuned ones (session.tuned.json, written
+    by `bench --tune`), then the command line's overrides."""
     conf = dict(manifest.get("session", {}))
+    conf.update((getattr(args, "tuned", None) or {}).get("session", {}))
     for key, attr in SESSION_OVERRIDES:
         value = getattr(args, attr, None)
         if value is not None:
@@ -659,7 +661,8 @@ def open_session(bundle, manifest, part, args=None):
     if missing:
         line += "; requested but not running here: " + "; ".join(
             "%s (%s)" % (p, not_running[p]) for p in missing)
-    sys.stderr.write(line + "\n")
+    if not getattr(args, "quiet_open", False):
+        sys.stderr.write(line + "\n")
     require = getattr(args, "require_provider", None)
     if require and require != name:
         raise ProviderMissing("required provider %s is not running (running: %s%s)" % (
@@ -963,6 +966,8 @@ def cmd_check(bundle, manifest, args):
         report["parts"][part["name"]] = entry
     report["passed"] = passed
     report["target_note"] = target_note(manifest, report.get("providers", [""])[0])
+    report["session"] = full_session(session_settings(manifest, args))
+    report["session_from"] = session_origin(manifest, args)
     return report
 
 
@@ -1078,8 +1083,23 @@ def require_intact(bundle, manifest):
         raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
 
 
+def session_origin(manifest, args):
+    """Where the session options in use come from, in words."""
+    if any(getattr(args, attr, None) is not None for _, attr in SESSION_OVERRIDES):
+        return "the command line"
+    if getattr(args, "tuned", None) and full_session(session_settings(manifest, args)) != \
+            full_session(manifest.get("session", {})):
+        return "%s, tuned on this device" % TUNED
+    return "the manifest"
+
+
 def cmd_bench(bundle, manifest, args):
     require_intact(bundle, manifest)
+    tuning = None
+    if getattr(args, "tune", False):
+        tuning = tune(bundle, manifest, args)
+        tuning["saved"] = None if args.no_save else save_tuned(bundle, manifest, tuning)
+        args.tuned = {"session": tuning["chosen"]}
     parts = {}
     for part in select_parts(manifest, args.part):
         parts[part["name"]] = bench_part(bundle, manifest, part, args)
@@ -1094,11 +1114,13 @@ def cmd_bench(bundle, manifest, args):
                 kind = "int8" if entry["precision"] == "int8" else "fp32"
                 entry["roofline_share"] = entry["achieved_gops"] / ceiling[kind + "_gops"]
     return {
+        "tuning": tuning,
+        "session_from": session_origin(manifest, args),
         "roofline": ceiling,
         "bundle": manifest.get("name"),
         "target": manifest.get("target", {}).get("name"),
         "runs": args.runs, "warmup": args.warmup,
-        "session": session_settings(manifest, args),
+        "session": full_session(session_settings(manifest, args)),
         "parts": parts,
         "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
@@ -1575,6 +1597,25 @@ def reproduce_line(entry, rep):
         rep, rep["min_cosine"], why=" (a kernel computes differently on this device)"))
 
 
+def print_tuning(tuning):
+    print("tuning: %d settings tried on %d cores, %d runs each (p50, summed over parts):" % (
+        len(tuning["tried"]), tuning["cores"], tuning["runs"]))
+    print("  %-7s %-8s %-10s %-8s %9s  %s" % ("threads", "inter-op", "mode", "opt", "p50 ms",
+                                               "stage"))
+    fastest = min(t["p50_ms"] for t in tuning["tried"])
+    for t in tuning["tried"]:
+        conf = t["session"]
+        print("  %-7s %-8s %-10s %-8s %9.3f  %s%s" % (
+            conf["intra_op_threads"] or "auto", conf["inter_op_threads"] or "auto",
+            conf["execution_mode"], conf["graph_optimization_level"], t["p50_ms"], t["stage"],
+            "  <- fastest" if t["p50_ms"] == fastest else ""))
+    print("tuning %s %s: %s%s" % (
+        "kept the current settings," if tuning["chosen"] == tuning["current"] else "chose",
+        describe_session(tuning["chosen"]), tuning["reason"],
+        "; saved in %s" % tuning["saved"] if tuning.get("saved") else
+        "; nothing saved" if tuning.get("saved") is None else ""))
+
+
 def print_human(command, report):
     if command == "check":
         for line in report.get("integrity", []):
@@ -1592,9 +1633,14 @@ def print_human(command, report):
         print("check %s%s" % ("passed" if report["passed"] else "FAILED",
                               " (not on the target: %s)" % note if note else ""))
     elif command == "bench":
+        tuning = report.get("tuning")
+        if tuning:
+            print_tuning(tuning)
         print("%s on %s (%s, %s cores), %d runs" % (
             report["bundle"], report["providers"][0], report["device"]["arch"],
             report["device"]["cores"], report["runs"]))
+        print("session: %s (from %s)" % (describe_session(report["session"]),
+                                         report["session_from"]))
         for part, entry in report["parts"].items():
             lat = entry["latency_ms"]
             print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
@@ -1641,6 +1687,223 @@ def print_human(command, report):
                     print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
 
 
+# --------------------------------------------------------------------------- session tuning
+
+TUNED = "session.tuned.json"
+TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
+TUNE_LEVELS = ("basic", "extended", "all")
+TUNE_ROUNDS = 3      # the winner and the current settings, timed alternately
+MODES = ("sequential", "parallel")
+
+
+def manifest_digest(bundle):
+    return "sha256:" + sha256(os.path.join(bundle, MANIFEST))
+
+
+def tuned_problem(data):
+    """What is wrong with a session.tuned.json's content, or ''."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key, kind in (("manifest", str), ("onnxruntime", str), ("cores", int),
+                      ("session", dict)):
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+            return "%r is missing or not a %s" % (key, kind.__name__)
+    for key, value in data["session"].items():
+        if key in ("intra_op_threads", "inter_op_threads"):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 4096:
+                return "session.%s must be a thread count, got %r" % (key, value)
+        elif key == "graph_optimization_level":
+            if value not in OPT_LEVELS:
+                return "session.%s must be one of %s" % (key, ", ".join(sorted(OPT_LEVELS)))
+        elif key == "execution_mode":
+            if value not in MODES:
+                return "session.%s must be sequential or parallel" % key
+        else:
+            return "unknown session option %r" % key
+    return ""
+
+
+def load_tuned(bundle, manifest):
+    """This device's tuned session options ({"session": ...}), or None: there are none, or they
+    were measured for another version of the bundle, another onnxruntime or another core count
+    (a note says so, and the manifest's options apply)."""
+    import onnxruntime as ort
+
+    path = os.path.join(bundle, TUNED)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        problem = tuned_problem(data)
+    except (OSError, ValueError) as exc:
+        problem = one_line(exc)
+    if problem:
+        raise BundleError("%s: %s; delete it, or run `run.py bench --tune` again to rewrite it"
+                          % (TUNED, problem))
+    stale = []
+    if data["manifest"] != manifest_digest(bundle):
+        stale.append("another version of this bundle")
+    if data["onnxruntime"] != ort.__version__:
+        stale.append("onnxruntime %s (this is %s)" % (data["onnxruntime"], ort.__version__))
+    if data["cores"] != os.cpu_count():
+        stale.append("%d cores (this device has %s)" % (data["cores"], os.cpu_count()))
+    if stale:
+        sys.stderr.write("edgepack: %s was tuned for %s; ignored, the manifest's session options "
+                         "apply (run `run.py bench --tune` again)\n" % (TUNED, " and ".join(stale)))
+        return None
+    return data
+
+
+def full_session(conf):
+    """*conf* with every option spelled out (the defaults where it says nothing)."""
+    return {"intra_op_threads": int(conf.get("intra_op_threads", 0)),
+            "inter_op_threads": int(conf.get("inter_op_threads", 0)),
+            "graph_optimization_level": conf.get("graph_optimization_level", "all"),
+            "execution_mode": conf.get("execution_mode", "sequential")}
+
+
+def describe_session(conf):
+    return "threads %s, inter-op %s, %s, opt %s" % (
+        conf.get("intra_op_threads", 0) or "auto", conf.get("inter_op_threads", 0) or "auto",
+        conf.get("execution_mode", "sequential"), conf.get("graph_optimization_level", "all"))
+
+
+def tune_threads(cores):
+    counts, n = set([cores]), 1
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+class TuneProgress(object):
+    """'tune: 3/9 ... about 0:12 left' in place on a terminal; nothing elsewhere."""
+
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+        self.live = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+    def step(self, what):
+        self.done += 1
+        if not self.live:
+            return
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * max(self.total - self.done, 0)
+        sys.stderr.write("\r\x1b[Ktune: %d/%d %s · about %d:%02d left" % (
+            self.done, self.total, what, left // 60, left % 60))
+        sys.stderr.flush()
+
+    def close(self):
+        if self.live:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def tune(bundle, manifest, args):
+    """Time the bundle under thread counts, then optimisation levels, then the parallel
+    execution mode, each step keeping the fastest so far; re-time the winner against the
+    current settings alternately; keep it only when it is TUNE_MARGIN faster and still passes
+    check. Returns the table of what was tried and what was chosen."""
+    parts = select_parts(manifest, args.part)
+    feeds = []
+    for part in parts:
+        inputs, _ = load_golden(bundle, part)
+        feeds.append((part, {k: np.asarray(v[0]) for k, v in inputs.items()}))
+    current = full_session(session_settings(manifest, args))
+    cores = os.cpu_count() or 1
+    threads = tune_threads(cores)
+    progress = TuneProgress(len(threads) + len(TUNE_LEVELS) + (cores > 1) + 2 * TUNE_ROUNDS)
+
+    def trial(conf):
+        trial_args = argparse.Namespace(**vars(args))
+        trial_args.tuned, trial_args.quiet_open = {"session": conf}, True
+        total = 0.0
+        for part, feed in feeds:
+            session, _ = open_session(bundle, manifest, part, trial_args)
+            names = [o.name for o in session.get_outputs()]
+            total += float(np.percentile(timed(
+                lambda s=session, n=names, f=feed: s.run(n, f), args.warmup, args.runs), 50))
+        return total
+
+    tried, seen = [], {}
+
+    def consider(stage, conf):
+        key = json.dumps(conf, sort_keys=True)
+        if key in seen:
+            return
+        seen[key] = p50 = trial(conf)
+        tried.append({"stage": stage, "session": conf, "p50_ms": p50})
+        progress.step("%s: p50 %.3f ms" % (describe_session(conf), p50))
+
+    def best():
+        return min(tried, key=lambda t: t["p50_ms"])["session"]
+
+    base = dict(current, inter_op_threads=0, execution_mode="sequential")
+    try:
+        for n in threads:
+            consider("threads", dict(base, intra_op_threads=n))
+        for level in TUNE_LEVELS:
+            consider("optimisation level", dict(best(), graph_optimization_level=level))
+        if cores > 1:
+            consider("execution mode", dict(best(), execution_mode="parallel",
+                                            inter_op_threads=2))
+        winner, rounds = best(), {"current": [], "winner": []}
+        if winner != current:
+            for _ in range(TUNE_ROUNDS):
+                for name, conf in (("current", current), ("winner", winner)):
+                    rounds[name].append(trial(conf))
+                    progress.step("re-timing %s settings" % name)
+    finally:
+        progress.close()
+    result = {"runs": args.runs, "warmup": args.warmup, "cores": cores, "tried": tried,
+              "current": current, "margin": TUNE_MARGIN}
+    if not rounds["winner"]:
+        result.update(chosen=current, chosen_p50_ms=seen[json.dumps(current, sort_keys=True)],
+                      speedup=1.0, reason="the current settings are the fastest tried")
+        return result
+    now, new = float(np.median(rounds["current"])), float(np.median(rounds["winner"]))
+    result.update(current_p50_ms=now, winner=winner, winner_p50_ms=new, speedup=now / new)
+    if now < new * (1 + TUNE_MARGIN):
+        result.update(chosen=current, chosen_p50_ms=now,
+                      reason="the fastest tried (%s) is not %d%% faster than these when "
+                             "re-timed (x%.3f)" % (describe_session(winner), 100 * TUNE_MARGIN,
+                                                   now / new))
+        return result
+    check_args = argparse.Namespace(**vars(args))
+    check_args.tuned, check_args.quiet_open = {"session": winner}, True
+    checked = cmd_check(bundle, manifest, check_args)
+    if not checked["passed"]:
+        result.update(chosen=current, chosen_p50_ms=now,
+                      reason="the fastest tried (%s) fails check: its outputs differ beyond "
+                             "the bundle's floors" % describe_session(winner))
+        return result
+    result.update(chosen=winner, chosen_p50_ms=new,
+                  reason="x%.2f faster than the current settings, check passed" % (now / new))
+    return result
+
+
+def save_tuned(bundle, manifest, tuning):
+    """Write (or, when the manifest's own settings won, remove) session.tuned.json, atomically."""
+    import onnxruntime as ort
+
+    path = os.path.join(bundle, TUNED)
+    if tuning["chosen"] == full_session(manifest.get("session", {})):
+        if os.path.exists(path):
+            os.remove(path)
+        return None
+    data = {"manifest": manifest_digest(bundle), "onnxruntime": ort.__version__,
+            "cores": os.cpu_count(), "session": tuning["chosen"],
+            "tuned": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device_info(),
+            "tried": tuning["tried"], "speedup": tuning.get("speedup", 1.0)}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return TUNED
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default=os.path.dirname(os.path.abspath(__file__)),
@@ -1670,6 +1933,14 @@ def parse_args(argv):
             p.add_argument("--roofline", action="store_true",
                            help="also time an FP32 MatMul and the bundle's MatMulInteger with "
                                 "the same threads, and report the model's share of that rate")
+            p.add_argument("--tune", action="store_true",
+                           help="first try thread counts, optimisation levels and the parallel "
+                                "execution mode on this device, keep the fastest (when %d%% "
+                                "faster and check still passes) in %s, then bench with it; "
+                                "--runs applies to each setting tried" % (100 * TUNE_MARGIN,
+                                                                          TUNED))
+            p.add_argument("--no-save", action="store_true",
+                           help="with --tune: report only, write nothing")
             p.add_argument("--io-binding", action="store_true",
                            help="also time runs with inputs and outputs bound on the provider's "
                                 "device (no host copies per call), as an application would")
@@ -1699,6 +1970,12 @@ def parse_args(argv):
         raise SystemExit(EXIT_BAD_INPUT)
     if args.command == "bench" and (args.runs < 1 or args.warmup < 0):
         parser.error("--runs must be >= 1 and --warmup >= 0")
+    if args.command == "bench" and args.no_save and not args.tune:
+        parser.error("--no-save goes with --tune")
+    if args.command == "bench" and args.tune and any(
+            getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
+        parser.error("--tune tries the session options itself; drop --threads, "
+                     "--inter-threads, --opt-level and --execution-mode")
     if args.command in ("infer", "serve") and not args.max_megapixels > 0:
         parser.error("--max-megapixels must be > 0")
     if args.command == "serve" and (not args.timeout > 0 or args.max_concurrent < 1):
@@ -1748,6 +2025,7 @@ def run_command(args, json_out=None):
     try:
         manifest = load_manifest(args.bundle)
         check_dependencies(manifest)
+        args.tuned = load_tuned(args.bundle, manifest)
         if getattr(args, "max_megapixels", None):
             # for formats whose header decode_image does not read (TIFF, ...): OpenCV's own
             # limit, which it reads once, when it first decodes

@@ -134,6 +134,7 @@ def main():
 
     from packager.compare import compare, markdown
     from packager.demo import make_dataset
+    from packager.progress import Progress, echo
     from packager.specs import parse_input
     from packager.timing import machine, machine_line
 
@@ -157,10 +158,13 @@ def main():
                   weights=weights, factory_args={"vocab": 30522, "dim": 384, "heads": 12,
                                                  "layers": 6, "ffn": 1536})),
         ]
-        for title, source, kw in runs:
+        for i, (title, source, kw) in enumerate(runs, 1):
             print(f"== {title}", flush=True)
+            # a status line with the time left on a terminal (stderr), nothing in a log file
+            steps = Progress(f"bench {i}/{len(runs)} {title.split(',')[0]}")
             result = compare(source, batches=(1, 8), rounds=args.rounds, block=args.block,
-                             threads=threads, log=lambda m: print(m, flush=True), **kw)
+                             threads=threads, log=lambda m: echo(m, err=False), steps=steps,
+                             **kw)
             table = markdown(result)
             print(table, flush=True)
             sections.append(f"## {title}\n\n{table}")

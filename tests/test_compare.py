@@ -114,3 +114,21 @@ def test_auto_honours_the_accuracy_budget(image_dir, tmp_path):
     assert plain["label"] == "INT8 preset" and not plain["meets_budget"]
     # what ships is FP32, or INT8 with the nodes that broke the budget kept in FP32
     assert decision["reason"].startswith("FP32: ") or r.parts[0].config.exclude
+
+
+def test_compare_progress_on_a_terminal_and_silence_without_a_reporter(cnn_onnx, capfd):
+    from test_progress import FakeTTY, screen
+
+    from packager.progress import Progress
+
+    args = dict(batches=(1,), rounds=2, block=3, variants=[ORT_FP32, "INT8 dynamic"])
+    compare(cnn_onnx, cold=False, **args)   # the library's default: no reporter, no output
+    assert capfd.readouterr() == ("", "")
+    tty = FakeTTY()
+    compare(cnn_onnx, steps=Progress("compare", stream=tty, width=300), **args)
+    drawn = tty.getvalue()
+    for line in ("compare: batch 1 (1/1) build: step 4/4 (reference outputs) · about",
+                 "compare: batch 1 (1/1) timing: step 4/4 (round 2/2, INT8 dynamic) · about",
+                 "compare: cold start: step 2/2 (INT8 dynamic) · about"):
+        assert line in drawn
+    assert "\n" not in drawn and screen(drawn) == [""]   # drawn in place, cleared at the end

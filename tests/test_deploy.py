@@ -305,3 +305,42 @@ def test_a_gpu_target_is_timed_under_the_providers_that_start_on_the_device(serv
     assert decision["timing"]["measured"] is True
     assert decision["timing"]["measured_on"]["providers"] == ["CPUExecutionProvider"]
     assert "timed on device1 under CPUExecutionProvider" in decision["reason"]
+
+
+def test_deploy_tune_tunes_on_the_device_not_with_the_hosts_file(server, built, tmp_path):
+    """deploy --tune runs bench --tune on the device; a session.tuned.json measured on this
+    machine is never copied there (it describes this machine, not the device)."""
+    bundle = tmp_path / "cnn"
+    shutil.copytree(built.bundle.directory, bundle)
+    mine = {"manifest": "sha256:" + "0" * 64, "onnxruntime": "0", "cores": 1,
+            "session": {"intra_op_threads": 1}, "tuned": "on the host"}
+    (bundle / "session.tuned.json").write_text(json.dumps(mine))
+    [result] = deploy(bundle, [host("device1")], options=options(server, tmp_path, tune=True))
+    assert result.exit_code == 0, result.error
+    tuning = result.report["tuning"]
+    assert tuning["tried"] and all(t["p50_ms"] > 0 for t in tuning["tried"])
+    device = tmp_path / "device" / "session.tuned.json"
+    if device.exists():   # written by the device's tuning only when it beat the manifest
+        saved = json.loads(device.read_text())
+        assert saved.get("tuned") != "on the host" and saved["session"] == tuning["chosen"]
+    else:
+        assert tuning["saved"] is None
+    assert result.report["bench"]["session"] == tuning["chosen"]
+    text = (bundle / "reports" / "device1" / "report.md").read_text()
+    assert "## Session tuning" in text
+
+
+def test_build_tune_on_a_device(server, cnn_onnx, image_dir, tmp_path):
+    from dataclasses import replace
+
+    from packager.tuning import remote_tuner
+
+    device = replace(host("device1"), python=sys.executable)
+    build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          quant={"precision": "int8"},
+          tune=remote_tuner(device, ssh_config=server.config, python=sys.executable, runs=5,
+                            warmup=1))
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["tuning"]["measured_on"] == "device1"
+    assert manifest["session"] == manifest["tuning"]["chosen"]
+    assert not list(Path.home().glob("edgepack/.tune-*"))   # the scratch folder is gone

@@ -1,0 +1,170 @@
+"""The status line of long jobs: time left from weighted steps, drawn in place, cleared after."""
+
+import io
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packager import progress
+from packager.progress import Progress, clock_text
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for *text* (\\r returns to column 0 and overwrites)."""
+    lines: list[str] = []
+    line: list[str] = []
+    col = 0
+    for ch in text:
+        if ch == "\n":
+            lines.append("".join(line).rstrip())
+            line, col = [], 0
+        elif ch == "\r":
+            col = 0
+        else:
+            line[col:col + 1] = [ch]
+            col += 1
+    return lines + ["".join(line).rstrip()]
+
+
+def test_clock_text():
+    assert [clock_text(s) for s in (0, 9.4, 59.6, 61, 600, 3725)] == \
+        ["0:00", "0:09", "1:00", "1:01", "10:00", "1:02:05"]
+
+
+def test_time_left_weighs_the_steps_done_and_left():
+    clock, tty = Clock(), FakeTTY()
+    steps = Progress("compare", stream=tty, clock=clock, width=200)
+    steps.start("timing", [1, 3, 1, 3])   # rounds x (fast engine, engine 3x slower)
+    steps.step("round 1/2, ORT FP32")
+    assert steps.text() == "compare: timing: step 1/4 (round 1/2, ORT FP32)"   # nothing done
+    clock.now += 2   # the fast block took 2 s: 2 s per unit, 3 + 1 + 3 units left
+    steps.step("round 1/2, PyTorch eager")
+    assert steps.left() == pytest.approx(14.0)   # an unweighted guess would say 6 s
+    assert steps.text() == ("compare: timing: step 2/4 (round 1/2, PyTorch eager) · "
+                            "about 0:14 left")
+    clock.now += 10   # the slow block ran slower than guessed: 12 s for 4 units
+    steps.step("round 2/2, ORT FP32")
+    assert steps.text().endswith("step 3/4 (round 2/2, ORT FP32) · about 0:12 left")
+    clock.now += 100
+    steps.start("cold start", 2)   # a new phase starts its own estimate
+    steps.step("ORT FP32")
+    assert steps.text() == "compare: cold start: step 1/2 (ORT FP32)"
+    clock.now += 75
+    steps.step("INT8 dynamic")
+    assert steps.text().endswith("step 2/2 (INT8 dynamic) · about 1:15 left")
+
+
+def test_unknown_count_shows_the_time_so_far():
+    clock = Clock()
+    steps = Progress("quantize", stream=FakeTTY(), clock=clock, width=200)
+    steps.start("search", None)
+    steps.step("INT8 preset")
+    clock.now += 65
+    steps.step("INT8 heavy ops only")
+    assert steps.text() == "quantize: search: step 2 (INT8 heavy ops only) · 1:05 so far"
+    steps.start("search", None, done=2, since=clock.now - 70)   # resumed after timing
+    steps.step("INT8 entropy calibration")
+    assert steps.text() == "quantize: search: step 3 (INT8 entropy calibration) · 1:10 so far"
+
+
+def test_the_line_is_redrawn_in_place_and_cleared_at_the_end():
+    tty = FakeTTY()
+    steps = Progress("compare", stream=tty, clock=Clock(), width=200)
+    steps.start("batch 1 (1/1) build", 3)
+    steps.step("INT8 QDQ U8S8 with a long name")
+    steps.step("FP16")
+    assert "\n" not in tty.getvalue() and tty.getvalue().count("\r") >= 2
+    assert screen(tty.getvalue()) == ["compare: batch 1 (1/1) build: step 2/3 (FP16) · "
+                                      "about 0:00 left"]   # no residue of the longer line
+    steps.finish()
+    assert screen(tty.getvalue()) == [""]
+    assert progress._drawn is None
+
+
+def test_long_lines_are_cut_to_the_terminal_width():
+    tty = FakeTTY()
+    steps = Progress("bench 3/3 MiniLM-L6-class sentence encoder", stream=tty, width=40)
+    steps.start("batch 8 (2/2) timing", 45)
+    steps.step("round 5/5, INT8 QDQ S8S8")
+    assert len(screen(tty.getvalue())[0]) == 39   # a wrapped line could not be redrawn
+    steps.finish()
+
+
+def test_log_lines_clear_the_status_line_and_it_comes_back(monkeypatch):
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    steps = Progress("quantize", stream=sys.stderr, clock=Clock(), width=200)
+    steps.start("search", None)
+    steps.step("INT8 preset")
+    progress.echo("search: INT8 preset: cosine 0.9991")
+    assert screen(tty.getvalue()) == ["search: INT8 preset: cosine 0.9991",
+                                      "quantize: search: step 1 (INT8 preset) · 0:00 so far"]
+    steps.finish()
+    progress.echo("decision: FP32")
+    assert screen(tty.getvalue())[-2:] == ["decision: FP32", ""]
+
+
+def test_off_a_terminal_nothing_is_written():
+    log = io.StringIO()
+    steps = Progress("compare", stream=log)
+    steps.start("timing", 4)
+    for what in "abcd":
+        steps.step(what)
+    steps.finish()
+    assert log.getvalue() == "" and progress._drawn is None
+
+
+def run_with_tty_stderr(args: list[str], out: Path) -> tuple[str, str]:
+    """Run *args* with stderr on a pseudo-terminal, as in a shell; (stdout, what stderr drew)."""
+    master, slave = pty.openpty()
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(args, stdout=stdout, stderr=slave, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "COLUMNS": "300"})
+    os.close(slave)
+    drawn = b""
+    try:
+        while select.select([master], [], [], 300)[0]:
+            chunk = os.read(master, 65536)
+            if not chunk:
+                break
+            drawn += chunk
+    except OSError:   # EIO: the child closed the terminal
+        pass
+    finally:
+        os.close(master)
+    assert proc.wait(timeout=60) == 0, drawn.decode()
+    return out.read_text(), drawn.decode()
+
+
+def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, tmp_path):
+    import json
+
+    cmd = [sys.executable, "-m", "packager", "compare", str(cnn_onnx), "--batch", "1",
+           "--rounds", "2", "--block", "3", "--no-cold", "--variant", "ORT FP32"]
+    logs = ["compare: batch 1", "compare: timing 1 engines, batch 1"]
+    _, drawn = run_with_tty_stderr(cmd, tmp_path / "out.txt")
+    assert "compare: batch 1 (1/1) build: step 1/3 (fix shapes)" in drawn
+    assert "compare: batch 1 (1/1) timing: step 2/2 (round 2/2, ORT FP32) · about" in drawn
+    assert [line for line in screen(drawn) if line] == logs   # log lines whole, status cleared
+    stdout, drawn = run_with_tty_stderr(cmd + ["--json"], tmp_path / "out.json")
+    assert json.loads(stdout)["rows"][0]["variant"] == "ORT FP32"   # stdout: JSON only
+    assert "step" not in drawn and "\r" not in drawn.replace("\r\n", "\n")
+    assert [line for line in screen(drawn) if line] == logs
