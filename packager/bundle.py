@@ -25,6 +25,7 @@ from .errors import BundleError
 from .inspection import dims_of, graph_inputs, io_specs
 from .manifest import MANIFEST, Manifest
 from .modelio import load_model, opset_of, save_model
+from .offline import offline_graph
 from .targets import Target
 from .tuning import Tuner
 
@@ -265,12 +266,15 @@ quantization settings, checksums and tool versions.
 
 def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
            name: str | None = None, force: bool = False,
-           inputs: Sequence[Path | str] = (), tune: Tuner | None = None) -> BundleResult:
+           inputs: Sequence[Path | str] = (), tune: Tuner | None = None,
+           offline: bool = False) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
     its FP32 reference's outputs when it has one. *tune* (tuning.local_tuner or remote_tuner)
     times session options with the staged bundle's own runner; the manifest keeps the fastest.
+    *offline*: also ship each part's graph optimised offline by this onnxruntime where it loads
+    faster (offline.py); the runner loads it under the same onnxruntime version family.
     """
     output = Path(output)
     archive = archive_path(output)
@@ -289,10 +293,13 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     with atomic_pair(output, archive, force=force, inputs=inputs) as (tmp, tar_tmp):
         (tmp / "golden").mkdir()
         entries = []
+        level = target.session.get("graph_optimization_level", "all")
         for part, proto in zip(parts, protos, strict=True):
-            entries.append(_write_part(tmp, part, proto,
-                                       target.session.get("graph_optimization_level", "all"),
-                                       target.min_onnxruntime))
+            entry = _write_part(tmp, part, proto, level, target.min_onnxruntime)
+            if offline:
+                entry["offline"] = offline_graph(tmp, entry["model"]["file"],
+                                                 stack(part.golden_samples), level)
+            entries.append(entry)
         shutil.copyfile(runner_source(), tmp / RUNNER_FILE)
         roofline = _write_roofline(tmp, parts, target)
         reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]

@@ -728,6 +728,10 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
               help="time thread counts, optimisation levels and the execution mode with the "
                    "finished bundle here (or on the --time-on device) and keep the fastest as "
                    "the manifest's session options")
+@click.option("--offline-optimize", "offline", is_flag=True,
+              help="CPU targets: also ship the graph optimised offline by this onnxruntime "
+                   "(.onnx or ORT format, whichever loads faster) for a faster start; devices "
+                   "with the same onnxruntime version family load it")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -738,8 +742,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
-              device_python: str, fuse: bool, tune: bool, force: bool, as_json: bool,
-              **kw: Any) -> None:
+              device_python: str, fuse: bool, tune: bool, offline: bool, force: bool,
+              as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -780,7 +784,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               **budget_kwargs(kw),
               labels=_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
               fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
-              steps=step_line("build", as_json))
+              steps=step_line("build", as_json), offline=offline)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(

@@ -137,7 +137,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           timer: Any = None, log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None, fuse: bool = True,
-          tune: Tuner | None = None, steps: Progress | None = None) -> BuildResult:
+          tune: Tuner | None = None, steps: Progress | None = None,
+          offline: bool = False) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -150,10 +151,16 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     autoprecision.remote_timer on a device) and ships the fastest that keeps *min_cosine*
     (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
     times session options with the finished bundle's runner; the manifest keeps the fastest.
+    *offline* ships each part also optimised offline by this onnxruntime where that loads
+    faster (CPU targets; see offline.py).
     """
     check_holdout(holdout)
     check_golden(golden)
     target = load_target(target) if isinstance(target, str | Path) else target
+    if offline and any(p.name != "CPUExecutionProvider" for p in target.providers):
+        raise SpecError(f"--offline-optimize: {target.name} runs "
+                        f"{target.providers[0].name}, which builds its own graph at load",
+                        "use it for CPU targets (x86_64-cpu, rpi) only")
     output = Path(output)
     sources = input_paths(model, calib, part_calib, export_options)
     check_free(output, force=force, inputs=sources)
@@ -185,7 +192,11 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
                             "see the inputs with `edgepack inspect MODEL`")
         out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
-                     tune=tune)
+                     tune=tune, offline=offline)
+    for entry in out.manifest["parts"] if offline else ():
+        log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
+            f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
+            f"{entry['offline']['reason']}")
     tuning = out.manifest.get("tuning")
     if tuning:
         log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "

@@ -296,6 +296,12 @@ def check_manifest(manifest):
             m.pop()
             m.pop()
         m.pop()
+        offline = m.table(part, "offline")
+        if "file" in offline:
+            files.append(offline)
+            m.at("family", offline.get("family"), str, "an onnxruntime version family")
+            m.pop()
+        m.pop()
         for entry in files:
             for key in ("file", "sha256"):
                 m.at(key, entry.get(key), str, "a file name" if key == "file" else "a sha256")
@@ -370,6 +376,8 @@ def manifest_files(manifest):
     for part in manifest.get("parts") or []:
         needed.append(part.get("model", {}).get("file"))
         needed += [g.get("file") for g in part.get("graphs", [])]
+        if (part.get("offline") or {}).get("file"):
+            needed.append(part["offline"]["file"])
         golden = part.get("golden", {})
         needed += [golden.get(k) for k in ("inputs", "outputs", "shipped") if golden.get(k)]
     return needed
@@ -391,6 +399,8 @@ def integrity_problems(bundle, manifest):
     for i, part in enumerate(manifest.get("parts") or []):
         entries = [("parts[%d].model" % i, part.get("model", {}))] + [
             ("parts[%d].graphs[%d]" % (i, j), g) for j, g in enumerate(part.get("graphs", []))]
+        if (part.get("offline") or {}).get("file"):
+            entries.append(("parts[%d].offline" % i, part["offline"]))
         for where, entry in entries:
             if entry.get("file") in files and entry.get("sha256") != files[entry["file"]]:
                 problems.append("manifest: %s.sha256 differs from the file table" % where)
@@ -527,6 +537,23 @@ def graph_for(part, provider):
     return dict(part["model"], precision=part.get("precision", {}).get("precision"))
 
 
+def offline_choice(part, graph, provider):
+    """(file to load, note): the part's offline-optimised graph on the CPU where this
+    onnxruntime is the version family that made it; else the graph itself, and why."""
+    import onnxruntime as ort
+
+    offline = part.get("offline") or {}
+    if provider != CPU or not offline.get("file") or graph.get("file") != part["model"]["file"]:
+        return graph["file"], ""
+    here = ".".join(ort.__version__.split(".")[:2])
+    if here != offline["family"]:
+        return graph["file"], ("%s was optimised offline by onnxruntime %s and this is %s, so "
+                               "%s is loaded (same result, slower start)" % (
+                                   offline["file"], offline.get("onnxruntime", offline["family"]),
+                                   ort.__version__, graph["file"]))
+    return offline["file"], ""
+
+
 def provider_plan(bundle, manifest, part):
     """[{name, options, graph}] in the manifest's order, CPU always last. Option values
     "{bundle}/..." become paths in the bundle; "{cache}" the graph's keyed TensorRT cache."""
@@ -621,12 +648,13 @@ def open_session(bundle, manifest, part, args=None):
                 "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
                 "cached in %s\n" % (part["name"], os.path.relpath(cache, bundle)))
         providers = [name] if name == CPU else [name, CPU]
+        load, offline_note = offline_choice(part, graph, name)
         start = time.perf_counter()
         error = None
         with CapturedOutput() as out:
             try:
                 session = ort.InferenceSession(
-                    os.path.join(bundle, graph["file"]),
+                    os.path.join(bundle, load),
                     sess_options=session_options(ort, settings), providers=providers,
                     provider_options=[options] if name == CPU else [options, {}],
                     enable_fallback=0)
@@ -643,7 +671,7 @@ def open_session(bundle, manifest, part, args=None):
             break
         if name == CPU:
             raise BundleError("onnxruntime cannot load %s: %s" % (
-                graph["file"], load_reason(name, error, out.text)))
+                load, load_reason(name, error, out.text)))
         not_running[name] = load_reason(name, error, out.text)
         session = None
         for folder in reversed(folders):   # nothing left behind by a provider that did not run
@@ -652,11 +680,15 @@ def open_session(bundle, manifest, part, args=None):
                 os.rmdir(folder)
                 folder = os.path.dirname(folder)
     info = {"load_ms": load_ms, "provider": name, "graph": graph["file"], "entry": graph,
+            "loaded": load, "offline_note": offline_note,
             "precision": graph.get("precision"), "not_running": not_running,
             "provider_options": session.get_provider_options().get(name, {})}
-    line = "edgepack: %s running on %s (%s%s)" % (
+    line = "edgepack: %s running on %s (%s%s%s)" % (
         part["name"], name, graph["file"],
-        ", " + graph["precision"].upper() if graph.get("precision") else "")
+        ", " + graph["precision"].upper() if graph.get("precision") else "",
+        ", loaded from %s, optimised offline" % load if load != graph["file"] else "")
+    if offline_note:
+        line += "; " + offline_note
     missing = [p for p in requested if p in not_running]
     if missing:
         line += "; requested but not running here: " + "; ".join(
@@ -946,6 +978,7 @@ def cmd_check(bundle, manifest, args):
         entry = {"outputs": {}, "min_cosine": min_cosine,
                  "reference": golden.get("reference", "fp32"),
                  "precision": opened["precision"], "graph": opened["graph"],
+                 "loaded": opened["loaded"],
                  "not_running": opened["not_running"],
                  "samples": len(next(iter(inputs.values()))), "providers": session.get_providers()}
         for name, ref in reference.items():
@@ -1032,6 +1065,7 @@ def bench_part(bundle, manifest, part, args):
         "latency_ms": latency_stats(times),
         "throughput_per_s": float(1000.0 * batch / np.mean(times)),
         "session_load_ms": opened["load_ms"], "graph": opened["graph"],
+        "loaded": opened["loaded"],
         "not_running": opened["not_running"], "provider_options": opened["provider_options"],
         "providers": session.get_providers(),
     }
@@ -1646,6 +1680,9 @@ def print_human(command, report):
             print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
                 part, entry["graph"], entry["precision"], lat["p50"], lat["p90"], lat["p99"],
                 lat["mean"], lat["std"], entry["throughput_per_s"]))
+            print("%s: session load %.1f ms%s" % (
+                part, entry["session_load_ms"], " (%s, optimised offline)" % entry["loaded"]
+                if entry.get("loaded", entry["graph"]) != entry["graph"] else ""))
             if entry.get("achieved_gops"):
                 share = entry.get("roofline_share")
                 print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
