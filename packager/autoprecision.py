@@ -231,7 +231,9 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     useful = [c for c in passing if not any(
         d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
         (d.int8_nodes, -d.boundaries) != (c.int8_nodes, -c.boundaries) for d in passing)]
-    ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries))[:MAX_TIMED]
+    # equal structure: the more accurate first (untimed, it is the one shipped)
+    ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries,
+                                           -c.accuracy.get("cosine_min", 0.0)))[:MAX_TIMED]
     if why_not:
         chosen = ranked[0]
         gpu = any(p.name in GPU_PROVIDERS for p in target.providers)
@@ -276,7 +278,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
 def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], threads: int,
           timer: Any, steps: Progress) -> Any:
     """Time *timed* interleaved (here or with *timer*); sets their p50/p90, returns where."""
-    rounds, block = _plan(fp32, held[0], threads)
+    rounds, block = plan_timing(fp32, held[0], threads)
     paths = [c.path for c in timed]
     times, where = (timer(paths, held[0], threads, rounds, block) if timer else
                     local_timer(paths, held[0], threads, rounds, block,
@@ -286,7 +288,7 @@ def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], thread
     return where
 
 
-def _plan(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
+def plan_timing(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
     """Rounds and calls per block: about 0.3 s per candidate and round, 3 to 20 calls."""
     sess = session(fp32, threads)
     sess.run(None, feed)

@@ -10,6 +10,12 @@ Fusion needs the graph as exported: after onnxsim's folding the attention patter
 matches. So it runs on the static-shape graph before simplification. It is kept only when every
 op it wrote exists in the target's oldest onnxruntime, and when the fused graph computes what the
 unfused one does (checked by the pipeline on the held-out samples).
+
+Before the optimizer runs, our own rewrite (packed_attention.py) turns the attention exports
+that onnxruntime's patterns miss into the same contrib Attention op: `nn.MultiheadAttention`'s
+(one packed QKV projection split into heads by Reshape/Transpose/Gather or Split) and today's
+`transformers` BERT's (three projections, a boolean mask spread with And/Where, an IsNaN guard
+after the Softmax). It needs onnxruntime 1.14 (Attention's mask_filter_value).
 """
 
 import contextlib
@@ -21,6 +27,8 @@ from typing import Any
 
 import onnx
 from onnx import numpy_helper
+
+from .packed_attention import PACKED_ATTENTION, fuse_packed_attention
 
 # contrib ops the CPU provider implements, with the onnxruntime release that has them on the CPU
 # in the form the optimizer writes (fusions producing anything else are not kept)
@@ -37,10 +45,13 @@ class Fusion:
     heads: int
     hidden: int
     fused: dict[str, int] = field(default_factory=dict)
+    packed_attention: int = 0                   # of the Attention ops, those our rewrite wrote
 
     def record(self) -> dict[str, Any]:
-        return {"heads": self.heads, "hidden": self.hidden, "fused": dict(self.fused),
-                "by": "onnxruntime.transformers.optimizer (model type bert)"}
+        by = "onnxruntime.transformers.optimizer (model type bert)"
+        if self.packed_attention:
+            by = f"edgepack's packed-QKV attention rewrite ({self.packed_attention}), then {by}"
+        return {"heads": self.heads, "hidden": self.hidden, "fused": dict(self.fused), "by": by}
 
 
 def attention_shape(model: onnx.ModelProto) -> tuple[int, int]:
@@ -85,13 +96,18 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | None:
-    """*model* with onnxruntime's transformer fusions, or None when nothing fused or a fused op
-    is newer than *min_onnxruntime*."""
+    """*model* with our attention rewrite (from onnxruntime 1.14) and onnxruntime's transformer
+    fusions, or None when nothing fused or a fused op is newer than *min_onnxruntime*."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.onnx_model_bert import BertOnnxModel
 
     heads, hidden = attention_shape(model)
     before = Counter(n.op_type for n in model.graph.node)
+    packed = 0
+    if _version(min_onnxruntime) >= _version(PACKED_ATTENTION):
+        with contextlib.suppress(Exception):   # a graph our rewrite trips on: the optimizer's
+            model = fuse_packed_attention(model)
+        packed = sum(n.op_type == "Attention" for n in model.graph.node) - before["Attention"]
     options = FusionOptions("bert")
     quiet = logging.getLogger("onnxruntime.transformers")
     level = quiet.level
@@ -118,4 +134,4 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
     if any(op not in FUSED_OPS or _version(FUSED_OPS[op]) > _version(min_onnxruntime)
            for op in wrote):
         return None
-    return Fusion(fused, heads, hidden, wrote)
+    return Fusion(fused, heads, hidden, wrote, packed)

@@ -394,7 +394,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if fuse and family == "transformer" and not consts and not req.quant.get("exclude") and \
             all(p.name == "CPUExecutionProvider" for p in target.providers):
         fused, fusion = _fuse(fixed, model_path, target, held_out, fp32_outputs,
-                              tmp / f"{req.name}.fused.onnx", log)
+                              tmp / f"{req.name}.fused.onnx", log, unfused=fp32, timer=timer)
         fp32 = fused or fp32
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
             budget < EMBEDDING_COSINE:
@@ -441,9 +441,11 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
 
 def _fuse(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
-          reference: dict[str, Any], path: Path, log: Log) -> tuple[Path | None, dict | None]:
+          reference: dict[str, Any], path: Path, log: Log, *, unfused: Path | None = None,
+          timer: Any = None) -> tuple[Path | None, dict | None]:
     """The transformer-fused FP32 graph (fused before simplification, where attention still
-    matches, and again after it), kept only when it computes what the unfused graph does."""
+    matches, and again after it), kept only when it computes what the unfused graph does and,
+    where the target can be timed (here or with *timer*), runs no slower than *unfused*."""
     from collections import Counter
 
     from .accuracy import compare_outputs
@@ -475,8 +477,35 @@ def _fuse(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
         return None, None
     log(f"fusion: {text} ({first.heads or '?'} heads, hidden {first.hidden or '?'}); outputs "
         f"match the unfused graph (cosine {agreement:.6f})")
+    timing = _time_fusion(path, unfused, held, target, timer) if unfused else {}
+    if timing.get("measured"):
+        line = (f"fused FP32 p50 {timing['fused_p50_ms']:.3f} ms, unfused "
+                f"{timing['unfused_p50_ms']:.3f} ms")
+        if timing["fused_p50_ms"] > timing["unfused_p50_ms"] * FUSION_SLACK:
+            log(f"fusion: dropped, it runs slower ({line})")
+            return None, None
+        log(f"fusion: kept, {line}")
     return path, {**first.record(), "fused": dict(counts), "cosine_to_unfused": agreement,
-                  "min_onnxruntime": target.min_onnxruntime}
+                  "min_onnxruntime": target.min_onnxruntime, "timing": timing}
+
+
+FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyond noise
+
+
+def _time_fusion(fused: Path, unfused: Path, held: Sequence[Sample], target: Target,
+                 timer: Any) -> dict[str, Any]:
+    """Fused against unfused FP32, interleaved, where the decision could time candidates."""
+    from .autoprecision import local_timer, plan_timing, timing_place
+
+    why = timing_place(target, timer)
+    if why:
+        return {"measured": False, "why": why}
+    threads = int(target.session.get("intra_op_threads", 0))
+    rounds, block = plan_timing(unfused, held[0], threads)
+    times, where = (timer or local_timer)([fused, unfused], held[0], threads, rounds, block)
+    return {"measured": True, "fused_p50_ms": times[str(fused)]["p50"],
+            "unfused_p50_ms": times[str(unfused)]["p50"], "threads": threads,
+            "measured_on": where}
 
 
 FUSION_COSINE = 0.99999   # fused ops reorder float sums; anything further off is not the model

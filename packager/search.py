@@ -117,9 +117,11 @@ def saturates(config: QuantConfig) -> bool:
     """U8 activations times S8 weights with full 8-bit weights: x86 CPUs without VNNI multiply
     them with VPMADDUBSW, whose int16 pair sums overflow (255*127*2 > 32767), and a model can
     lose most of its accuracy there (PaddleOCR's text-direction classifier: cosine 0.09 fused,
-    0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow."""
-    return (config.precision == "int8" and config.activation_type == "uint8"
-            and config.weight_type == "int8" and not config.reduce_range)
+    0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow. Dynamic
+    quantization always takes U8 activations, whatever the preset says."""
+    return (config.precision == "int8" and config.weight_type == "int8"
+            and (config.activation_type == "uint8" or config.mode == "dynamic")
+            and not config.reduce_range)
 
 
 def last_layers(graph: onnx.GraphProto) -> list[str]:
@@ -267,7 +269,10 @@ class Search:
         if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and fast:
             base = replace(base, op_types=fast)   # no ConvInteger
         preset = self.variant("INT8 preset", base)
-        if not self.found() and saturates(base) and "reduce_range" not in pinned:
+        # dynamic: one cheap variant more, and a preset within budget may still be saturated
+        # here while the device (ARM, or x86 with VNNI) is not: its outputs would not reproduce
+        if saturates(base) and "reduce_range" not in pinned and (
+                base.mode == "dynamic" or not self.found()):
             narrow = self.variant("INT8 7-bit weights", replace(base, reduce_range=True))
             if narrow.accuracy and (not preset.accuracy or narrow.accuracy["cosine_min"] >
                                     preset.accuracy["cosine_min"]):

@@ -1,6 +1,7 @@
-"""Transformer fusion before quantization on CPU targets: onnxruntime's optimizer, the heads and
-hidden size read from the graph, kept only where the target's onnxruntime has the fused ops and
-the fused graph computes what the unfused one does."""
+"""Transformer fusion before quantization on CPU targets: our attention rewrite for the exports
+onnxruntime's patterns miss, then onnxruntime's optimizer, the heads and hidden size read from the
+graph, kept only where the target's onnxruntime has the fused ops and the fused graph computes
+what the unfused one does."""
 
 import json
 from collections import Counter
@@ -12,8 +13,9 @@ import pytest
 
 from conftest import run_py
 from packager.export import export
-from packager.fusion import attention_shape, fuse_transformer
+from packager.fusion import attention_shape, fuse_packed_attention, fuse_transformer
 from packager.pipeline import build
+from packager.simplify import simplify_proto
 from packager.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
@@ -59,16 +61,103 @@ def test_a_hugging_face_layout_bert_fuses_attention_and_ships_it(tmp_path, token
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_an_nn_transformer_encoder_fuses_its_norms_and_gelus(tmp_path, tokens):
+def test_an_nn_transformer_encoder_fuses_attention_norms_and_gelus(tmp_path, tokens):
     """nn.MultiheadAttention exports one packed QKV projection, which onnxruntime's attention
-    fusion does not match: its residual LayerNorms and GELUs still fuse."""
+    fusion does not match: our rewrite makes it Attention, and the optimizer does the rest."""
     out = tmp_path / "enc"
     build(f"{MODELS}:encoder", out, target="x86_64-cpu", calib=tokens, inputs=TOKENS,
-          quant={"precision": "fp32"})
+          quant={"precision": "int8", "mode": "dynamic"}, min_cosine=0.9)
     fusion = json.loads((out / "manifest.json").read_text())["parts"][0]["precision"]["fusion"]
-    assert fusion["fused"] == {"SkipLayerNormalization": 4, "BiasGelu": 2}
-    assert contrib_ops(out / "model.onnx") == Counter(fusion["fused"])
-    assert run_py(out, "check").returncode == 0
+    assert fusion["fused"] == {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2}
+    assert fusion["by"].startswith("edgepack's packed-QKV attention rewrite (2)")
+    assert fusion["cosine_to_unfused"] >= 0.99999
+    shipped = contrib_ops(out / "model.onnx")   # the quantizer quantizes Attention's weights
+    assert shipped["SkipLayerNormalization"] == 4 and shipped["BiasGelu"] == 2
+    assert shipped["Attention"] + shipped["QAttention"] == 2
+    r = run_py(out, "check")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def run_onnx(model: onnx.ModelProto, feeds: dict) -> list:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()   # the graph as written, not onnxruntime's own fusions
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def padded_tokens(batch: int, seq: int, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None, :] < rng.integers(4, seq + 1, (batch, 1))).astype(np.int64)
+    return {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64),
+            "attention_mask": mask}
+
+
+def exported(tmp_path, factory: str, args: dict, batch: int, seq: int = 32):
+    inputs = [parse_input(f"input_ids:{batch}x{seq}:int64"),
+              parse_input(f"attention_mask:{batch}x{seq}:int64")]
+    out = export(f"{MODELS}:{factory}", tmp_path / "m.onnx", inputs=inputs, factory_args=args)
+    model = onnx.load(str(out.path))
+    return model, simplify_proto(model, out.path)[0]
+
+
+@pytest.mark.parametrize(("factory", "args", "batch", "seq", "layers"), [
+    ("encoder", {}, 1, 32, 2),                                   # the test model, biases zero
+    ("torch_encoder", {}, 2, 32, 2),                             # batch 2: rows in order
+    ("torch_encoder", {"batch_first": False}, 2, 32, 2),         # sequence-first
+    ("torch_encoder", {"dim": 384, "heads": 12, "ffn": 1536, "layers": 1}, 1, 128, 1),  # MiniLM
+    ("packed_attention", {}, 2, 32, 1),                          # view + permute + SDPA
+])
+def test_packed_qkv_attention_becomes_attention_and_computes_the_same(
+        tmp_path, factory, args, batch, seq, layers):
+    from packager.inspection import estimate_flops
+
+    feeds = padded_tokens(batch, seq)
+    for model in exported(tmp_path, factory, args, batch, seq):   # as exported, and onnxsim'd
+        fused = fuse_packed_attention(model)
+        ops = Counter(n.op_type for n in fused.graph.node)
+        assert ops["Attention"] == layers and not ops["Softmax"]
+        for want, got in zip(run_onnx(model, feeds), run_onnx(fused, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        assert estimate_flops(fused) == estimate_flops(model)
+        onnx.checker.check_model(fused)
+
+
+def test_a_transformers_bert_of_today_fuses_its_attention(tmp_path):
+    """transformers' BertModel: three Linears of one input stand for the packed one, its
+    boolean mask and the IsNaN guard after the Softmax are what Attention does anyway."""
+    pytest.importorskip("transformers")
+    feeds = padded_tokens(1, 32)
+    for model in exported(tmp_path, "transformers_bert", {}, batch=1):
+        fused = fuse_packed_attention(model)
+        assert Counter(n.op_type for n in fused.graph.node)["Attention"] == 2
+        for want, got in zip(run_onnx(model, feeds), run_onnx(fused, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(("factory", "args"), [
+    ("torch_encoder", {"causal": True}),        # a causal mask: not a key-padding mask
+    ("packed_attention", {"scale": 1 / 16}),    # scale 1/head size, not 1/sqrt(head size)
+])
+def test_attention_the_rewrite_does_not_match_exactly_stays_as_exported(tmp_path, factory, args):
+    feeds = padded_tokens(2, 32)
+    for model in exported(tmp_path, factory, args, batch=2):
+        assert fuse_packed_attention(model) is model
+        fusion = fuse_transformer(model, "1.17")
+        assert fusion is None or "Attention" not in fusion.fused
+        if fusion is not None:
+            for want, got in zip(run_onnx(model, feeds), run_onnx(fusion.model, feeds),
+                                 strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_the_rewrite_needs_onnxruntime_1_14(tmp_path):
+    """The -inf padding mask needs Attention's mask_filter_value (onnxruntime 1.14)."""
+    model, _ = exported(tmp_path, "encoder", {}, batch=1)
+    assert "Attention" not in fuse_transformer(model, "1.13").fused
+    assert fuse_transformer(model, "1.14").fused["Attention"] == 2
 
 
 def test_no_fusion_when_asked_or_where_the_target_cannot_run_it(tmp_path, tokens):

@@ -183,7 +183,8 @@ def test_session_options_from_the_command_line(built):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["session"] == {"intra_op_threads": 1, "graph_optimization_level": "basic",
-                                 "execution_mode": "parallel"}
+                                 "execution_mode": "parallel", "inter_op_threads": 0}
+    assert report["session_from"] == "the command line"
     device = report["device"]
     assert device["arch"] and device["cores"] >= 1 and device["cpu"]
     assert device["available_providers"] and "nvpmodel" not in device   # not a Jetson

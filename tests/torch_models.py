@@ -253,3 +253,83 @@ class MiniBert(nn.Module):
 def mini_bert(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return MiniBert()
+
+
+class TorchEncoder(nn.Module):
+    """nn.TransformerEncoder as users write it, with the options its attention export turns on:
+    batch-first or sequence-first, a causal mask besides the padding mask. Weights perturbed so
+    that no bias is zero and a wrong rewrite shows."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, layers: int = 2, ffn: int = 128,
+                 batch_first: bool = True, causal: bool = False):
+        super().__init__()
+        self.embed = nn.Embedding(1000, dim)
+        self.batch_first, self.causal = batch_first, causal
+        layer = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, activation="gelu",
+                                           batch_first=batch_first)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.embed(input_ids)
+        causal = nn.Transformer.generate_square_subsequent_mask(h.shape[1], dtype=h.dtype) \
+            if self.causal else None
+        pad = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(
+            attention_mask == 0, float("-inf")) if self.causal else attention_mask == 0
+        if not self.batch_first:
+            h = h.transpose(0, 1)
+        h = self.encoder(h, mask=causal, src_key_padding_mask=pad)
+        if not self.batch_first:
+            h = h.transpose(0, 1)
+        return h * attention_mask.unsqueeze(-1)
+
+
+def torch_encoder(seed: int = 0, **options) -> nn.Module:
+    torch.manual_seed(seed)
+    return TorchEncoder(**options)
+
+
+class PackedSelfAttention(nn.Module):
+    """The other way attention gets written: one QKV Linear, heads split with view + permute,
+    F.scaled_dot_product_attention (its own *scale* if given)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, scale: float | None = None):
+        super().__init__()
+        self.embed = nn.Embedding(1000, dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.heads, self.scale = heads, scale
+
+    def forward(self, input_ids, attention_mask):
+        h = self.embed(input_ids)
+        b, s, d = h.shape
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        context = nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return (self.out(context.transpose(1, 2).reshape(b, s, d)) + h) * \
+            attention_mask.unsqueeze(-1)
+
+
+def packed_attention(seed: int = 0, scale: float | None = None) -> nn.Module:
+    torch.manual_seed(seed)
+    return PackedSelfAttention(scale=scale)
+
+
+def transformers_bert(seed: int = 0) -> nn.Module:
+    """A small random `transformers` BertModel as exported today (separate query/key/value
+    Linears, a boolean mask spread with And/Where, an IsNaN guard after the Softmax); needs
+    the zoo extra's transformers."""
+    from transformers import BertConfig, BertModel
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(BertConfig(vocab_size=1000, hidden_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4,
+                                             intermediate_size=128, max_position_embeddings=64))
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    torch.manual_seed(seed)
+    return Bert().eval()
