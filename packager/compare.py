@@ -2,8 +2,11 @@
 
 PyTorch eager and torch.compile (for PyTorch sources), ONNX Runtime FP32 as exported and after
 offline optimisation, INT8 static (QDQ U8S8, QDQ S8S8, QOperator), INT8 dynamic and FP16, at
-batch 1 and a larger batch. Warm latency is timed in one process, interleaved in blocks
-(timing.py); cold start (import + load + first call) is measured apart, in fresh processes.
+batch 1 and a larger batch; for models with attention, also the transformer-fused FP32 graph and
+its dynamic INT8 (what `build` ships for them). Warm latency is timed in one process, interleaved
+in blocks (timing.py), together with a 512x512 FP32 MatMul and MatMulInteger: the ceiling each
+row's GOP/s is a share of. Cold start (import + load + first call) is measured apart, in fresh
+processes.
 """
 
 import json
@@ -12,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ import numpy as np
 from .calibration import Sample, load_samples, split_holdout
 from .errors import PackagerError
 from .export import export_loaded, make_inputs
-from .inspection import graph_inputs, io_specs
+from .inspection import estimate_flops, graph_inputs, io_specs, model_family
 from .modelio import load_model, save_model
 from .progress import OFF, Progress
 from .quantize import QuantConfig, quantize_file
@@ -44,7 +48,13 @@ QUANTIZED = {
     "INT8 dynamic": {"precision": "int8", "mode": "dynamic"},
     "FP16": {"precision": "fp16"},
 }
-VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, *QUANTIZED)
+# the graph `build` ships for a model with attention: onnxruntime's transformer fusions
+# (pipeline._fuse), as FP32 and quantized as "INT8 dynamic" is; only when something fused
+ORT_FUSED, DYNAMIC_FUSED = "ORT FP32 fused", "INT8 dynamic fused"
+FUSED = {ORT_FUSED: None, DYNAMIC_FUSED: "INT8 dynamic"}
+VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, ORT_FUSED, "INT8 QDQ U8S8", "INT8 QDQ S8S8",
+            "INT8 QOperator", "INT8 dynamic", DYNAMIC_FUSED, "FP16")
+ROOFLINE = {"fp32": "roofline FP32 MatMul", "int8": "roofline MatMulInteger"}   # timing only
 EVAL_SAMPLES = 16   # random inputs drawn when no calibration data is given
 
 COLD_ORT = """import json, sys, time
@@ -172,12 +182,20 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
                             strict=True)) for i in range(EVAL_SAMPLES)]
     calib_set, held = split_holdout(samples, fraction=0.25)
     rows: list[dict[str, Any]] = []
+    ceilings: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
+        from .bundle import _write_roofline
+
+        # the graphs a bundle ships for `run.py bench --roofline`, of the target's integer kind
+        roofline = _write_roofline(Path(tmp), [], target)
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
-            rows += _compare_batch(Path(tmp), source, loaded, specs, batch, calib_set, held,
-                                   target, threads, wanted, rounds, block, log, steps,
-                                   f"batch {batch} ({i + 1}/{len(batches)})")
+            batch_rows, ceiling = _compare_batch(
+                Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
+                wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
+                roofline)
+            rows += batch_rows
+            ceilings.append(ceiling)
         if cold:
             _cold_starts(Path(tmp), source, loaded, rows, threads, weights, factory_args,
                          submodule, log, steps)
@@ -186,7 +204,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             "batches": list(batches), "rounds": rounds, "block": block,
             "samples": {"calibration": len(calib_set), "held_out": len(held),
                         "data": "calibration" if calib is not None else "random"},
-            "rows": rows}
+            "roofline": ceilings, "rows": rows}
 
 
 class _NoModule:
@@ -196,15 +214,18 @@ class _NoModule:
 
 def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                    calib_set, held, target: Target, threads: int, wanted, rounds: int,
-                   block: int, log: Log, steps: Progress, phase: str) -> list[dict[str, Any]]:
+                   block: int, log: Log, steps: Progress, phase: str,
+                   roofline: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of one batch size, and the MatMul ceiling timed with them."""
     import onnxruntime as ort
 
-    built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED)]
-    steps.start(f"{phase} build", 3 + len(built))
+    built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED, DYNAMIC_FUSED)]
+    steps.start(f"{phase} build", 3 + any(v in FUSED for v in wanted) + len(built))
     steps.step("export" if loaded is not None else "fix shapes")
     shaped = [TensorSpec(s.name, (batch, *s.shape[1:]), s.dtype) for s in specs]
     calib_b, held_b = batched(calib_set, batch), batched(held, batch, count=max(2, len(held) //
                                                                              batch))
+    feeds = [{s.name: h[s.name].astype(s.dtype) for s in shaped} for h in held_b]
     raw = tmp / f"raw_b{batch}.onnx"
     if loaded is not None:
         export_loaded(loaded, raw, inputs=shaped, target=target, force=True)
@@ -215,10 +236,26 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     steps.step("simplify")
     fixed = fix_shapes_proto(load_model(raw), {}, batch=batch, strict=False)
     simplified, _, _ = simplify_proto(fixed, raw)
-    simple = save_model(fix_shapes_proto(simplified, {}, batch=batch), tmp / f"sim_b{batch}.onnx")
+    simplified = fix_shapes_proto(simplified, {}, batch=batch)
+    simple = save_model(simplified, tmp / f"sim_b{batch}.onnx")
+    flops = estimate_flops(simplified)   # every row's work per call: the FP32 graph's
     paths: dict[str, Path] = {}
     prepare: dict[str, float] = {}
     errors: dict[str, str] = {}
+    fusion = None
+    if any(v in FUSED for v in wanted):
+        transformer = model_family(simplified) == "transformer"
+        if transformer:
+            steps.step("fusion")
+            start = time.perf_counter()
+            fusion = _fuse_graph(fixed, simple, raw, target, batch, feeds,
+                                 tmp / f"fused_b{batch}.onnx", log)
+            prepare[ORT_FUSED] = time.perf_counter() - start
+        if fusion is None:   # no attention, or nothing fused: no fused rows
+            wanted = [v for v in wanted if v not in FUSED]
+            built = [v for v in built if v not in FUSED]
+            steps.start(f"{phase} build", 3 + transformer + len(built), done=steps.index,
+                        since=steps.started)
     if ORT_FP32 in wanted:
         paths[ORT_FP32] = raw
     if ORT_OPT in wanted:
@@ -230,21 +267,25 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         ort.InferenceSession(str(simple), so, providers=["CPUExecutionProvider"])
         paths[ORT_OPT] = tmp / f"opt_b{batch}.onnx"
         prepare[ORT_OPT] = time.perf_counter() - start
-    for name, overrides in QUANTIZED.items():
-        if name not in wanted:
+    if fusion is not None and ORT_FUSED in wanted:
+        paths[ORT_FUSED] = fusion["path"]
+    for name in wanted:
+        if name not in QUANTIZED and name != DYNAMIC_FUSED:
             continue
+        # a fused variant is quantized exactly as its unfused counterpart
+        graph, overrides = ((fusion["path"], QUANTIZED[FUSED[name]]) if name in FUSED else
+                            (simple, QUANTIZED[name]))
         out = tmp / f"{name.replace(' ', '_')}_b{batch}.onnx"
         steps.step(name)
         start = time.perf_counter()
         try:
-            quantize_file(simple, out, config=QuantConfig.from_preset(target.quantization,
-                                                                      **overrides),
+            quantize_file(graph, out, config=QuantConfig.from_preset(target.quantization,
+                                                                     **overrides),
                           samples=calib_b)
             paths[name] = out
             prepare[name] = time.perf_counter() - start
         except PackagerError as exc:
             errors[name] = exc.message
-    feeds = [{s.name: h[s.name].astype(s.dtype) for s in shaped} for h in held_b]
     names = [s.name for s in shaped]
     engines: dict[str, Callable[[], Any]] = {}
     outputs: dict[str, list[list[np.ndarray]]] = {}
@@ -293,11 +334,20 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         reference = outputs.get(ORT_FP32) or [session(raw, threads).run(None, f) for f in feeds]
     scale = max(1, batch)
     steps.finish()
-    log(f"compare: timing {len(engines)} engines, batch {batch}")
+    # the ceiling first in every round, timed in the same blocks and threads as the variants;
+    # *scale* MatMuls a call, so that it is timed as long at every batch as at batch 1
+    engines = {**_roofline_engines(tmp, roofline, threads, scale), **engines}
+    log(f"compare: timing {len(engines) - len(ROOFLINE)} engines and the MatMul ceiling, "
+        f"batch {batch}")
     medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
                           phase=f"{phase} timing")
     eager = medians.get(EAGER, {}).get("p50")
     base = medians.get(ORT_FP32, {}).get("p50")
+    ops = roofline["ops_per_call"] * scale
+    ceiling = {"batch": batch, "ops_per_call": flops, "size": roofline["size"], "repeat": scale,
+               "int8_kind": roofline["int8_kind"],
+               **{f"{kind}_gops": ops / (medians[name]["p50"] * 1e6)
+                  for kind, name in ROOFLINE.items()}}
     rows = []
     for name in wanted:
         row: dict[str, Any] = {"variant": name, "batch": batch}
@@ -314,12 +364,55 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
                                 sum(p.numel() * p.element_size()
                                     for p in loaded.module.parameters()) / 1e6),
                     **agreement(outputs[name], reference)})
+        row.update(_roofline_share(name, flops, p50, ceiling))
+        if name in FUSED:
+            row["fusion"] = {k: v for k, v in fusion.items() if k not in ("path", "timing")}
         if name in prepare:
             row["prepare_s"] = prepare[name]
         row["_path"] = str(paths.get(name, ""))
         rows.append(row)
     np.savez(tmp / f"feed_b{batch}.npz", **feeds[0])
-    return rows
+    return rows, ceiling
+
+
+def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held,
+                path: Path, log: Log) -> dict[str, Any] | None:
+    """The transformer-fused FP32 graph exactly as `build` makes it (pipeline._fuse: fused
+    before and after simplification, kept only when its outputs match *simple*'s), with what
+    fused; None when nothing did."""
+    from .accuracy import run_model
+    from .pipeline import _fuse
+
+    fused, record = _fuse(fixed, raw, replace(target, batch=batch), held,
+                          run_model(simple, held), path, log)
+    return None if fused is None else {**record, "path": fused}
+
+
+def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
+                      repeat: int) -> dict[str, Callable]:
+    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them, as engines
+    that run each *repeat* times a call."""
+    n = spec["size"]
+    rng = np.random.RandomState(0)
+    activation = np.uint8 if spec["int8_kind"] == "u8s8" else np.int8
+    feeds = {"fp32": {"a": rng.rand(n, n).astype(np.float32),
+                      "b": rng.rand(n, n).astype(np.float32)},
+             "int8": {"a": rng.randint(0, 127, (n, n)).astype(activation),
+                      "b": rng.randint(-64, 64, (n, n)).astype(np.int8)}}
+    sessions = {kind: session(tmp / spec[kind], threads) for kind in ROOFLINE}
+    return {name: (lambda s=sessions[kind], f=feeds[kind]: [s.run(None, f)
+                                                             for _ in range(repeat)])
+            for kind, name in ROOFLINE.items()}
+
+
+def _roofline_share(name: str, flops: int | None, p50_ms: float,
+                    ceiling: dict[str, Any]) -> dict[str, Any]:
+    """GOP/s at p50 and, for ONNX Runtime rows, its share of the MatMul rate of its kind: INT8
+    rows against MatMulInteger, FP32 and FP16 (which the CPU runs in FP32) against MatMul."""
+    gops = flops / (p50_ms * 1e6) if flops else None
+    kind = None if name in (EAGER, COMPILED) else "int8" if name.startswith("INT8") else "fp32"
+    return {"ops_per_call": flops, "gops": gops, "ceiling": kind,
+            "ceiling_share": gops / ceiling[f"{kind}_gops"] if gops and kind else None}
 
 
 def _no_grad(fn, tensors):
@@ -376,8 +469,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"intra-op threads (ORT spinning off); {result['rounds']} rounds, interleaved in "
              "blocks.", "",
              "| variant | batch | p50 ms | p90 ms | per sample ms | vs eager | vs ORT FP32 | "
-             "size MB | cosine min | top-1 | cold start ms | prepare s |",
-             "|" + " --- |" * 12]
+             "GOP/s | % of ceiling | size MB | cosine min | top-1 | cold start ms | prepare s |",
+             "|" + " --- |" * 14]
 
     def num(value, fmt):
         return format(value, fmt) if isinstance(value, int | float) else "-"
@@ -388,17 +481,52 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['variant']} | {r['batch']} | failed: {r['error']} |" +
-                         " |" * 9)
+                         " |" * 11)
             continue
         cold = r.get("cold_start", {}).get("total_ms")
+        share = r.get("ceiling_share")
         lines.append(
             f"| {r['variant']} | {r['batch']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
             f"{r['per_sample_ms']:.2f} | {ratio(r['vs_eager'])} | {ratio(r['vs_ort_fp32'])} | "
+            f"{_figure(r.get('gops'))} | {num(share and 100 * share, '.0f')} | "
             f"{r['size_mb']:.2f} | {r['cosine_min']:.4f} | "
             f"{num(100 * r['top1'], '.1f') + '%' if 'top1' in r else '-'} | "
             f"{num(cold, '.0f')} | {num(r.get('prepare_s'), '.1f')} |")
     lines += ["", f"cosine / top-1: against {result['reference']} on "
         f"{result['samples']['held_out']} held-out {result['samples']['data']} samples. Cold "
         "start: import + load + first call in a fresh process (batch "
-        f"{min(result['batches'])}). prepare: quantization, offline optimisation or compile time."]
+        f"{min(result['batches'])}). prepare: quantization, offline optimisation, fusion or "
+        "compile time."]
+    ceilings = [c for c in result.get("roofline", ()) if c.get("ops_per_call")]
+    if ceilings:
+        kind = ceilings[0]["int8_kind"]
+        lines += ["", "GOP/s: operations per call (2 x the multiply-adds of Conv, Gemm, MatMul, "
+                  "counted on the FP32 graph: " + ", ".join(
+                      f"{_figure(c['ops_per_call'] / 1e9)} GOP at batch {c['batch']}"
+                      for c in ceilings) + ") over p50. % of ceiling: that rate against a "
+                  f"{ceilings[0]['size']}x{ceilings[0]['size']} MatMul timed in the same blocks "
+                  f"with the same threads (INT8 rows: {kind} MatMulInteger; FP32 and FP16: FP32 "
+                  "MatMul): " + "; ".join(
+                      f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f}, {kind} "
+                      f"{c['int8_gops']:.0f} GOP/s" for c in ceilings) + "."]
+    groups: dict[str, list] = {}   # batches whose graphs fused alike
+    for r in result["rows"]:
+        if r["variant"] in FUSED and "fusion" in r:
+            f = r["fusion"]
+            what = ", ".join(f"{op} {n}" for op, n in sorted(f["fused"].items()))
+            groups.setdefault(f"{what}, by {f['by']}", []).append(
+                (r["batch"], f["cosine_to_unfused"]))
+    if groups:
+        lines += ["", "fused: " + "; ".join(
+            "batch " + ", ".join(str(b) for b in dict.fromkeys(b for b, _ in seen)) +
+            f": {what} (outputs: cosine {min(c for _, c in seen):.6f} to unfused)"
+            for what, seen in groups.items()) +
+            f". {DYNAMIC_FUSED}: that graph quantized as INT8 dynamic is."]
     return "\n".join(lines) + "\n"
+
+
+def _figure(value: float | None) -> str:
+    """A rate or count with three significant digits at most, and no exponent."""
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3g}"

@@ -2,12 +2,16 @@
 and a MiniLM-L6-class sentence encoder (128 tokens); prints the tables and writes BENCHMARKS.md.
 
 Every engine runs in one process per model, interleaved in blocks (packager/timing.py), at batch
-1 and 8, with the target's threads. Ratios are within one run; the machine is shared and noisy.
+1 and 8, with the target's threads, together with a 512x512 FP32 MatMul and u8s8 MatMulInteger:
+the ceiling each ONNX Runtime row's GOP/s is a share of. The encoder also gets the transformer-
+fused rows (what `build` ships for it). Ratios are within one run; the machine is shared and noisy.
 """
 
 import argparse
+import os
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -123,6 +127,30 @@ def encoder_files(work: Path, steps: int = 60):
     return work / "minilm.safetensors", work / "tokens.npz"
 
 
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, CPU seconds every process used, CPU seconds this one and its children used);
+    None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]   # all but idle and iowait
+    own = os.times()
+    return (time.monotonic(), busy / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system + own.children_user + own.children_system)
+
+
+def others_share(before, after) -> str:
+    """What other processes took of the machine's cores between two cpu_seconds()."""
+    if before is None or after is None:
+        return "CPU use of other processes: unknown (no /proc/stat)."
+    wall, total, own = (b - a for a, b in zip(before, after, strict=True))
+    share = max(0.0, total - own) / (wall * (os.cpu_count() or 1))
+    return (f"Other processes used {100 * share:.0f} % of the {os.cpu_count()} cores during this "
+            "model's run (/proc/stat, less this run's own CPU time).")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -162,13 +190,19 @@ def main():
             print(f"== {title}", flush=True)
             # a status line with the time left on a terminal (stderr), nothing in a log file
             steps = Progress(f"bench {i}/{len(runs)} {title.split(',')[0]}")
+            before = cpu_seconds()
             result = compare(source, batches=(1, 8), rounds=args.rounds, block=args.block,
                              threads=threads, log=lambda m: echo(m, err=False), steps=steps,
                              **kw)
+            # other jobs on a shared machine slow some blocks more than others: say how busy
+            load = f"{others_share(before, cpu_seconds())}\n\n"
             table = markdown(result)
-            print(table, flush=True)
-            sections.append(f"## {title}\n\n{table}")
+            print(load + table, flush=True)
+            sections.append(f"## {title}\n\n{load}{table}")
     info = machine()
+    integer = ("VNNI" if {"avx512_vnni", "avx_vnni"} & set(info["flags"]) else
+               "no VNNI: u8s8 products go through AVX2's 16-bit vpmaddubsw path"
+               if "avx2" in info["flags"] else "no AVX2")
     text = f"""# Benchmarks
 
 Written by `make bench` (tests/bench.py, which runs `edgepack compare` on each model). Every
@@ -178,8 +212,16 @@ in fresh processes. Accuracy is cosine / top-1 agreement against PyTorch on held
 data. The CNNs have random weights with non-trivial BatchNorm statistics and see images drawn by
 OpenCV; the encoder was trained for 60 steps on a synthetic task.
 
-Machine: {machine_line(info)}; Python {info['python']}, torch {torch.__version__}. The machine
-is shared, so compare ratios within one table, not across runs.
+GOP/s is the model's operations per call (2 x the multiply-adds of Conv, Gemm and MatMul, counted
+on the FP32 graph, the same count for every row of a batch) over its p50. % of ceiling compares
+that with a 512x512 MatMul timed in the same blocks with the same threads, the graphs a bundle
+ships for `run.py bench --roofline`: INT8 rows against the u8s8 MatMulInteger, FP32 and FP16 rows
+against the FP32 MatMul; PyTorch rows get GOP/s only. "ORT FP32 fused" is the graph `build`
+ships for a model with attention (onnxruntime's transformer fusions; the fused op counts follow
+the table) and "INT8 dynamic fused" its dynamic INT8; they appear only where something fused.
+
+Machine: {machine_line(info)} ({integer}); Python {info['python']}, torch {torch.__version__}.
+The machine is shared, so compare ratios within one table, not across runs.
 
 """ + "\n".join(sections)
     args.out.write_text(text)

@@ -11,12 +11,23 @@ import onnx
 import pytest
 
 from conftest import PREP
-from packager.compare import COMPILED, EAGER, ORT_FP32, VARIANTS, compare, markdown
+from packager.compare import (
+    COMPILED,
+    DYNAMIC_FUSED,
+    EAGER,
+    FUSED,
+    ORT_FP32,
+    ORT_FUSED,
+    VARIANTS,
+    compare,
+    markdown,
+)
 from packager.pipeline import build
 from packager.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 IMAGE = [parse_input("image:1x3x32x32")]
+TOKENS = [parse_input("input_ids:1x32:int64"), parse_input("attention_mask:1x32:int64")]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +36,9 @@ def result():
 
 
 def test_compare_returns_every_variant_with_sane_fields(result):
+    # a CNN has no attention: no fused rows
     assert [(r["variant"], r["batch"]) for r in result["rows"]] == \
-        [(v, b) for b in (1, 2) for v in VARIANTS]
+        [(v, b) for b in (1, 2) for v in VARIANTS if v not in FUSED]
     for r in result["rows"]:
         if "error" in r:   # torch.compile needs a C++ compiler; nothing else may fail
             assert r["variant"] == COMPILED, r
@@ -34,6 +46,12 @@ def test_compare_returns_every_variant_with_sane_fields(result):
         assert 0 < r["p50_ms"] <= r["p90_ms"] and r["size_mb"] > 0
         assert r["per_sample_ms"] == pytest.approx(r["p50_ms"] / r["batch"])
         assert 0.98 < r["cosine_min"] <= 1.0 + 1e-9 and 0.5 <= r["top1"] <= 1.0
+        assert r["gops"] > 0 and r["ops_per_call"] > 0
+        if r["variant"] in (EAGER, COMPILED):
+            assert r["ceiling_share"] is None
+        else:
+            assert r["ceiling"] == ("int8" if r["variant"].startswith("INT8") else "fp32")
+            assert r["ceiling_share"] > 0
         if r["batch"] == 1 and r["variant"] != COMPILED:
             cold = r["cold_start"]
             assert cold["total_ms"] >= cold["load_ms"] > 0 and cold["import_ms"] > 0
@@ -42,8 +60,39 @@ def test_compare_returns_every_variant_with_sane_fields(result):
     assert rows[(EAGER, 1)]["vs_eager"] == pytest.approx(1.0)
     assert rows[("INT8 QDQ U8S8", 1)]["size_mb"] < rows[(ORT_FP32, 1)]["size_mb"]
     assert result["reference"] == "PyTorch" and result["machine"]["cores"] >= 1
+    assert [c["batch"] for c in result["roofline"]] == [1, 2]
+    assert all(c["fp32_gops"] > 0 and c["int8_gops"] > 0 for c in result["roofline"])
     table = markdown(result)
-    assert all(v in table for v in VARIANTS) and "cold start ms" in table
+    assert all(v in table for v in VARIANTS if v not in FUSED) and "cold start ms" in table
+    assert "| GOP/s | % of ceiling |" in table and "u8s8 MatMulInteger" in table
+
+
+def test_compare_transformer_gets_fused_rows_and_a_roofline_share():
+    variants = [EAGER, ORT_FP32, "INT8 dynamic", ORT_FUSED, DYNAMIC_FUSED]
+    result = compare(f"{MODELS}:mini_bert", inputs=TOKENS, batches=(1,), rounds=1, block=3,
+                     cold=False, variants=variants)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == variants and not any("error" in r for r in rows.values())
+    for name in (ORT_FUSED, DYNAMIC_FUSED):
+        fusion = rows[name]["fusion"]
+        assert fusion["fused"].get("Attention", 0) > 0, fusion   # the Hugging Face layout
+        assert all(n > 0 for n in fusion["fused"].values())
+        assert fusion["cosine_to_unfused"] >= 0.99999
+    assert rows[DYNAMIC_FUSED]["size_mb"] < rows[ORT_FUSED]["size_mb"]   # quantized weights
+    assert rows[ORT_FUSED]["cosine_min"] > 0.9999
+    ceiling = result["roofline"][0]
+    assert ceiling["int8_kind"] == "u8s8" and ceiling["fp32_gops"] > 0 < ceiling["int8_gops"]
+    for name, row in rows.items():
+        # one count of work for every row, taken on the unfused FP32 graph
+        assert row["ops_per_call"] == ceiling["ops_per_call"] > 0 and row["gops"] > 0
+        if name == EAGER:
+            assert row["ceiling_share"] is None
+        else:
+            assert row["ceiling"] == ("int8" if name.startswith("INT8") else "fp32")
+            assert row["ceiling_share"] > 0
+    table = markdown(result)
+    assert f"| {ORT_FUSED} | 1 |" in table and f"| {DYNAMIC_FUSED} | 1 |" in table
+    assert "fused: batch 1: Attention" in table and "% of ceiling" in table
 
 
 def test_chart_is_a_png_that_decodes(result, tmp_path):
@@ -128,7 +177,8 @@ def test_compare_progress_on_a_terminal_and_silence_without_a_reporter(cnn_onnx,
     compare(cnn_onnx, steps=Progress("compare", stream=tty, width=300), **args)
     drawn = tty.getvalue()
     for line in ("compare: batch 1 (1/1) build: step 4/4 (reference outputs) · about",
-                 "compare: batch 1 (1/1) timing: step 4/4 (round 2/2, INT8 dynamic) · about",
+                 # the MatMul ceiling is timed first in each round, with the variants
+                 "compare: batch 1 (1/1) timing: step 8/8 (round 2/2, INT8 dynamic) · about",
                  "compare: cold start: step 2/2 (INT8 dynamic) · about"):
         assert line in drawn
     assert "\n" not in drawn and screen(drawn) == [""]   # drawn in place, cleared at the end

@@ -159,10 +159,11 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
 
     cmd = [sys.executable, "-m", "packager", "compare", str(cnn_onnx), "--batch", "1",
            "--rounds", "2", "--block", "3", "--no-cold", "--variant", "ORT FP32"]
-    logs = ["compare: batch 1", "compare: timing 1 engines, batch 1"]
+    logs = ["compare: batch 1", "compare: timing 1 engines and the MatMul ceiling, batch 1"]
     _, drawn = run_with_tty_stderr(cmd, tmp_path / "out.txt")
     assert "compare: batch 1 (1/1) build: step 1/3 (fix shapes)" in drawn
-    assert "compare: batch 1 (1/1) timing: step 2/2 (round 2/2, ORT FP32) · about" in drawn
+    # ORT FP32 and the two roofline MatMuls, two rounds each
+    assert "compare: batch 1 (1/1) timing: step 6/6 (round 2/2, ORT FP32) · about" in drawn
     assert [line for line in screen(drawn) if line] == logs   # log lines whole, status cleared
     stdout, drawn = run_with_tty_stderr(cmd + ["--json"], tmp_path / "out.json")
     assert json.loads(stdout)["rows"][0]["variant"] == "ORT FP32"   # stdout: JSON only
