@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._runtimes.ort_runner import read_npz
 from .accuracy import compare_outputs, run_model
 from .atomic import atomic_pair, check_free
 from .calibration import Sample, stack
@@ -296,12 +297,14 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
         level = target.session.get("graph_optimization_level", "all")
         for part, proto in zip(parts, protos, strict=True):
             entry = _write_part(tmp, part, proto, level, target.min_onnxruntime)
-            if offline:
-                entry["offline"] = offline_graph(tmp, entry["model"]["file"],
-                                                 stack(part.golden_samples), level)
+            if offline:   # against the golden inputs and the outputs just computed for them
+                golden = entry["golden"]
+                entry["offline"] = offline_graph(
+                    tmp, entry["model"]["file"], read_npz(str(tmp), golden["inputs"]), level,
+                    read_npz(str(tmp), golden["shipped"]))
             entries.append(entry)
         shutil.copyfile(runner_source(), tmp / RUNNER_FILE)
-        roofline = _write_roofline(tmp, parts, target)
+        roofline = write_roofline(tmp, parts, target)
         reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]
         if any(p.preprocess for p in parts):
             reqs.append("opencv-python-headless  # image inputs only")
@@ -390,7 +393,7 @@ def _operations(part: PartPayload, proto: Any) -> dict[str, Any]:
 ROOFLINE_SIZE = 512   # M = K = N: large enough to reach a CPU's GEMM rate, 0.27 GOP a call
 
 
-def _write_roofline(tmp: Path, parts: Sequence[PartPayload], target: Target) -> dict[str, Any]:
+def write_roofline(tmp: Path, parts: Sequence[PartPayload], target: Target) -> dict[str, Any]:
     """Two one-node graphs for `run.py bench --roofline`: an FP32 MatMul and a MatMulInteger of
     the bundle's integer types, inputs fed at run time (a few hundred bytes, no weights)."""
     from onnx import TensorProto, helper

@@ -49,7 +49,7 @@ QUANTIZED = {
     "FP16": {"precision": "fp16"},
 }
 # the graph `build` ships for a model with attention: onnxruntime's transformer fusions
-# (pipeline._fuse), as FP32 and quantized as "INT8 dynamic" is; only when something fused
+# (pipeline.fuse_model), as FP32 and quantized as "INT8 dynamic" is; only when something fused
 ORT_FUSED, DYNAMIC_FUSED = "ORT FP32 fused", "INT8 dynamic fused"
 FUSED = {ORT_FUSED: None, DYNAMIC_FUSED: "INT8 dynamic"}
 VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, ORT_FUSED, "INT8 QDQ U8S8", "INT8 QDQ S8S8",
@@ -184,10 +184,10 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
-        from .bundle import _write_roofline
+        from .bundle import write_roofline
 
         # the graphs a bundle ships for `run.py bench --roofline`, of the target's integer kind
-        roofline = _write_roofline(Path(tmp), [], target)
+        roofline = write_roofline(Path(tmp), [], target)
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
             batch_rows, ceiling = _compare_batch(
@@ -377,13 +377,13 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
 
 def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held,
                 path: Path, log: Log) -> dict[str, Any] | None:
-    """The transformer-fused FP32 graph exactly as `build` makes it (pipeline._fuse: fused
+    """The transformer-fused FP32 graph exactly as `build` makes it (pipeline.fuse_model: fused
     before and after simplification, kept only when its outputs match *simple*'s), with what
     fused; None when nothing did."""
     from .accuracy import run_model
-    from .pipeline import _fuse
+    from .pipeline import fuse_model
 
-    fused, record = _fuse(fixed, raw, replace(target, batch=batch), held,
+    fused, record = fuse_model(fixed, raw, replace(target, batch=batch), held,
                           run_model(simple, held), path, log)
     return None if fused is None else {**record, "path": fused}
 
@@ -392,13 +392,9 @@ def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
                       repeat: int) -> dict[str, Callable]:
     """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them, as engines
     that run each *repeat* times a call."""
-    n = spec["size"]
-    rng = np.random.RandomState(0)
-    activation = np.uint8 if spec["int8_kind"] == "u8s8" else np.int8
-    feeds = {"fp32": {"a": rng.rand(n, n).astype(np.float32),
-                      "b": rng.rand(n, n).astype(np.float32)},
-             "int8": {"a": rng.randint(0, 127, (n, n)).astype(activation),
-                      "b": rng.randint(-64, 64, (n, n)).astype(np.int8)}}
+    from ._runtimes.ort_runner import roofline_feeds
+
+    feeds = roofline_feeds(spec)
     sessions = {kind: session(tmp / spec[kind], threads) for kind in ROOFLINE}
     return {name: (lambda s=sessions[kind], f=feeds[kind]: [s.run(None, f)
                                                              for _ in range(repeat)])

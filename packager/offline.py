@@ -73,10 +73,11 @@ def _run_ms(sessions: dict[str, Any], samples: dict[str, np.ndarray]) -> dict[st
 
 
 def offline_graph(folder: Path, model_file: str, samples: dict[str, np.ndarray],
-                  level: str) -> dict[str, Any]:
+                  level: str, reference: dict[str, np.ndarray]) -> dict[str, Any]:
     """Write the fastest-loading offline-optimised form of *folder*/*model_file* beside it, or
     nothing; return the manifest's record of what was measured and why it ships (or not).
-    *level*: the optimisation level the device's sessions use."""
+    *level*: the optimisation level the device's sessions use; *reference*: the model's outputs
+    on *samples* at that level (the bundle's golden "shipped" outputs)."""
     import onnxruntime as ort
 
     from .bundle import sha256
@@ -104,7 +105,6 @@ def offline_graph(folder: Path, model_file: str, samples: dict[str, np.ndarray],
 
     sessions = {"original": _session(source, level),
                 **{f: _session(p, level) for f, p in made.items()}}
-    reference = ort_runner.run_samples(sessions["original"], samples)
     run = _run_ms(sessions, samples)
     same = {}
     for fmt in list(made):

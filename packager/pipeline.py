@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ._runtimes.ort_runner import describe_session
 from .accuracy import run_model
 from .atomic import check_free, check_writable
 from .autoprecision import decide
@@ -44,7 +45,6 @@ from .specs import TensorSpec
 from .targets import Target, load_target
 from .torchload import LoadedModel, is_torch_source, load_source, select_submodule
 from .tuning import Tuner
-from .verify import describe_session
 
 Log = Callable[[str], None]
 RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
@@ -393,7 +393,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     fusion = None
     if fuse and family == "transformer" and not consts and not req.quant.get("exclude") and \
             all(p.name == "CPUExecutionProvider" for p in target.providers):
-        fused, fusion = _fuse(fixed, model_path, target, held_out, fp32_outputs,
+        fused, fusion = fuse_model(fixed, model_path, target, held_out, fp32_outputs,
                               tmp / f"{req.name}.fused.onnx", log, unfused=fp32, timer=timer)
         fp32 = fused or fp32
     if min_cosine is None and data != "random" and requested in ("int8", "auto") and \
@@ -440,7 +440,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     return payload, result
 
 
-def _fuse(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
+def fuse_model(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
           reference: dict[str, Any], path: Path, log: Log, *, unfused: Path | None = None,
           timer: Any = None) -> tuple[Path | None, dict | None]:
     """The transformer-fused FP32 graph (fused before simplification, where attention still

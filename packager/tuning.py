@@ -12,20 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import VerifyError
-from .verify import Execute, local_runner, run_runner
+from .verify import TUNE_RUNS, TUNE_WARMUP, Execute, local_runner, run_runner, tune_args
 
 Log = Callable[[str], None]
 # the staged bundle folder -> the manifest's "tuning" record (its "chosen" is the session)
 Tuner = Callable[[Path], dict[str, Any]]
 
-TUNE_RUNS = 50   # runs per setting tried; each setting gets warm-up runs first
-
-
-def tune_args(runs: int, warmup: int) -> list[str]:
-    return ["bench", "--tune", "--no-save", "--runs", str(runs), "--warmup", str(warmup)]
-
-
-def local_tuner(*, python: str = sys.executable, runs: int = TUNE_RUNS, warmup: int = 5,
+def local_tuner(*, python: str = sys.executable, runs: int = TUNE_RUNS, warmup: int = TUNE_WARMUP,
                 timeout: float = 1800.0, log: Log = lambda _: None) -> Tuner:
     """Tune on this machine, with its Python and onnxruntime."""
     def tune(folder: Path) -> dict[str, Any]:
@@ -36,7 +29,7 @@ def local_tuner(*, python: str = sys.executable, runs: int = TUNE_RUNS, warmup: 
 
 
 def remote_tuner(host: Any, *, ssh_config: Path | None = None, python: str = "python3",
-                 runs: int = TUNE_RUNS, warmup: int = 5, timeout: float = 1800.0,
+                 runs: int = TUNE_RUNS, warmup: int = TUNE_WARMUP, timeout: float = 1800.0,
                  log: Log = lambda _: None) -> Tuner:
     """Tune on a device over SSH: the staged bundle is copied to a scratch folder there (checked
     by its own run.py before anything runs) and removed after."""
@@ -64,7 +57,7 @@ def remote_tuner(host: Any, *, ssh_config: Path | None = None, python: str = "py
 
 def record(execute: Execute, runs: int, warmup: int, where: str) -> dict[str, Any]:
     """run.py bench --tune's result as the manifest keeps it."""
-    code, report, stderr = run_runner(execute, tune_args(runs, warmup), where)
+    code, report, stderr = run_runner(execute, tune_args(runs, warmup, save=False), where)
     tuning = report.get("tuning")
     if code != 0 or not tuning:
         last = (stderr.strip().splitlines() or ["no output"])[-1]

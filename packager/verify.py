@@ -8,11 +8,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._runtimes.ort_runner import describe_session
 from .errors import VerifyError
 from .manifest import read_manifest
 
 REPORTS = "reports"
-TUNE_RUNS = 50   # runs per session setting tried by --tune
+TUNE_RUNS = 50   # runs per session setting tried by --tune (each after its warm-up runs)
+TUNE_WARMUP = 5
+
+
+def tune_args(runs: int, warmup: int, *, save: bool = True) -> list[str]:
+    """`run.py bench --tune`'s arguments (with --no-save: report only)."""
+    return ["bench", "--tune", *([] if save else ["--no-save"]), "--runs", str(runs),
+            "--warmup", str(warmup)]
 
 
 # Runs `run.py ARGS --json` where the bundle is: (exit code, stdout, stderr).
@@ -130,8 +138,8 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
     tuning = None
     if tune:
         progress(f"tune: timing session options, {min(runs, TUNE_RUNS)} runs each")
-        _, tuned, _ = run_runner(execute, ["bench", "--tune", "--runs", str(min(runs, TUNE_RUNS)),
-                                           "--warmup", str(min(warmup, 5)), *common], where)
+        _, tuned, _ = run_runner(execute, [*tune_args(min(runs, TUNE_RUNS),
+                                                      min(warmup, TUNE_WARMUP)), *common], where)
         tuning = tuned.get("tuning")
     progress("check: integrity and accuracy against the golden outputs")
     _, check, check_log = run_runner(execute, ["check", *common], where)
@@ -276,14 +284,6 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {c.get('label', c['precision'])} | {p50} | {p90} | {cos} | "
                          f"{c['bytes'] or '-'} | {'yes' if c['meets_budget'] else 'no'} |")
     return "\n".join(lines) + "\n"
-
-
-def describe_session(conf: dict[str, Any]) -> str:
-    """'threads 2, inter-op auto, sequential, opt all' (the runner's defaults where unsaid)."""
-    return (f"threads {conf.get('intra_op_threads') or 'auto'}, inter-op "
-            f"{conf.get('inter_op_threads') or 'auto'}, "
-            f"{conf.get('execution_mode', 'sequential')}, opt "
-            f"{conf.get('graph_optimization_level', 'all')}")
 
 
 def _accuracy_checks(label: str, entry: dict[str, Any], stats: dict[str, Any]) -> list[dict]:

@@ -1083,6 +1083,17 @@ def bench_part(bundle, manifest, part, args):
     return result
 
 
+def roofline_feeds(spec):
+    """{"fp32": ..., "int8": ...}: the inputs of the manifest's roofline graphs (*spec*)."""
+    n = int(spec.get("size", 512))
+    rng = np.random.RandomState(0)
+    return {"fp32": {"a": rng.rand(n, n).astype(np.float32),
+                     "b": rng.rand(n, n).astype(np.float32)},
+            "int8": {"a": rng.randint(0, 127, (n, n)).astype(
+                np.uint8 if spec.get("int8_kind") == "u8s8" else np.int8),
+                "b": rng.randint(-64, 64, (n, n)).astype(np.int8)}}
+
+
 def roofline(bundle, manifest, args, threads):
     """GOP/s of an FP32 MatMul and of the bundle's MatMulInteger kind on this device with the
     same threads: the ceiling the bundle's GOP/s is a share of."""
@@ -1093,12 +1104,7 @@ def roofline(bundle, manifest, args, threads):
         raise BundleError("this bundle has no roofline graphs (built by an older edgepack); "
                           "rebuild it to use --roofline")
     n = int(spec.get("size", 512))
-    rng = np.random.RandomState(0)
-    feeds = {"fp32": {"a": rng.rand(n, n).astype(np.float32),
-                      "b": rng.rand(n, n).astype(np.float32)},
-             "int8": {"a": rng.randint(0, 127, (n, n)).astype(
-                 np.uint8 if spec.get("int8_kind") == "u8s8" else np.int8),
-                 "b": rng.randint(-64, 64, (n, n)).astype(np.int8)}}
+    feeds = roofline_feeds(spec)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     result = {"threads": threads, "size": n, "int8_kind": spec.get("int8_kind")}
