@@ -15,12 +15,13 @@ from .errors import BundleError, PackagerError, VerifyError
 from .inventory import Host
 from .manifest import read_manifest
 from .remote import Connection, DeviceError, have_local
+from .rollout import Rollout
+from .rollout import run as run_rollout
 from .verify import bundle_digest, check_tune, integrity_problems, run_checks, write_reports
 
 Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
 EXCLUDE = ("reports/", "cache/", "session.tuned.json")
-MIN_PYTHON = (3, 8)
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,16 @@ class HostResult:
     report: dict[str, Any] = field(default_factory=dict)
     reports_dir: str = ""
     seconds: float = 0.0
+    # on the device: dir, release (this bundle's), current (in use after this deploy),
+    # previous (kept for a rollback), switched (whether current moved)
+    release: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""                      # not deployed: why the rollout stopped before it
+    engine: str = "ssh"
 
     @property
     def status(self) -> str:
+        if self.skipped:
+            return "skipped"
         return {0: "pass", 1: "FAIL"}.get(self.exit_code, "error")
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,10 +96,16 @@ def bundle_folder(path: Path):
 
 
 def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
-           parallel: int = 4, log: Log = lambda _: None) -> list[HostResult]:
-    """Deploy *bundle* to every host, at most *parallel* at once; one host's failure is its own."""
+           parallel: int = 4, log: Log = lambda _: None, engine: str = "ssh",
+           rollout: Rollout | None = None, inventories: Sequence[Path] = ()) -> list[HostResult]:
+    """Deploy *bundle* to every host, at most *parallel* at once; one host's failure is its own.
+    *engine*: "ssh" (edgepack's own fan-out) or "ansible" (ansible-playbook with the
+    edgepack_bundle role and the user's *inventories*); *rollout*: canary, batches, max-fail.
+    Hosts after a stopped rollout come back with `skipped` set, untouched."""
     if not hosts:
         raise PackagerError("no hosts given", "name a host (alias or user@host) or --hosts FILE")
+    if engine not in ("ssh", "ansible"):
+        raise PackagerError(f"--engine {engine}: unknown", "use ssh or ansible")
     check_tune(options.tune, options.threads)
     with bundle_folder(bundle) as (folder, reports):
         manifest = read_manifest(folder)
@@ -100,12 +114,35 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
             raise BundleError(f"{bundle}: refused: {problems[0]}"
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                               + "; nothing was copied", "build the bundle again")
-        if len(hosts) == 1:
-            return [deploy_one(folder, manifest, hosts[0], reports, options, log)]
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
-            futures = [pool.submit(deploy_one, folder, manifest, h, reports, options, log)
-                       for h in hosts]
-            return [f.result() for f in futures]
+        if engine == "ansible":
+            from .fleet import AnsibleEngine
+
+            with AnsibleEngine(Path(bundle), folder, manifest, reports, options, parallel, log,
+                               inventories) as ansible:
+                return _roll(hosts, ansible.deploy, rollout or Rollout(), log)
+
+        def ssh_batch(group: list[Host]) -> list[HostResult]:
+            if len(group) == 1:
+                return [deploy_one(folder, manifest, group[0], reports, options, log)]
+            with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(group)))) as pool:
+                futures = [pool.submit(deploy_one, folder, manifest, h, reports, options, log)
+                           for h in group]
+                return [f.result() for f in futures]
+
+        return _roll(hosts, ssh_batch, rollout or Rollout(), log)
+
+
+def _roll(hosts: Sequence[Host], deploy_batch: Callable[[list[Host]], list[HostResult]],
+          plan: Rollout, log: Log) -> list[HostResult]:
+    results, rest, why = run_rollout(hosts, deploy_batch, plan, lambda r: r.exit_code != 0, log)
+    if why:
+        log(f"rollout stopped: {why}")
+    return results + [HostResult(h.name, 0, skipped=why) for h in rest]
+
+
+def release_id(digest: str) -> str:
+    """The folder a bundle version gets on the device: releases/<first 12 hex digits>."""
+    return digest.split(":")[-1][:12]
 
 
 def deploy_one(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
@@ -130,7 +167,8 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     from ._runtimes import device_probe
 
     host = Host(host.name, host.destination, host.port or options.port,
-                host.identity or options.identity, host.python, host.remote_dir)
+                host.identity or options.identity, host.python, host.remote_dir,
+                host.ssh_options)
     conn = Connection(host, ssh_config=options.ssh_config)
     python = host.python or options.python
     remote = host.remote_dir or options.remote_dir or f"edgepack/{manifest['name']}"
@@ -158,17 +196,21 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
         raise DeviceError(f"{host.name}: --transfer rsync, but rsync is missing "
                           f"{'on the device' if not info['rsync'] else 'here'}",
                           "install rsync, or use --transfer scp")
-    conn.run(f"mkdir -p {quoted}", timeout=options.timeout)
-    say(f"copying with {method} to {remote}/")
-    copied = conn.copy(folder, remote, method=method, checksum=options.checksum, exclude=EXCLUDE,
-                       bwlimit_kbps=options.bwlimit_kbps)
+    digest = bundle_digest(folder)
+    release = f"{remote}/releases/{release_id(digest)}"
+    result.release = {"dir": remote, "release": release_id(digest)}
+    quoted_release = shlex.quote(release)
+    conn.run(f"mkdir -p {quoted_release}", timeout=options.timeout)
+    say(f"copying with {method} to {release}/")
+    copied = conn.copy(folder, release, method=method, checksum=options.checksum,
+                       exclude=EXCLUDE, bwlimit_kbps=options.bwlimit_kbps)
     result.copied = copied.__dict__
     say(f"copied {copied.files} file(s), {copied.bytes_sent / 1e6:.2f} MB sent")
 
-    proc = conn.run(f"{python} - integrity {quoted}", stdin=probe, timeout=options.timeout)
+    proc = conn.run(f"{python} - integrity {quoted_release}", stdin=probe,
+                    timeout=options.timeout)
     probed = _probe_json(proc, host, python)
     found = probed["problems"]
-    digest = bundle_digest(folder)
     if probed.get("manifest_sha256") and "sha256:" + probed["manifest_sha256"] != digest:
         found.insert(0, f"manifest.json differs from the one deployed ({digest})")
     if found:
@@ -179,12 +221,12 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     say(f"integrity: all {len(manifest['files'])} files match the manifest")
 
     def execute(args: list[str]) -> tuple[int, str, str]:
-        proc = conn.run(f"cd {quoted} && {python} run.py {shlex.join(args)}",
+        proc = conn.run(f"cd {quoted_release} && {python} run.py {shlex.join(args)}",
                         timeout=options.timeout)
         return proc.returncode, proc.stdout, proc.stderr
 
     require = options.require_provider
-    report = run_checks(manifest, execute, f"{host.name}:{remote}", runs=options.runs,
+    report = run_checks(manifest, execute, f"{host.name}:{release}", runs=options.runs,
                         warmup=options.warmup, threads=options.threads,
                         latency_budget_ms=options.latency_budget_ms,
                         require_provider=require, progress=say, tune=options.tune)
@@ -194,7 +236,18 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     write_reports(out, report)
     result.report, result.reports_dir = report, str(out)
     result.exit_code = 0 if report["passed"] else 1
-    say(f"{'passed' if report['passed'] else 'FAILED'}; report in {out}/")
+    if report["passed"]:   # only a release that passed its check on the device is put in use
+        proc = conn.run(f"{python} - switch {quoted} {release_id(digest)}", stdin=probe,
+                        timeout=options.timeout)
+        result.release.update(_probe_json(proc, host, python))
+        say(f"passed; {remote}/current -> releases/{release_id(digest)}"
+            + ("" if result.release["switched"] else " (already)") + f"; report in {out}/")
+    else:
+        proc = conn.run(f"readlink {quoted}/current || true", timeout=options.timeout)
+        kept = proc.stdout.strip().rsplit("/", 1)[-1]
+        result.release.update(current=kept, previous=kept, switched=False)
+        say(f"FAILED; {'current still points at ' + kept if kept else 'nothing was in use'}"
+            f"; report in {out}/")
 
 
 def _probe_json(proc, host: Host, python: str) -> dict[str, Any]:
@@ -211,44 +264,23 @@ def _probe_json(proc, host: Host, python: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def _version(text: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (text or "0").split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+def preflight_needs(manifest: dict[str, Any], bundle_bytes: int, *,
+                    allow_fallback: bool = False) -> dict[str, Any]:
+    """What the device needs for this bundle, as device_probe.problems reads it."""
+    target = manifest["target"]
+    return {"runtime_package": target["runtime_package"],
+            "min_onnxruntime": target["min_onnxruntime"], "install": target.get("install"),
+            "providers": [p["name"] for p in manifest.get("providers", [])],
+            "allow_fallback": allow_fallback, "need_mb": 2 * bundle_bytes / 1e6 + 50}
 
 
 def preflight_problems(info: dict[str, Any], manifest: dict[str, Any], bundle_bytes: int,
                        options: DeployOptions) -> list[str]:
     """One line per thing the device lacks for this bundle, saying what to install."""
-    target = manifest["target"]
-    install = target.get("install") or f"pip install {target['runtime_package']}"
-    package, minimum = target["runtime_package"], target["min_onnxruntime"]
-    problems = []
-    if _version(info["python"]) < MIN_PYTHON:
-        problems.append(f"Python {info['python']} is older than 3.8, which run.py needs")
-    if not info.get("numpy"):
-        problems.append(f"numpy is missing ({info.get('numpy_error', 'not installed')}); "
-                        "install it: python3 -m pip install numpy")
-    if not info.get("onnxruntime"):
-        problems.append(f"{package} is missing ({info.get('onnxruntime_error', 'not installed')})"
-                        f"; install it: {install}")
-    elif _version(info["onnxruntime"]) < _version(minimum):
-        problems.append(f"onnxruntime {info['onnxruntime']} is older than {minimum}, the oldest "
-                        f"this bundle is built for; upgrade: {install}")
-    elif not options.allow_fallback:
-        wanted = [p["name"] for p in manifest.get("providers", [])]
-        missing = [p for p in wanted if p not in info.get("providers", [])]
-        if missing:
-            problems.append(f"onnxruntime {info['onnxruntime']} on the device has no "
-                            f"{', '.join(missing)} (it has {', '.join(info['providers'])}); "
-                            f"{package} with them: {install}; or pass --allow-fallback")
-    need_mb = 2 * bundle_bytes / 1e6 + 50
-    if info.get("free_mb", 0) < need_mb:
-        problems.append(f"only {info['free_mb']:.0f} MB free where the bundle goes, it needs "
-                        f"about {need_mb:.0f} MB; free some space or pass --remote-dir")
-    return problems
+    from ._runtimes import device_probe
+
+    return device_probe.problems(info, preflight_needs(manifest, bundle_bytes,
+                                                       allow_fallback=options.allow_fallback))
 
 
 def _size(folder: Path) -> int:
@@ -257,9 +289,10 @@ def _size(folder: Path) -> int:
 
 
 def summary_table(results: Sequence[HostResult]) -> str:
-    """One row per host: arch, Python, onnxruntime, provider, latency, accuracy, result."""
+    """One row per host: arch, Python, onnxruntime, provider, latency, accuracy, the release in
+    use after the deploy, result."""
     lines = ["| host | arch | python | onnxruntime | provider | p50 ms | p90 ms | p99 ms | "
-             "accuracy (cosine min) | result |", "|" + " --- |" * 10]
+             "accuracy (cosine min) | in use | result |", "|" + " --- |" * 11]
     for r in results:
         dev, rep = r.device, r.report
         bench = rep.get("bench", {}).get("parts", {})
@@ -270,7 +303,19 @@ def summary_table(results: Sequence[HostResult]) -> str:
                  dev.get("onnxruntime") or ("missing" if dev else "?"),
                  (rep.get("providers") or ["?"])[0].replace("ExecutionProvider", ""),
                  *(" / ".join(f"{x[k]:.2f}" for x in lat) or "-" for k in ("p50", "p90", "p99")),
-                 f"{min(cos):.4f}" if cos else "-",
-                 r.status + (f": {r.error}" if r.error else "")]
+                 f"{min(cos):.4f}" if cos else "-", _in_use(r.release),
+                 r.status + (f": {r.error or r.skipped}" if r.error or r.skipped else "")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _in_use(release: dict[str, Any]) -> str:
+    """The release current points at after the deploy: new, already in use, or kept."""
+    current = release.get("current")
+    if "current" not in release:
+        return "-"
+    if not current:
+        return "none"
+    if current != release.get("release"):
+        return f"{current} (kept)"
+    return f"{current} ({'new' if release.get('switched') else 'already'})"

@@ -20,6 +20,7 @@ class Host:
     identity: Path | None = None
     python: str | None = None      # the device's interpreter (default: python3)
     remote_dir: str | None = None
+    ssh_options: tuple[str, ...] = ()   # ansible_ssh_common_args / _extra_args: ssh's own options
 
     @property
     def label(self) -> str:
@@ -28,7 +29,8 @@ class Host:
 
 
 ANSIBLE_KEYS = {"ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
-                "ansible_python_interpreter", "edgepack_remote_dir"}
+                "ansible_python_interpreter", "edgepack_remote_dir", "ansible_ssh_common_args",
+                "ansible_ssh_extra_args"}
 
 
 def parse_host(text: str) -> Host:
@@ -66,6 +68,13 @@ def _apply(host: Host, variables: dict[str, str], where: str) -> Host:
         changes["python"] = variables["ansible_python_interpreter"]
     if "edgepack_remote_dir" in variables:
         changes["remote_dir"] = variables["edgepack_remote_dir"]
+    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        if key in variables:
+            try:
+                changes["ssh_options"] = (*changes.get("ssh_options", host.ssh_options),
+                                          *shlex.split(variables[key]))
+            except ValueError as exc:
+                raise InventoryError(f"{where}: {key}: {exc}", "fix the quoting") from None
     return replace(host, **changes)
 
 

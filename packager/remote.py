@@ -43,7 +43,7 @@ class Connection:
             args += ["-p", str(self.host.port)]
         if self.host.identity:
             args += ["-i", str(self.host.identity), "-o", "IdentitiesOnly=yes"]
-        return args
+        return args + list(self.host.ssh_options)
 
     def run(self, command: str, *, stdin: str | None = None,
             timeout: float = 900.0) -> subprocess.CompletedProcess:

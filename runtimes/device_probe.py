@@ -1,15 +1,19 @@
 """Probe a device for `edgepack deploy`: piped over SSH to the device's python3 and run there.
 
-    python3 - preflight REMOTE_DIR < device_probe.py   # Python, numpy, onnxruntime, disk
-    python3 - integrity REMOTE_DIR < device_probe.py   # every file against the manifest
+    python3 - preflight REMOTE_DIR [NEEDS] < device_probe.py   # Python, numpy, onnxruntime, disk
+    python3 - integrity REMOTE_DIR < device_probe.py           # every file against the manifest
+    python3 - switch BASE RELEASE < device_probe.py            # BASE/current -> releases/RELEASE
 
-Python 3.8+ and the standard library only; it prints one JSON object. It installs nothing.
+NEEDS (JSON, see `problems`) adds "problems": one line per thing the device lacks for the
+bundle. The Ansible role runs the same file with its `script` module. Python 3.8+ and the
+standard library only; it prints one JSON object. It installs nothing.
 """
 
 import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 
 
@@ -42,6 +46,45 @@ def preflight(remote_dir):
     stat = os.statvfs(nearest_existing(remote_dir))
     info["free_mb"] = stat.f_bavail * stat.f_frsize / 1e6
     return info
+
+
+def version(text):
+    parts = []
+    for piece in (text or "0").split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def problems(info, needs):
+    """One line per thing the device lacks, saying what to install. *needs*: runtime_package,
+    min_onnxruntime, install (the target's install line), providers (the target's, in order),
+    allow_fallback, need_mb (free space where the bundle goes)."""
+    package, minimum = needs["runtime_package"], needs["min_onnxruntime"]
+    install = needs.get("install") or "pip install %s" % package
+    found = []
+    if version(info["python"]) < (3, 8):
+        found.append("Python %s is older than 3.8, which run.py needs" % info["python"])
+    if not info.get("numpy"):
+        found.append("numpy is missing (%s); install it: python3 -m pip install numpy"
+                     % info.get("numpy_error", "not installed"))
+    if not info.get("onnxruntime"):
+        found.append("%s is missing (%s); install it: %s"
+                     % (package, info.get("onnxruntime_error", "not installed"), install))
+    elif version(info["onnxruntime"]) < version(minimum):
+        found.append("onnxruntime %s is older than %s, the oldest this bundle is built for; "
+                     "upgrade: %s" % (info["onnxruntime"], minimum, install))
+    elif not needs.get("allow_fallback"):
+        missing = [p for p in needs.get("providers", []) if p not in info.get("providers", [])]
+        if missing:
+            found.append("onnxruntime %s on the device has no %s (it has %s); %s with them: %s; "
+                         "or pass --allow-fallback" % (info["onnxruntime"], ", ".join(missing),
+                                                       ", ".join(info["providers"]), package,
+                                                       install))
+    if info.get("free_mb", 0) < needs.get("need_mb", 0):
+        found.append("only %.0f MB free where the bundle goes, it needs about %.0f MB; free some "
+                     "space or pass --remote-dir" % (info["free_mb"], needs["need_mb"]))
+    return found
 
 
 def sha256(path):
@@ -80,6 +123,55 @@ def integrity(remote_dir):
             "manifest_sha256": sha256(os.path.join(root, "manifest.json"))}
 
 
+def point(base, name, target):
+    """BASE/NAME -> TARGET, replaced atomically (a reader sees the old link or the new one)."""
+    tmp = os.path.join(base, ".%s.%d" % (name, os.getpid()))
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, os.path.join(base, name))
+
+
+def switch(base, release):
+    """Put release RELEASE in use: `previous` -> the one in use until now, `current` -> it;
+    then remove every other release (and its archive). The same layout as the Ansible role's."""
+    base = os.path.expanduser(base)
+    wanted = "releases/" + release
+
+    def target(name):
+        path = os.path.join(base, name)
+        return os.readlink(path) if os.path.islink(path) else ""
+
+    before = target("current")
+    switched = before != wanted
+    if switched:
+        if before:
+            point(base, "previous", before)
+        point(base, "current", wanted)
+    keep = {release, os.path.basename(target("previous"))}
+    removed = []
+    for folder in ("releases", "archives"):
+        where = os.path.join(base, folder)
+        for name in sorted(os.listdir(where)) if os.path.isdir(where) else []:
+            if name.replace(".tar.gz", "") not in keep:
+                path = os.path.join(where, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+                removed.append(folder + "/" + name)
+    return {"previous": os.path.basename(before), "current": release, "switched": switched,
+            "removed": removed}
+
+
 if __name__ == "__main__":
     mode, directory = sys.argv[1], sys.argv[2]
-    print(json.dumps(preflight(directory) if mode == "preflight" else integrity(directory)))
+    if mode == "preflight":
+        result = preflight(directory)
+        if len(sys.argv) > 3:
+            result["problems"] = problems(result, json.loads(sys.argv[3]))
+    elif mode == "switch":
+        result = switch(directory, sys.argv[3])
+    else:
+        result = integrity(directory)
+    print(json.dumps(result))

@@ -153,6 +153,19 @@ def cases(d: Path, cnn: Path, images: Path, out: Path) -> dict:
                                  f"has 2 labels but {cnn}'s output 'scores' scores 10 classes"),
         "binary inventory": (["deploy", out, "--hosts", d / "binary.txt"], 2,
                              "--hosts " + str(d / "binary.txt") + ": not a text file"),
+        # rollouts and the Ansible role
+        "deploy batch": (["deploy", out, "pi", "--batch", "half"], 2,
+                         "--batch half: not a number of hosts or a percentage"),
+        "deploy max-fail": (["deploy", out, "pi", "--max-fail", "200%"], 2,
+                            "--max-fail 200%: not a percentage from 0 to 100"),
+        "deploy canary": (["deploy", out, "pi", "--canary", "-1"], 2,
+                          "--canary -1: not a number of hosts"),
+        "deploy limit alone": (["deploy", out, "pi", "--limit", "pis"], 2,
+                               "--limit selects hosts of an inventory; add --hosts INVENTORY"),
+        "ansible transfer": (["deploy", out, "pi", "--engine", "ansible", "--transfer", "scp"],
+                             2, "--transfer is for --engine ssh"),
+        "ansible-role onto a file": (["ansible-role", "-o", d / "binary.txt"], 2,
+                                     "-o " + str(d / "binary.txt") + ": not a folder"),
     }
 
 

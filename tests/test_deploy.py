@@ -63,7 +63,8 @@ def test_deploy_then_redeploy_copies_nothing(server, built, tmp_path):
     assert first.device["arch"] and first.device["onnxruntime"]
     report = json.loads((bundle / "reports" / "device1" / "report.json").read_text())
     assert report["passed"] and report["host"] == "device1"
-    assert (tmp_path / "device" / "run.py").is_file()
+    assert (tmp_path / "device" / "current" / "run.py").is_file()
+    assert first.release["switched"] and first.release["current"] == first.release["release"]
     [again] = deploy(bundle, [host("device1")], options=options(server, tmp_path))
     assert again.exit_code == 0 and again.copied["files"] == 0
 
@@ -71,7 +72,7 @@ def test_deploy_then_redeploy_copies_nothing(server, built, tmp_path):
 def test_tampered_file_on_the_device_is_refused(server, built, tmp_path):
     opts = options(server, tmp_path)
     assert deploy(built.bundle.directory, [host("device1")], options=opts)[0].exit_code == 0
-    target = tmp_path / "device" / "golden" / "model.outputs.npz"
+    target = tmp_path / "device" / "current" / "golden" / "model.outputs.npz"
     stat = target.stat()
     data = bytearray(target.read_bytes())
     data[-30] ^= 0xFF                      # same size, same mtime: rsync's quick check misses it
@@ -105,7 +106,7 @@ def test_a_manifest_changed_on_the_device_is_refused(server, built, tmp_path):
     [first] = deploy(built.bundle.directory, [host("device1")], options=opts)
     assert first.exit_code == 0, first.error
     assert first.report["digest"] == built.bundle.digest
-    target = tmp_path / "device" / "manifest.json"
+    target = tmp_path / "device" / "current" / "manifest.json"
     stat = target.stat()
     text = target.read_text()
     edited = text.replace('"min_cosine": 0.9', '"min_cosine": 0.1', 1)
@@ -135,10 +136,14 @@ def test_interrupted_copy_resumes(server, built, tmp_path):
            "--bwlimit", "4000", "--runs", "3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    partial = remote / "extra.bin"
+    from packager.deploy import release_id
+    from packager.verify import bundle_digest
+
+    release = remote / "releases" / release_id(bundle_digest(bundle))
+    partial = release / "extra.bin"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:   # wait until a part of the big file has arrived
-        parts = [p for p in remote.glob(".extra.bin.*")] + ([partial] if partial.exists() else [])
+        parts = [p for p in release.glob(".extra.bin.*")] + ([partial] if partial.exists() else [])
         if parts and max(p.stat().st_size for p in parts) > 4_000_000:
             break
         time.sleep(0.2)
@@ -205,7 +210,8 @@ ansible_python_interpreter={sys.executable}
                      options=DeployOptions(ssh_config=server.config, runs=5, warmup=1),
                      parallel=3)
     assert [r.exit_code for r in results] == [0, 0, 2]   # one failing host stops no other
-    assert (tmp_path / "d1" / "run.py").is_file() and (tmp_path / "d2" / "run.py").is_file()
+    assert (tmp_path / "d1" / "current" / "run.py").is_file()
+    assert (tmp_path / "d2" / "current" / "run.py").is_file()
     table = summary_table(results)
     assert table.count("| pass |") == 2 and "| down |" in table and "unreachable" in table
     reports = built.bundle.directory / "reports"
@@ -319,7 +325,7 @@ def test_deploy_tune_tunes_on_the_device_not_with_the_hosts_file(server, built, 
     assert result.exit_code == 0, result.error
     tuning = result.report["tuning"]
     assert tuning["tried"] and all(t["p50_ms"] > 0 for t in tuning["tried"])
-    device = tmp_path / "device" / "session.tuned.json"
+    device = tmp_path / "device" / "current" / "session.tuned.json"
     if device.exists():   # written by the device's tuning only when it beat the manifest
         saved = json.loads(device.read_text())
         assert saved.get("tuned") != "on the host" and saved["session"] == tuning["chosen"]

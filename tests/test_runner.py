@@ -29,8 +29,13 @@ def test_runner_imports_only_stdlib_numpy_onnxruntime_cv2():
     assert "packager" not in names
 
 
+# the Ansible role's controller script runs on any controller's Python too
+ROLE_SCRIPTS = sorted((Path(__file__).parent.parent / "packager" / "role").glob("*/files/*.py"))
+
+
 def test_runner_parses_as_python_38():
-    for path in RUNNER.parent.glob("*.py"):
+    assert ROLE_SCRIPTS
+    for path in [*RUNNER.parent.glob("*.py"), *ROLE_SCRIPTS]:
         ast.parse(path.read_text(), str(path), feature_version=(3, 8))
 
 
@@ -41,7 +46,7 @@ def vermin(path) -> subprocess.CompletedProcess:
 
 
 def test_runner_needs_nothing_newer_than_python_38(tmp_path):
-    for path in RUNNER.parent.glob("*.py"):   # the runner and the device probe
+    for path in [*RUNNER.parent.glob("*.py"), *ROLE_SCRIPTS]:   # runner, probe, role script
         r = vermin(path)
         assert r.returncode == 0, r.stdout + r.stderr
     newer = tmp_path / "newer.py"   # the checker itself: a 3.9 string method must be caught

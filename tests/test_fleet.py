@@ -1,0 +1,289 @@
+"""Fleet rollouts with both engines against real sshds on loopback (tests/fleet.py): the built-in
+SSH fan-out and the real ansible-playbook with the edgepack_bundle role, on the same inventory.
+
+The fleet: two good x86 devices, one that is down, one whose onnxruntime (1.16.3) is older than
+the bundle needs, and an aarch64 device under qemu when its userland is built. In CI
+(EDGEPACK_REQUIRE_SSH=1) a missing sshd, ansible-core or old onnxruntime fails these tests;
+EDGEPACK_REQUIRE_ARM=1 likewise for the aarch64 device. Elsewhere they skip with the reason.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import arm_userland
+import fleet
+import numpy as np
+import pytest
+from fleet import Device, Fleet
+
+from conftest import PREP
+from packager.deploy import DeployOptions, deploy, summary_table
+from packager.errors import PackagerError
+from packager.fleet import inventory_hosts, pack
+from packager.pipeline import build
+from packager.rollout import Rollout, batches, parse_batch, parse_percent
+
+BIN = Path(sys.executable).parent
+ENGINES = ["ssh", "ansible"]
+
+
+def require(reason, variable):
+    if reason:
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"required here ({variable}=1): {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """What every fleet needs: the old onnxruntime and the aarch64 python (None: skipped)."""
+    require(fleet.problem(), "EDGEPACK_REQUIRE_SSH")
+    require(None if (BIN / "ansible-playbook").is_file() else
+            "ansible-playbook is missing: pip install 'edgepack[fleet]'", "EDGEPACK_REQUIRE_SSH")
+    old = fleet.old_onnxruntime_python()
+    require(old if isinstance(old, str) else None, "EDGEPACK_REQUIRE_SSH")
+    arm = None
+    reason = arm_userland.problem("py311")
+    if reason and os.environ.get("EDGEPACK_REQUIRE_ARM") == "1":
+        pytest.fail(reason)
+    if not reason:
+        arm_userland.build("py311")
+        arm = arm_userland.python("py311")
+    return old, arm
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, cnn_onnx, image_dir):
+    """v1 (INT8) and v2 (FP32) of one model for the Raspberry Pi target, and `bad`: v1 with its
+    reference outputs negated (and the manifest re-hashed), which fails its check anywhere."""
+    root = tmp_path_factory.mktemp("fleet-bundles")
+    out = {}
+    for name, precision in (("v1", "int8"), ("v2", "fp32")):
+        out[name] = build(cnn_onnx, root / name / "cnn", target="rpi", calib=image_dir,
+                          preprocess=PREP, quant={"precision": precision}).bundle.directory
+    bad = root / "bad" / "cnn"
+    shutil.copytree(out["v1"], bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    rel = manifest["parts"][0]["golden"]["outputs"]
+    with np.load(bad / rel) as data:
+        arrays = {k: -data[k] for k in data.files}
+    np.savez(bad / rel, **arrays)
+    manifest["files"][rel] = hashlib.sha256((bad / rel).read_bytes()).hexdigest()
+    (bad / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    out["bad"] = bad
+    for name in list(out):
+        pack(out[name], "cnn", out[name].parent / "cnn.tar.gz")
+        out[name + ".tar.gz"] = out[name].parent / "cnn.tar.gz"
+    return out
+
+
+def make_fleet(root, parts, *names):
+    old, arm = parts
+    kinds = {"pi-down": {"down": True}, "pi-old": {"python": old}, "pi-arm": {"python": arm}}
+    return Fleet(root, [Device(n, **kinds.get(n, {})) for n in names
+                        if n != "pi-arm" or arm])
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "packager", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def opts(**kw):
+    return DeployOptions(runs=3, warmup=1, **kw)
+
+
+def current(f, name):
+    link = f.remote_dir(name) / "current"
+    return os.readlink(link).split("/")[-1] if link.is_symlink() else None
+
+
+def release_of(bundle):
+    return hashlib.sha256((Path(bundle) / "manifest.json").read_bytes()).hexdigest()[:12]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_inventory_both_engines_same_outcome(parts, bundles, tmp_path, engine):
+    """Deploy to the whole fleet from a YAML inventory, then again after a file on one device
+    was changed: per-host outcomes, the table, --json and the exit code; nothing changes on a
+    device that already runs the bundle."""
+    names = ["pi-01", "pi-02", "pi-down", "pi-old", "pi-arm"]
+    with make_fleet(tmp_path / "fleet", parts, *names) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.yml", "yaml",
+                                      groups={"boards": [n for n in f.names if n != "pi-down"],
+                                              "spares": ["pi-down"]})
+        r = cli("deploy", bundles["v1.tar.gz"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1, "--json")
+        assert r.returncode == 2, r.stderr[-3000:]
+        data = json.loads(r.stdout)
+        status = {h["host"]: h["status"] for h in data["hosts"]}
+        assert status == {n: {"pi-down": "error", "pi-old": "error"}.get(n, "pass")
+                          for n in f.names}
+        errors = {h["host"]: h["error"] for h in data["hosts"]}
+        assert "pi-down: unreachable" in errors["pi-down"]
+        assert "onnxruntime 1.16.3 is older than 1.19" in errors["pi-old"]
+        release = release_of(bundles["v1"])
+        for name in f.up:
+            assert current(f, name) == (release if name != "pi-old" else None)
+        assert not (f.remote_dir("pi-old") / "releases").exists()   # nothing copied
+        hosts = {h["host"]: h for h in data["hosts"]}
+        assert hosts["pi-01"]["release"]["switched"] is True
+        if "pi-arm" in hosts:
+            assert hosts["pi-arm"]["device"]["arch"] == "aarch64"
+        reports = bundles["v1.tar.gz"].with_name("cnn.reports")
+        assert json.loads((reports / "pi-02" / "report.json").read_text())["passed"]
+
+        # a file changed on pi-02 (same size and time); the others already run the bundle
+        target = f.remote_dir("pi-02") / "current" / "golden" / "model.shipped.npz"
+        stat = target.stat()
+        data_bytes = bytearray(target.read_bytes())
+        data_bytes[-30] ^= 0xFF
+        target.write_bytes(bytes(data_bytes))
+        os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        r = cli("deploy", bundles["v1.tar.gz"], "--hosts", inventory, "--engine", engine,
+                "--limit", "boards:!pi-arm:!pi-old", "--runs", 3, "--warmup", 1)
+        assert r.returncode == 2, r.stderr[-3000:]
+        rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines()
+                if line.startswith("| pi-")}
+        assert set(rows) == {"pi-01", "pi-02"}
+        assert f"{release} (already) | pass |" in rows["pi-01"]
+        assert "refused: golden/model.shipped.npz: sha256 mismatch on the device" in rows["pi-02"]
+        assert "nothing was run" in rows["pi-02"]
+        r = cli("deploy", bundles["v1.tar.gz"], "--hosts", inventory, "--engine", engine,
+                "--limit", "pi-02", "--checksum", "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_failing_canary_stops_the_rollout_with_nothing_changed_elsewhere(parts, bundles,
+                                                                           tmp_path, engine):
+    with make_fleet(tmp_path / "fleet", parts, "pi-old", "pi-01", "pi-02") as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
+                "--canary", 1, "--runs", 3, "--warmup", 1)
+        assert r.returncode == 2
+        assert "rollout stopped: the canary failed on 1 of 1 host(s); the other 2 host(s) " \
+               "were not touched" in r.stderr
+        table = r.stdout
+        assert "| pi-01 |" in table and "| skipped: the canary failed" in table
+        for name in ("pi-01", "pi-02"):
+            assert not any(f.remote_dir(name).iterdir()), f"{name} was touched"
+        r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
+                "--limit", "pi-01,pi-02", "--canary", 1, "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "rollout: canary 1/2: 1 host(s)" in r.stderr
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_max_fail_stops_the_rollout(parts, bundles, tmp_path, engine):
+    names = ["pi-01", "pi-down", "pi-02", "pi-03", "pi-04"]
+    with make_fleet(tmp_path / "fleet", parts, *names) as f:
+        hosts = inventory_hosts([f.write_inventory(tmp_path / "fleet.ini")])
+        logs = []
+        results = deploy(bundles["v1"], hosts, options=opts(), engine=engine,
+                         rollout=Rollout(batch="40%", max_fail=30.0), log=logs.append)
+        assert [r.status for r in results] == ["pass", "error", "skipped", "skipped", "skipped"]
+        assert any("1 of 2 host(s) failed (50 % > --max-fail 30 %)" in m for m in logs)
+        assert current(f, "pi-01") and not any(f.remote_dir("pi-02").iterdir())
+        table = summary_table(results)
+        assert table.count("| skipped: 1 of 2 host(s) failed") == 3
+        results = deploy(bundles["v1"], hosts, options=opts(), engine=engine,
+                         rollout=Rollout(batch="2", max_fail=50.0), log=logs.append)
+        assert [r.status for r in results] == ["pass", "error", "pass", "pass", "pass"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_release_that_fails_its_check_leaves_the_one_in_use(parts, bundles, tmp_path, engine):
+    """v1, then v2 (previous -> v1), then a v3 that fails its check: current stays at v2, and
+    older releases than the one before are removed."""
+    with make_fleet(tmp_path / "fleet", parts, "pi-01") as f:
+        hosts = inventory_hosts([f.write_inventory(tmp_path / "fleet.ini")])
+        base = f.remote_dir("pi-01")
+        v1, v2, bad = (release_of(bundles[k]) for k in ("v1", "v2", "bad"))
+        for key, want in (("v1", v1), ("v2", v2)):
+            [r] = deploy(bundles[key], hosts, options=opts(), engine=engine)
+            assert r.status == "pass", r.error
+            assert r.release["current"] == want and r.release["switched"]
+        assert os.readlink(base / "current") == f"releases/{v2}"
+        assert os.readlink(base / "previous") == f"releases/{v1}"
+        [r] = deploy(bundles["bad"], hosts, options=opts(), engine=engine)
+        assert r.status == "FAIL" and r.exit_code == 1
+        assert r.release["current"] == v2 and not r.release["switched"]
+        assert os.readlink(base / "current") == f"releases/{v2}"
+        assert os.readlink(base / "previous") == f"releases/{v1}"
+        assert any(c["name"].startswith("accuracy") and not c["passed"]
+                   for c in r.report["checks"])
+        assert f"{v2} (kept)" in summary_table([r])
+        [r] = deploy(bundles["v1"], hosts, options=opts(), engine=engine)   # roll back to v1
+        assert r.status == "pass" and r.release["switched"]
+        assert os.readlink(base / "previous") == f"releases/{v2}"
+        assert sorted(p.name for p in (base / "releases").iterdir()) == sorted([v1, v2])
+
+
+def test_the_role_in_a_users_own_playbook(parts, bundles, tmp_path):
+    """`edgepack ansible-role`, then a plain `ansible-playbook site.yml` written by a user:
+    deploys, a second run changes nothing and says so, a failing version leaves the one in use."""
+    work = tmp_path / "ops"
+    r = cli("ansible-role", "-o", work / "roles")
+    assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+    r = cli("ansible-role", "-o", work / "roles")
+    assert r.returncode == 0 and "nothing changed" in r.stdout
+    role = work / "roles" / "edgepack_bundle"
+    assert (role / "files" / "device_probe.py").is_file()
+    (role / "defaults" / "main.yml").write_text("# edited\n")
+    r = cli("ansible-role", "-o", work / "roles")
+    assert r.returncode == 2 and "exists and differs" in r.stderr and "--force" in r.stderr
+    assert cli("ansible-role", "-o", work / "roles", "--force").returncode == 0
+    (work / "site.yml").write_text("""- hosts: boards
+  gather_facts: false
+  serial: 1
+  roles:
+    - role: edgepack_bundle
+      vars:
+        edgepack_runs: 3
+        edgepack_warmup: 1
+""")
+    with make_fleet(tmp_path / "fleet", parts, "pi-01", "pi-02") as f:
+        inventory = f.write_inventory(work / "inventory.ini", groups={"boards": f.names})
+        env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_PIPELINING": "1"}
+
+        def play(bundle):
+            return subprocess.run([BIN / "ansible-playbook", "-i", inventory, "site.yml", "-e",
+                                   f"edgepack_bundle={bundle}"], cwd=work, env=env,
+                                  capture_output=True, text=True, timeout=900)
+
+        first = play(bundles["v1.tar.gz"])
+        assert first.returncode == 0, first.stdout[-3000:]
+        assert "pi-01                      : ok=" in first.stdout
+        for name in f.names:
+            assert current(f, name) == release_of(bundles["v1"])
+        again = play(bundles["v1.tar.gz"])
+        assert again.returncode == 0, again.stdout[-3000:]
+        recap = again.stdout.split("PLAY RECAP")[1]
+        assert recap.count("changed=0") == 2 and "failed=0" in recap
+        assert again.stdout.count("already in use; nothing changed") == 2
+        failing = play(bundles["bad.tar.gz"])
+        assert failing.returncode == 2
+        assert "failed its check on the device; current still points at " \
+               f"{release_of(bundles['v1'])}" in failing.stdout
+        assert "pi-02" not in failing.stdout.split("PLAY RECAP")[1]   # serial 1: stopped there
+        assert current(f, "pi-01") == current(f, "pi-02") == release_of(bundles["v1"])
+
+
+def test_rollout_plans():
+    hosts = list(range(10))
+    assert batches(hosts, Rollout()) == [hosts]
+    assert batches(hosts, Rollout(canary=2, batch="3")) == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert batches(hosts, Rollout(batch="25%")) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert batches(hosts, Rollout(canary=20)) == [hosts]
+    assert parse_batch("10%") == "10%" and parse_percent("12.5%", "--max-fail") == 12.5
+    for bad in ("0", "x", "150%", "-1"):
+        with pytest.raises(PackagerError, match="--batch"):
+            parse_batch(bad)
+    with pytest.raises(PackagerError, match="--max-fail 101"):
+        parse_percent("101", "--max-fail")
