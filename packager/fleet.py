@@ -254,7 +254,7 @@ class AnsibleEngine:
         return lines
 
     def _result(self, host: Host, outcomes: Path, output: list[str], HostResult):
-        path = outcomes / host.name / "ansible.json"
+        path = outcomes / f"{host.name}.json"
         if not path.is_file():
             refused = next((ln for ln in output if "edgepack_bundle: " in ln), "")
             if refused:

@@ -134,7 +134,8 @@ def point(base, name, target):
 
 def switch(base, release):
     """Put release RELEASE in use: `previous` -> the one in use until now, `current` -> it;
-    then remove every other release (and its archive). The same layout as the Ansible role's."""
+    then remove every other release (and its archive, releases/RELEASE.tar.gz, which the Ansible
+    role copies). `deploy --engine ssh` and the role both switch with this."""
     base = os.path.expanduser(base)
     wanted = "releases/" + release
 
@@ -150,16 +151,15 @@ def switch(base, release):
         point(base, "current", wanted)
     keep = {release, os.path.basename(target("previous"))}
     removed = []
-    for folder in ("releases", "archives"):
-        where = os.path.join(base, folder)
-        for name in sorted(os.listdir(where)) if os.path.isdir(where) else []:
-            if name.replace(".tar.gz", "") not in keep:
-                path = os.path.join(where, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.remove(path)
-                removed.append(folder + "/" + name)
+    where = os.path.join(base, "releases")
+    for name in sorted(os.listdir(where)) if os.path.isdir(where) else []:
+        if name.replace(".tar.gz", "") not in keep:
+            path = os.path.join(where, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+            removed.append("releases/" + name)
     return {"previous": os.path.basename(before), "current": release, "switched": switched,
             "removed": removed}
 
