@@ -200,10 +200,16 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     release = f"{remote}/releases/{release_id(digest)}"
     result.release = {"dir": remote, "release": release_id(digest)}
     quoted_release = shlex.quote(release)
-    conn.run(f"mkdir -p {quoted_release}", timeout=options.timeout)
+    proc = conn.run(f"test -d {quoted_release} && echo THERE; mkdir -p {quoted_release}",
+                    timeout=options.timeout)
+    fresh = "THERE" not in proc.stdout
     say(f"copying with {method} to {release}/")
-    copied = conn.copy(folder, release, method=method, checksum=options.checksum,
-                       exclude=EXCLUDE, bwlimit_kbps=options.bwlimit_kbps)
+    # A new release takes what it shares with the one in use from the device (rsync
+    # --copy-dest), matched by content: two versions' files can share size and time. Into a
+    # release already there (a re-deploy, a cut-off copy) only what changed is sent.
+    copied = conn.copy(folder, release, method=method, checksum=options.checksum or fresh,
+                       exclude=EXCLUDE, bwlimit_kbps=options.bwlimit_kbps,
+                       copy_dest="../../current/" if fresh else None)
     result.copied = copied.__dict__
     say(f"copied {copied.files} file(s), {copied.bytes_sent / 1e6:.2f} MB sent")
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -223,8 +224,12 @@ class AnsibleEngine:
         if o.identity:
             extra["ANSIBLE_PRIVATE_KEY_FILE"] = str(Path(o.identity).expanduser().resolve())
         self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
+        start = time.monotonic()
         output = self._run(cmd, ansible_env(extra))
-        return [self._result(h, outcomes, output, HostResult) for h in hosts]
+        results = [self._result(h, outcomes, output, HostResult) for h in hosts]
+        for r in results:   # ansible-playbook runs the batch as a whole
+            r.seconds = time.monotonic() - start
+        return results
 
     def _run(self, cmd: list[str], env: dict[str, str]) -> list[str]:
         """Run ansible-playbook, logging each host's task results as they come."""

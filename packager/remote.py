@@ -59,16 +59,20 @@ class Connection:
         return proc
 
     def copy(self, local: Path, remote_dir: str, *, method: str, checksum: bool = False,
-             exclude: tuple[str, ...] = (), bwlimit_kbps: int | None = None) -> Copied:
-        """Copy the folder *local* into *remote_dir* on the device."""
+             exclude: tuple[str, ...] = (), bwlimit_kbps: int | None = None,
+             copy_dest: str | None = None) -> Copied:
+        """Copy the folder *local* into *remote_dir* on the device. *copy_dest* (rsync): a
+        folder on the device, relative to *remote_dir*, whose unchanged files are copied there
+        instead of sent (a new release takes what it shares with the one in use)."""
         if method == "rsync":
-            return self._rsync(local, remote_dir, checksum, exclude, bwlimit_kbps)
+            return self._rsync(local, remote_dir, checksum, exclude, bwlimit_kbps, copy_dest)
         return self._scp(local, remote_dir, exclude, bwlimit_kbps)
 
-    def _rsync(self, local: Path, remote_dir: str, checksum: bool,
-               exclude: tuple[str, ...], bwlimit_kbps: int | None) -> Copied:
+    def _rsync(self, local: Path, remote_dir: str, checksum: bool, exclude: tuple[str, ...],
+               bwlimit_kbps: int | None, copy_dest: str | None) -> Copied:
         # --partial keeps what arrived when a copy is cut off; the next run sends only the rest
         cmd = ["rsync", "-rt", "--partial", "--stats", "-e", shlex.join(self.ssh_args())]
+        cmd += [f"--copy-dest={copy_dest}"] if copy_dest else []
         cmd += ["--checksum"] if checksum else []
         cmd += [f"--bwlimit={bwlimit_kbps}"] if bwlimit_kbps else []
         for pattern in exclude:
