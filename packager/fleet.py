@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError
-from .verify import bundle_digest, run_checks, write_reports
+from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, run_checks, write_reports
 
 INSTALL = "pip install 'edgepack[fleet]' (ansible-core from PyPI)"
 EXCLUDE = {"reports", "cache", "session.tuned.json"}
@@ -173,7 +173,9 @@ class AnsibleEngine:
                      "edgepack_require_provider": o.require_provider or "",
                      "edgepack_allow_fallback": o.allow_fallback,
                      "edgepack_timeout": int(o.timeout), "edgepack_reunpack": o.checksum,
-                     "edgepack_default_python": o.python}
+                     "edgepack_default_python": o.python,
+                     # run_checks' own --tune figures, so its replay asks for what the role ran
+                     "edgepack_tune_runs": TUNE_RUNS, "edgepack_tune_warmup": TUNE_WARMUP}
         if o.remote_dir:   # the inventory's edgepack_remote_dir still wins, as with --engine ssh
             variables["edgepack_default_remote_dir"] = o.remote_dir
         return variables

@@ -291,3 +291,19 @@ def test_rollout_plans():
             parse_batch(bad)
     with pytest.raises(PackagerError, match="--max-fail 101"):
         parse_percent("101", "--max-fail")
+
+
+def test_ansible_engine_with_hosts_on_the_command_line_and_tune(parts, bundles, tmp_path):
+    """No inventory: ssh_config aliases on the command line, as with the built-in engine; and
+    --tune runs run.py bench --tune on the device through the role."""
+    with make_fleet(tmp_path / "fleet", parts, "pi-01") as f:   # (one: --remote-dir is shared)
+        r = cli("deploy", bundles["v1"], "pi-01", "--engine", "ansible", "--ssh-config",
+                f.ssh_config, "--remote-dir", tmp_path / "boards", "--runs", 5, "--warmup", 1,
+                "--tune", "--json")
+        assert r.returncode == 0, r.stderr[-3000:]
+        hosts = json.loads(r.stdout)["hosts"]
+        assert [h["status"] for h in hosts] == ["pass"]
+        assert all(h["engine"] == "ansible" for h in hosts)
+        tuning = hosts[0]["report"]["tuning"]
+        assert tuning["tried"] and all(t["p50_ms"] > 0 for t in tuning["tried"])
+        assert os.readlink(tmp_path / "boards" / "current") == f"releases/{release_of(bundles['v1'])}"
