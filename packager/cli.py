@@ -690,8 +690,6 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
 
     plan = Rollout(canary=canary, batch=parse_batch(batch),
                    max_fail=parse_percent(max_fail, "--max-fail"))
-    if canary < 0:
-        raise PackagerError(f"--canary {canary}: not a number of hosts", "give 1 or more")
     if limit and not inventory:
         raise PackagerError("--limit selects hosts of an inventory", "add --hosts INVENTORY")
     if engine == "ansible" and (transfer != "auto" or bwlimit):

@@ -6,6 +6,7 @@ scratch folder, runs one `ansible-playbook --limit` per rollout batch, and reads
 outcome (the role writes it on the controller) to produce the same reports as the SSH engine.
 """
 
+import functools
 import gzip
 import json
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .deploy import HostResult
 from .errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError
 from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, run_checks, write_reports
@@ -48,7 +50,8 @@ def ansible_tool(name: str) -> str:
 
 def inventory_hosts(inventories: Sequence[Path], limit: str | None = None) -> list[Host]:
     """Hosts as Ansible resolves them (INI or YAML, groups, host and group vars, --limit), in
-    inventory order, with the connection variables edgepack's SSH engine uses."""
+    inventory order, with the connection variables edgepack's SSH engine uses. Read once per
+    version of the files (the CLI and the Ansible engine both ask)."""
     for path in inventories:
         if not Path(path).exists():
             raise InventoryError(f"--hosts {path}: no such file", "check the path")
@@ -58,6 +61,13 @@ def inventory_hosts(inventories: Sequence[Path], limit: str | None = None) -> li
         except UnicodeDecodeError as exc:
             raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not "
                                  "UTF-8)", "give an Ansible inventory (INI or YAML)") from None
+    stamp = tuple((str(Path(p).resolve()), Path(p).stat().st_mtime_ns) for p in inventories)
+    return list(_inventory_hosts(stamp, limit))
+
+
+@functools.lru_cache(maxsize=8)
+def _inventory_hosts(stamp: tuple[tuple[str, int], ...], limit: str | None) -> tuple[Host, ...]:
+    inventories = [path for path, _ in stamp]
     cmd = [ansible_tool("ansible-inventory"), "--list"]
     for path in inventories:
         cmd += ["-i", str(path)]
@@ -89,7 +99,7 @@ def inventory_hosts(inventories: Sequence[Path], limit: str | None = None) -> li
                              + (f" match --limit {limit}" if limit else ""),
                              "check the inventory and the --limit pattern")
     hostvars = data.get("_meta", {}).get("hostvars", {})
-    return [_host(name, hostvars.get(name, {})) for name in names]
+    return tuple(_host(name, hostvars.get(name, {})) for name in names)
 
 
 def _host(name: str, hv: dict[str, Any]) -> Host:
@@ -203,18 +213,16 @@ class AnsibleEngine:
             args += ["-i", str(path)]
         return args
 
-    def deploy(self, hosts: list[Host]) -> list:
-        from .deploy import HostResult
-
+    def deploy(self, hosts: list[Host]) -> list[HostResult]:
         o = self.options
         outcomes = Path(tempfile.mkdtemp(prefix="outcomes-", dir=self.work))
-        (outcomes.parent / f"{outcomes.name}.vars.json").write_text(
-            json.dumps(self.variables(outcomes)))
-        limit = outcomes.parent / f"{outcomes.name}.limit"
+        variables = outcomes.with_suffix(".vars.json")
+        variables.write_text(json.dumps(self.variables(outcomes)))
+        limit = outcomes.with_suffix(".limit")
         limit.write_text("".join(f"{h.name}\n" for h in hosts))
         cmd = [self.playbook_bin, str(self.work / "site.yml"), *self.inventory_args(hosts),
                "--limit", f"@{limit}", "--forks", str(max(1, self.parallel)),
-               "-e", f"@{outcomes.parent / f'{outcomes.name}.vars.json'}"]
+               "-e", f"@{variables}"]
         ssh_args = ["-C", "-o", "ControlMaster=auto", "-o", "ControlPersist=60s",
                     "-o", "BatchMode=yes"]
         if o.ssh_config:
@@ -228,7 +236,7 @@ class AnsibleEngine:
         self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
         start = time.monotonic()
         output = self._run(cmd, ansible_env(extra))
-        results = [self._result(h, outcomes, output, HostResult) for h in hosts]
+        results = [self._result(h, outcomes, output) for h in hosts]
         for r in results:   # ansible-playbook runs the batch as a whole
             r.seconds = time.monotonic() - start
         return results
@@ -252,7 +260,6 @@ class AnsibleEngine:
                                   r"(?: -> [^\]]+)?\]", line)
                 if status and status.group(1) in ("changed", "fatal", "failed"):
                     self.log(f"[{status.group(2)}] {task}: {status.group(1)}")
-        self.returncode = proc.returncode
         if proc.returncode not in (0, 2, 4):
             last = next((ln for ln in reversed(lines) if ln.startswith(("ERROR", "[ERROR]"))),
                         _last("\n".join(lines)))
@@ -260,7 +267,7 @@ class AnsibleEngine:
                                 "run it again with -v to see more; check the inventory")
         return lines
 
-    def _result(self, host: Host, outcomes: Path, output: list[str], HostResult):
+    def _result(self, host: Host, outcomes: Path, output: list[str]) -> HostResult:
         path = outcomes / f"{host.name}.json"
         if not path.is_file():
             refused = next((ln for ln in output if "edgepack_bundle: " in ln), "")

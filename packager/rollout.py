@@ -22,6 +22,11 @@ class Rollout:
     batch: str | None = None        # "N" hosts or "P%" of the fleet per batch (default: all)
     max_fail: float | None = None   # stop once more than this % of the hosts done so far failed
 
+    def __post_init__(self) -> None:
+        if self.canary < 0:
+            raise PackagerError(f"--canary {self.canary}: not a number of hosts",
+                                "give 1 or more")
+
 
 def parse_batch(text: str | None) -> str | None:
     if text is None:
@@ -46,8 +51,6 @@ def parse_percent(text: str | None, option: str) -> float | None:
 def batches(items: Sequence[T], plan: Rollout) -> list[list[T]]:
     """The canary batch (if any), then batches of the plan's size, in inventory order."""
     items = list(items)
-    if plan.canary < 0:
-        raise PackagerError(f"--canary {plan.canary}: not a number of hosts", "give 1 or more")
     out = []
     if plan.canary:
         out.append(items[:plan.canary])

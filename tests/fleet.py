@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sshd_server
-from sshd_server import SSHD, free_port, keygen
+from sshd_server import SSHD, free_port, keygen, quote, sshd_config
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OLD_ORT = "1.16.3"      # older than the 1.17 the x86 bundles need
@@ -56,9 +56,14 @@ class Device:
     down: bool = False                 # no sshd listens on its port (unreachable)
 
 
-def _quote(value: str) -> str:
-    """A value for ssh_config: double-quoted when it has blanks."""
-    return f'"{value}"' if any(c.isspace() for c in value) or not value else value
+def require(reason: str | None, variable: str) -> None:
+    """Skip a test with *reason*, or fail it where *variable* (EDGEPACK_REQUIRE_...) is 1."""
+    if reason:
+        import pytest
+
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"required here ({variable}=1): {reason}")
+        pytest.skip(reason)
 
 
 def _ppids() -> dict[int, int]:
@@ -143,10 +148,10 @@ class Fleet:
   HostName 127.0.0.1
   Port {self._ports[n]}
   User {self.user}
-  IdentityFile {_quote(str(self.client_key))}
+  IdentityFile {quote(str(self.client_key))}
   IdentitiesOnly yes
   StrictHostKeyChecking yes
-  UserKnownHostsFile {_quote(str(self.known_hosts))}
+  UserKnownHostsFile {quote(str(self.known_hosts))}
   BatchMode yes
 """ for n in names))
 
@@ -254,22 +259,13 @@ class Fleet:
     def _write_sshd_config(self, name: str) -> Path:
         folder = self.device_dir(name)
         config = folder / "sshd_config"
-        config.write_text(f"""Port {self._ports[name]}
-ListenAddress 127.0.0.1
-HostKey {_quote(str(folder / 'host_key'))}
-AuthorizedKeysFile {_quote(str(self.authorized_keys))}
-PidFile {_quote(str(folder / 'sshd.pid'))}
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
-LogLevel ERROR
+        # Ansible opens several sessions at once; SetEnv: see the module's docstring
+        config.write_text(sshd_config(self._ports[name], folder / "host_key",
+                                      self.authorized_keys, folder / "sshd.pid", f"""\
 MaxStartups 100:30:200
 MaxSessions 50
 SetEnv "PATH={folder / 'bin'}:{STANDARD_PATH}" SHLVL=1
-""")
+"""))
         return config
 
     def _spawn(self, name: str) -> None:

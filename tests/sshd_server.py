@@ -37,6 +37,29 @@ def keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
+def quote(value: str) -> str:
+    """A value for sshd_config / ssh_config: double-quoted when it has blanks."""
+    return f'"{value}"' if any(c.isspace() for c in value) or not value else value
+
+
+def sshd_config(port: int, host_key: Path, authorized_keys: Path, pid_file: Path,
+                extra: str = "") -> str:
+    """An sshd on 127.0.0.1:PORT with its own host key, key auth only, sftp, quiet logs."""
+    return f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {quote(str(host_key))}
+AuthorizedKeysFile {quote(str(authorized_keys))}
+PidFile {quote(str(pid_file))}
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+LogLevel ERROR
+{extra}"""
+
+
 class Server:
     def __init__(self, root: Path, arm_python: list[str] | None = None):
         self.root = root
@@ -58,19 +81,9 @@ class Server:
         host = f"[127.0.0.1]:{self.port}"
         (root / "known_hosts").write_text(f"{host} {' '.join(host_pub.split()[:2])}\n")
         (root / "wrong_known_hosts").write_text(f"{host} {' '.join(other_pub.split()[:2])}\n")
-        (root / "sshd_config").write_text(f"""Port {self.port}
-ListenAddress 127.0.0.1
-HostKey {root / 'host_key'}
-AuthorizedKeysFile {root / 'authorized_keys'}
-PidFile {root / 'sshd.pid'}
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
-LogLevel ERROR
-""")
+        (root / "sshd_config").write_text(sshd_config(self.port, root / "host_key",
+                                                      root / "authorized_keys",
+                                                      root / "sshd.pid"))
         common = f"""  HostName 127.0.0.1
   Port {self.port}
   User {self.user}

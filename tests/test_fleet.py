@@ -19,7 +19,7 @@ import arm_userland
 import fleet
 import numpy as np
 import pytest
-from fleet import Device, Fleet
+from fleet import Device, Fleet, require
 
 from conftest import PREP
 from packager.deploy import DeployOptions, deploy, summary_table
@@ -31,12 +31,6 @@ from packager.rollout import Rollout, batches, parse_batch, parse_percent
 BIN = Path(sys.executable).parent
 ENGINES = ["ssh", "ansible"]
 
-
-def require(reason, variable):
-    if reason:
-        if os.environ.get(variable) == "1":
-            pytest.fail(f"required here ({variable}=1): {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

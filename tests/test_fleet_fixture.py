@@ -16,16 +16,10 @@ import arm_userland
 import fleet
 import onnxruntime
 import pytest
-from fleet import Device, Fleet
+from fleet import Device, Fleet, require
 
 BIN = Path(sys.executable).parent
 
-
-def require(reason: str | None, variable: str) -> None:
-    if reason:
-        if os.environ.get(variable) == "1":
-            pytest.fail(f"required here ({variable}=1): {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
