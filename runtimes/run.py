@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Run an edgepack bundle with ONNX Runtime: check, bench, infer, serve.
+
+The bundle's entry point: the runner is the package in runner/ beside it, every file of it
+hashed in manifest.json. Python 3.8+, the standard library, numpy and onnxruntime only (OpenCV
+only for image inputs). It never installs anything.
+
+    python3 run.py check                 # integrity, the host's outputs reproduced, FP32 budget
+    python3 run.py bench --runs 200 --json
+    python3 run.py infer photo.jpg --json
+    python3 run.py serve --port 8080     # HTTP: POST /infer, GET /health, GET /metadata
+
+Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
+bundle, 3 an unexpected error (a bug: please report it), 130 interrupted.
+"""
+
+import sys
+
+sys.dont_write_bytecode = True   # no __pycache__ written into the bundle
+# Python puts a script's folder first on sys.path (not under -I): set it aside before the first
+# import that could search it (under -S, Python 3.8 has not loaded os yet), so that nothing
+# planted beside run.py (numpy.py, a .so, a package folder) is ever imported.
+FIRST = sys.path[:1]
+del sys.path[:1]
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = FIRST   # back only if it is not this folder (-I: the standard library's zip)
+sys.path[:] = [p for p in sys.path
+               if os.path.realpath(p or os.curdir) != os.path.realpath(HERE)]
+
+RUNNER = "runner"
+# The runner package's files (runner/manifest.py's RUNNER_FILES less run.py): anything else in
+# runner/ (a .so, a .pyc, __pycache__/, another .py) could be imported in place of one of them.
+RUNNER_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "errors.py", "facts.py",
+                  "images.py", "infer.py", "inputs.py", "manifest.py", "metrics.py", "report.py",
+                  "serve.py", "sessions.py", "tuning.py")
+EXIT_BAD_INPUT = 2   # runner/errors.py's, which is not loaded before this check
+
+
+def refuse(message):
+    sys.stderr.write("error: %s/%s\n" % (RUNNER, message))
+    return EXIT_BAD_INPUT
+
+
+def main():
+    """Check that runner/ holds the runner's modules and nothing else, load it from there by
+    path (never from sys.path) and run its command line."""
+    folder = os.path.join(HERE, RUNNER)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        return refuse(": cannot read it (%s); copy the bundle again" % exc.strerror)
+    for name in names:
+        if name not in RUNNER_MODULES:
+            return refuse("%s: not part of the runner; remove it (or copy the bundle again)" % name)
+    for name in RUNNER_MODULES:
+        if not os.path.isfile(os.path.join(folder, name)):
+            return refuse("%s: missing; copy the bundle again" % name)
+    spec = importlib.util.spec_from_file_location(
+        RUNNER, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[RUNNER] = package
+    spec.loader.exec_module(package)
+    return importlib.import_module(RUNNER + ".cli").main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""`run.py check`: integrity, the host's outputs reproduced, the accuracy floor kept."""
+
+import platform
+
+from .manifest import integrity_problems, load_golden, read_npz, select_parts
+from .metrics import compare
+from .sessions import full_session, open_session, run_samples, session_origin, session_settings
+
+
+def cmd_check(bundle, manifest, args):
+    """Integrity, then per output two promises: the device reproduces the host's outputs of the
+    shipped model (a kernel that computes differently here fails it), and it keeps the accuracy
+    floor against the reference (the FP32 model's outputs, or the host's when there is none)."""
+    report = {"bundle": manifest.get("name"), "integrity": integrity_problems(bundle, manifest),
+              "parts": {}, "device": {"arch": platform.machine()}}
+    if report["integrity"]:
+        report["passed"] = False
+        return report
+    passed = True
+    for part in select_parts(manifest, args.part):
+        session, opened = open_session(bundle, manifest, part, args)
+        report.setdefault("providers", session.get_providers())
+        inputs, reference = load_golden(bundle, part)
+        golden = part["golden"]
+        got = run_samples(session, inputs)
+        own = opened["graph"] != part["model"]["file"]   # this provider's own graph
+        min_cosine = opened["entry"]["min_cosine"] if own else golden.get("min_cosine", 0.99)
+        host = golden.get("shipped_provider", "CPUExecutionProvider")
+        running = opened["provider"]
+        if not golden.get("shipped"):
+            skipped = "the bundle has no host outputs of its model (built by an older edgepack)"
+        elif running != host:
+            skipped = "the host ran %s, this device runs %s, whose kernels differ by design" % (
+                host, running)
+        elif own:
+            skipped = "the host's outputs are of %s; %s runs %s" % (
+                part["model"]["file"], running, opened["graph"])
+        else:
+            skipped, shipped = None, read_npz(bundle, golden["shipped"])
+        entry = {"outputs": {}, "min_cosine": min_cosine,
+                 "reference": golden.get("reference", "fp32"),
+                 "precision": opened["precision"], "graph": opened["graph"],
+                 "loaded": opened["loaded"],
+                 "not_running": opened["not_running"],
+                 "samples": len(next(iter(inputs.values()))), "providers": session.get_providers()}
+        for name, ref in reference.items():
+            stats = compare(got[name], ref)
+            stats["min_cosine"] = min_cosine
+            stats["passed"] = stats["cosine_min"] >= min_cosine
+            if skipped:
+                stats["reproduce"] = {"checked": False, "reason": skipped}
+            else:
+                same = compare(got[name], shipped[name])
+                same.update(checked=True, min_cosine=golden["reproduce_min_cosine"])
+                same["passed"] = same["cosine_min"] >= same["min_cosine"]
+                stats["reproduce"] = same
+                stats["passed"] = stats["passed"] and same["passed"]
+            passed = passed and stats["passed"]
+            entry["outputs"][name] = stats
+        entry["passed"] = all(o["passed"] for o in entry["outputs"].values())
+        report["parts"][part["name"]] = entry
+    report["passed"] = passed
+    report["target_note"] = target_note(manifest, report.get("providers", [""])[0])
+    report["session"] = full_session(session_settings(manifest, args))
+    report["session_from"] = session_origin(manifest, args)
+    return report
+
+
+def target_note(manifest, running, arch=None):
+    """'' on the target's arch and first provider, else what differs: a pass elsewhere says
+    nothing of the target's kernels. *arch*: the machine's (default: this one's; '' unknown)."""
+    target = manifest.get("target", {})
+    wanted = [p["name"] for p in manifest.get("providers", [])]
+    arch = platform.machine() if arch is None else arch
+    differs = []
+    if target.get("arch") and arch and arch != target["arch"]:
+        differs.append("this machine is %s, %s is %s" % (arch, target.get("name"),
+                                                         target["arch"]))
+    if wanted and running and running != wanted[0]:
+        differs.append("%s ran, %s runs %s first" % (running, target.get("name"), wanted[0]))
+    return "; ".join(differs)

@@ -1,0 +1,193 @@
+"""Run an edgepack bundle with ONNX Runtime: check, bench, infer.
+
+The command line of run.py (the bundle's entry point): arguments, the command run, its report
+printed, and every error turned into one line and an exit code.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+try:  # checked in run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .bench import cmd_bench
+from .check import cmd_check
+from .errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BUG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BundleError,
+    ProviderMissing,
+    one_line,
+)
+from .images import MAX_PIXELS
+from .infer import cmd_infer
+from .manifest import load_manifest
+from .report import print_human
+from .serve import QUEUE_WAIT_S, cmd_serve
+from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
+from .tuning import TUNE_MARGIN, load_tuned
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle",   # runner/.. : the folder holding run.py
+                        default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        help="bundle directory (default: the one holding run.py)")
+    sub = parser.add_subparsers(dest="command")
+    for name, text in (("check", "verify file hashes and accuracy against the golden outputs"),
+                       ("bench", "measure latency, throughput and peak memory"),
+                       ("infer", "run the model on image / .npy / .npz files"),
+                       ("serve", "serve the model over HTTP (POST /infer, GET /health, "
+                                 "GET /metadata)")):
+        p = sub.add_parser(name, help=text, description=text)
+        if name != "serve":
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.add_argument("--require-provider", default=None,
+                       help="fail (exit 1) unless this execution provider runs")
+        p.add_argument("--part", default=None,
+                       help="only this model of a multi-model bundle (default: all)")
+        g = p.add_argument_group("session options (default: the target's, from the manifest)")
+        g.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
+        g.add_argument("--inter-threads", type=int, default=None, help="inter-op threads")
+        g.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default=None,
+                       help="graph optimisation level")
+        g.add_argument("--execution-mode", choices=("sequential", "parallel"), default=None)
+        if name == "bench":
+            p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
+            p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
+            p.add_argument("--roofline", action="store_true",
+                           help="also time an FP32 MatMul and the bundle's MatMulInteger with "
+                                "the same threads, and report the model's share of that rate")
+            p.add_argument("--tune", action="store_true",
+                           help="first try thread counts, optimisation levels and the parallel "
+                                "execution mode on this device, keep the fastest (when %d%% "
+                                "faster and check still passes) in %s, then bench with it; "
+                                "--runs applies to each setting tried" % (100 * TUNE_MARGIN,
+                                                                          TUNED))
+            p.add_argument("--no-save", action="store_true",
+                           help="with --tune: report only, write nothing")
+            p.add_argument("--io-binding", action="store_true",
+                           help="also time runs with inputs and outputs bound on the provider's "
+                                "device (no host copies per call), as an application would")
+        if name == "infer":
+            p.add_argument("files", nargs="+", help="image, .npy or .npz files")
+            p.add_argument("--out", default=None, help="also write all outputs to this .npz")
+        if name in ("infer", "serve"):
+            p.add_argument("--top", type=int, default=5, help="classes shown per output")
+            p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
+                           help="refuse images larger than this, measured from their header "
+                                "before decoding (default %(default)g)")
+        if name == "serve":
+            p.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (0.0.0.0 for the network)")
+            p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+            p.add_argument("--quiet", action="store_true", help="do not log requests")
+            p.add_argument("--timeout", type=float, default=30.0,
+                           help="seconds a client may stay silent while sending its request "
+                                "(then 408 and the connection closes; default 30)")
+            p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
+                           help="requests read and run at once; one more waits %g s, then gets "
+                                "503 with Retry-After (default 2 x cores, at least 4: "
+                                "%%(default)d here)" % QUEUE_WAIT_S)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        raise SystemExit(EXIT_BAD_INPUT)
+    if args.command == "bench" and (args.runs < 1 or args.warmup < 0):
+        parser.error("--runs must be >= 1 and --warmup >= 0")
+    if args.command == "bench" and args.no_save and not args.tune:
+        parser.error("--no-save goes with --tune")
+    if args.command == "bench" and args.tune and any(
+            getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
+        parser.error("--tune tries the session options itself; drop --threads, "
+                     "--inter-threads, --opt-level and --execution-mode")
+    if args.command in ("infer", "serve") and not args.max_megapixels > 0:
+        parser.error("--max-megapixels must be > 0")
+    if args.command == "serve" and (not args.timeout > 0 or args.max_concurrent < 1):
+        parser.error("--timeout must be > 0 and --max-concurrent >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not getattr(args, "json", False):
+        return run_command(args)
+    # --json: stdout carries the JSON object only. Whatever else prints there (onnxruntime's
+    # fallback banner, a library's warning) goes to stderr.
+    sys.stdout.flush()
+    json_fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return run_command(args, json_out=os.fdopen(os.dup(json_fd), "w"))
+    finally:
+        sys.stdout.flush()
+        os.dup2(json_fd, 1)
+        os.close(json_fd)
+
+
+def check_dependencies(manifest):
+    """numpy and onnxruntime importable here, else one line naming the manifest's install line
+    (the import error alone names neither this Python nor the fix)."""
+    install = (manifest.get("target") or {}).get("install") or \
+        "python3 -m pip install -r requirements.txt"
+    missing = "numpy" if np is None else None
+    if missing is None:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            if exc.name != "onnxruntime":   # installed, but broken (a library it loads)
+                raise BundleError("onnxruntime is installed for %s but does not import (%s); "
+                                  "reinstall it on the device with: %s"
+                                  % (sys.executable, one_line(exc), install)) from None
+            missing = "onnxruntime"
+    if missing:
+        raise BundleError("%s is not installed for %s; install it on the device with: %s"
+                          % (missing, sys.executable, install))
+
+
+def run_command(args, json_out=None):
+    commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer, "serve": cmd_serve}
+    try:
+        manifest = load_manifest(args.bundle)
+        check_dependencies(manifest)
+        args.tuned = load_tuned(args.bundle, manifest)
+        if getattr(args, "max_megapixels", None):
+            # for formats whose header decode_image does not read (TIFF, ...): OpenCV's own
+            # limit, which it reads once, when it first decodes
+            os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(int(args.max_megapixels * 1e6))
+        report = commands[args.command](args.bundle, manifest, args)
+    except KeyboardInterrupt:   # Ctrl-C; serve has closed its socket by now
+        sys.stderr.write("interrupted%s\n" % (": the server is closed"
+                                              if args.command == "serve" else ""))
+        return EXIT_INTERRUPTED
+    except BundleError as exc:
+        sys.stderr.write("error: %s\n" % exc)
+        return EXIT_BAD_INPUT
+    except ProviderMissing as exc:
+        sys.stderr.write("error: %s\n" % exc)
+        return EXIT_FAILED
+    except OSError as exc:  # e.g. serve's port in use
+        sys.stderr.write("error: %s\n" % exc)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # a bug in run.py (or a bundle it does not know how to refuse)
+        if os.environ.get("EDGEPACK_DEBUG"):
+            raise
+        sys.stderr.write("error: unexpected %s: %s; this is a bug in run.py: please report it "
+                         "with the command line (EDGEPACK_DEBUG=1 shows the traceback)\n"
+                         % (type(exc).__name__, one_line(exc)))
+        return EXIT_BUG
+    if report is None:  # serve: stopped with Ctrl-C
+        return EXIT_OK
+    if json_out is not None:
+        with json_out:
+            json_out.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    else:
+        print_human(args.command, report)
+    return EXIT_OK if report.get("passed", True) else EXIT_FAILED

@@ -1,0 +1,338 @@
+"""The bundle: manifest.json read and its shape checked, file hashes, integrity, golden data."""
+
+import hashlib
+import importlib.machinery
+import json
+import os
+import zipfile
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .errors import BundleError, one_line
+
+MANIFEST = "manifest.json"
+SUPPORTED_SCHEMA = 2
+
+
+def load_manifest(bundle):
+    path = os.path.join(bundle, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise BundleError("%s: cannot read the manifest (%s); is this an edgepack bundle?"
+                          % (path, exc)) from None
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SUPPORTED_SCHEMA:
+        raise BundleError("%s: schema_version %r, this runner reads %d; rebuild the bundle"
+                          % (path, manifest.get("schema_version") if isinstance(manifest, dict)
+                             else None, SUPPORTED_SCHEMA))
+    check_manifest(manifest)
+    return manifest
+
+
+class ManifestShape(object):
+    """Checks that a manifest has the types this runner reads, naming the first that does not
+    (a damaged or hand-edited manifest is a broken bundle, not a crash)."""
+
+    def __init__(self):
+        self.where = []
+
+    def fail(self, what):
+        raise BundleError("%s: %s is not %s; rebuild the bundle with edgepack"
+                          % (MANIFEST, "".join(self.where) or "the top level", what))
+
+    def at(self, key, value, kind, what, optional=False):
+        self.where.append("[%d]" % key if isinstance(key, int) else
+                          ("." if self.where else "") + str(key))
+        if value is None and optional:
+            pass
+        elif kind is str and not (isinstance(value, str) and value):
+            self.fail(what)
+        elif kind is not str and not isinstance(value, kind):
+            self.fail(what)
+        return value
+
+    def pop(self):
+        self.where.pop()
+
+    def table(self, parent, key, optional=True, nullable=False):
+        """parent[key] as an object; absent is fine when *optional*, null when *nullable*."""
+        absent = optional and key not in parent
+        value = self.at(key, parent.get(key), dict, "an object", absent or nullable)
+        return value or {}
+
+    def items(self, parent, key, optional=True, nullable=False):
+        absent = optional and key not in parent
+        value = self.at(key, parent.get(key), list, "a list", absent or nullable)
+        return value or []
+
+
+def check_manifest(manifest):
+    m = ManifestShape()
+    for key in ("target", "session", "budget"):
+        m.table(manifest, key)
+        m.pop()
+    for rel, digest in m.table(manifest, "files").items():
+        m.at(rel, digest, str, "a sha256")
+        m.pop()
+    m.pop()
+    for i, entry in enumerate(m.items(manifest, "providers")):
+        m.at(i, entry, dict, "an object")
+        m.at("name", entry.get("name"), str, "a provider name")
+        m.pop()
+        m.table(entry, "options")
+        m.pop()
+        m.pop()
+    m.pop()
+    for i, part in enumerate(m.items(manifest, "parts", optional=False)):
+        m.at(i, part, dict, "an object")
+        m.at("name", part.get("name"), str, "a name")
+        m.pop()
+        files = [m.table(part, "model", optional=False)]
+        m.pop()
+        for j, graph in enumerate(m.items(part, "graphs")):
+            m.at(j, graph, dict, "an object")
+            files.append(graph)
+            for k, name in enumerate(m.items(graph, "providers", optional=False)):
+                m.at(k, name, str, "a provider name")
+                m.pop()
+            m.pop()
+            m.pop()
+        m.pop()
+        offline = m.table(part, "offline")
+        if "file" in offline:
+            files.append(offline)
+            m.at("family", offline.get("family"), str, "an onnxruntime version family")
+            m.pop()
+        m.pop()
+        for entry in files:
+            for key in ("file", "sha256"):
+                m.at(key, entry.get(key), str, "a file name" if key == "file" else "a sha256")
+                m.pop()
+        for key in ("inputs", "outputs"):
+            for j, value in enumerate(m.items(part, key, optional=False)):
+                m.at(j, value, dict, "an object")
+                m.at("name", value.get("name"), str, "a tensor name")
+                m.pop()
+                if key == "inputs":
+                    for k, dim in enumerate(m.items(value, "shape", optional=False)):
+                        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                            m.at(k, dim, int, "a size")
+                            m.fail("a size")
+                    m.pop()
+                    m.at("dtype", value.get("dtype"), str, "a dtype")
+                    m.pop()
+                m.pop()
+            m.pop()
+        for key in ("preprocess", "precision", "accuracy"):
+            m.table(part, key, nullable=key == "preprocess")
+            m.pop()
+        precision = part.get("precision") or {}
+        m.at("precision", precision, dict, "an object")
+        m.at("precision", precision.get("precision"), str, "a precision name", optional=True)
+        m.pop()
+        m.pop()
+        for j, label in enumerate(m.items(part, "labels", nullable=True)):
+            m.at(j, label, str, "a label")
+            m.pop()
+        m.pop()
+        golden = m.table(part, "golden", optional=False)
+        m.at("inputs", golden.get("inputs"), str, "a file name")
+        m.pop()
+        for key in ("outputs", "shipped", "reference", "shipped_provider"):
+            m.at(key, golden.get(key), str, "a name", optional=True)
+            m.pop()
+        m.pop()
+        m.pop()
+    m.pop()
+
+
+def select_parts(manifest, name=None):
+    """The parts (models) of the bundle to run: all of them, or the one named."""
+    parts = manifest.get("parts") or []
+    if not parts:
+        raise BundleError("the manifest lists no models; rebuild the bundle with edgepack")
+    if name is None:
+        return parts
+    for part in parts:
+        if part["name"] == name:
+            return [part]
+    raise BundleError("no part named %r in this bundle (parts: %s)"
+                      % (name, ", ".join(p["name"] for p in parts)))
+
+
+def one_part(manifest, name):
+    parts = select_parts(manifest, name)
+    if len(parts) > 1:
+        raise BundleError("this bundle holds %d models (%s); pick one with --part NAME"
+                          % (len(parts), ", ".join(p["name"] for p in parts)))
+    return parts[0]
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+RUNNER_FILE = "run.py"
+RUNNER_DIR = "runner"
+# The runner as every bundle ships it, each file hashed in the manifest: the entry script and its
+# package. run.py's RUNNER_MODULES names the same package files.
+RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
+                "runner/cli.py", "runner/errors.py", "runner/facts.py", "runner/images.py",
+                "runner/infer.py", "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
+                "runner/report.py", "runner/serve.py", "runner/sessions.py", "runner/tuning.py")
+# Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
+# Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
+IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))
+
+
+def runner_package(manifest, bundle=None):
+    """Whether the bundle's runner is run.py plus the runner/ package: its file table lists a
+    runner/ file, or *bundle* has a runner/ folder. A bundle built before the runner was split
+    into a package holds the whole runner in run.py alone."""
+    files = manifest.get("files") or {}
+    return any(rel.startswith(RUNNER_DIR + "/") for rel in files) or (
+        bundle is not None and os.path.isdir(os.path.join(bundle, RUNNER_DIR)))
+
+
+def manifest_files(manifest, bundle=None):
+    """The files a bundle cannot do without: the runner, each part's graphs and golden data.
+
+    The runner is every file of RUNNER_FILES (run.py and each runner/ module) when the bundle
+    ships the package, i.e. when the manifest's file table lists any runner/ file or *bundle*
+    has a runner/ folder; otherwise it is run.py alone, as in a bundle built before the split,
+    whose run.py is the whole runner."""
+    needed = list(RUNNER_FILES) if runner_package(manifest, bundle) else [RUNNER_FILE]
+    for part in manifest.get("parts") or []:
+        needed.append(part.get("model", {}).get("file"))
+        needed += [g.get("file") for g in part.get("graphs", [])]
+        if (part.get("offline") or {}).get("file"):
+            needed.append(part["offline"]["file"])
+        golden = part.get("golden", {})
+        needed += [golden.get(k) for k in ("inputs", "outputs", "shipped") if golden.get(k)]
+    return needed
+
+
+def runner_folders(manifest):
+    """The folders the runner itself makes in the bundle: cache/ (TensorRT engines, "{cache}")
+    and the first folder of each "{bundle}/..." provider option."""
+    folders = set(["cache"])
+    for entry in manifest.get("providers") or []:
+        for value in (entry.get("options") or {}).values():
+            if isinstance(value, str) and value.startswith("{bundle}/"):
+                folders.add(value[len("{bundle}/"):].split("/")[0])
+    return folders
+
+
+def folder_entries(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def integrity_problems(bundle, manifest):
+    """One line per problem: a file missing or changed, a file the manifest's table leaves out,
+    a part whose model hash disagrees with the table, a floor that is not a cosine, a stray
+    module Python would import before run.py's own. (The manifest itself is vouched for by its
+    digest, which `edgepack verify` and `deploy` record and compare.)
+
+    Stray: beside run.py, anything the file table does not list that Python could import (a
+    name ending in IMPORTABLE, a folder with an __init__ module, or a folder named like a module,
+    which imports as a namespace package), other than runner/ and the folders the runner makes;
+    inside runner/, any entry the file table does not list (a .so, .pyc or __pycache__/ there
+    would be imported in place of the runner's own modules)."""
+    problems = []
+    files = manifest.get("files") or {}
+    for rel in files:
+        if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
+            problems.append("manifest: file table entry %r points outside the bundle" % rel)
+    for rel in manifest_files(manifest, bundle):
+        if not rel or rel not in files:
+            problems.append("manifest: %s is not in its file table" % rel)
+    for i, part in enumerate(manifest.get("parts") or []):
+        entries = [("parts[%d].model" % i, part.get("model", {}))] + [
+            ("parts[%d].graphs[%d]" % (i, j), g) for j, g in enumerate(part.get("graphs", []))]
+        if (part.get("offline") or {}).get("file"):
+            entries.append(("parts[%d].offline" % i, part["offline"]))
+        for where, entry in entries:
+            if entry.get("file") in files and entry.get("sha256") != files[entry["file"]]:
+                problems.append("manifest: %s.sha256 differs from the file table" % where)
+        golden = part.get("golden", {})
+        floors = [("parts[%d].golden.%s" % (i, k), golden.get(k))
+                  for k in ("min_cosine", "reproduce_min_cosine")
+                  if k in golden or (k == "reproduce_min_cosine" and golden.get("shipped"))]
+        floors += [("parts[%d].graphs[%d].min_cosine" % (i, j), g.get("min_cosine"))
+                   for j, g in enumerate(part.get("graphs", []))]
+        for where, value in floors:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0.0 < value <= 1.0:
+                problems.append("manifest: %s = %r is not a cosine floor in (0, 1]"
+                                % (where, value))
+    for rel, expected in sorted(files.items()):
+        path = os.path.join(bundle, rel)
+        if not os.path.isfile(path):
+            problems.append("%s: missing" % rel)
+        elif sha256(path) != expected:
+            problems.append("%s: sha256 mismatch (file changed or truncated in transfer)" % rel)
+    listed = set(rel.split("/")[0] for rel in files)
+    made = runner_folders(manifest)
+    for name in folder_entries(bundle):
+        path = os.path.join(bundle, name)
+        if name == RUNNER_DIR and os.path.isdir(path):
+            problems += ["%s/%s: not part of the runner (the manifest's file table does not list "
+                         "it); remove it" % (name, entry) for entry in folder_entries(path)
+                         if "%s/%s" % (name, entry) not in files]
+            continue
+        if name == MANIFEST:
+            continue
+        if os.path.isdir(path):
+            stray = any(entry.startswith("__init__.") and entry.endswith(IMPORTABLE)
+                        for entry in folder_entries(path)) or \
+                (name.isidentifier() and name not in listed and name not in made)
+        else:
+            stray = name not in listed and name.endswith(IMPORTABLE)
+        if stray:
+            problems.append("%s: not part of the bundle, and Python would import it before "
+                            "run.py's own modules; remove it" % name)
+    return problems
+
+
+def manifest_digest(bundle):
+    return "sha256:" + sha256(os.path.join(bundle, MANIFEST))
+
+
+def require_intact(bundle, manifest):
+    """bench, infer and serve run nothing from a bundle that fails its integrity check."""
+    problems = integrity_problems(bundle, manifest)
+    if problems:
+        raise BundleError("integrity check failed: %s; copy the bundle again" % problems[0])
+
+
+def read_npz(bundle, rel):
+    """The arrays of a golden .npz of the bundle (no pickles, whatever the manifest points at)."""
+    try:
+        with np.load(os.path.join(bundle, rel), allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("not an .npz archive")
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError("%s: not golden data (%s); rebuild the bundle"
+                          % (rel, one_line(exc))) from None
+
+
+def load_golden(bundle, part):
+    """The golden inputs and the outputs they are judged against: the FP32 reference's, or in a
+    bundle without one, the host's outputs of the shipped model."""
+    golden = part.get("golden") or {}
+    reference = golden.get("outputs") or golden.get("shipped")
+    if not reference:
+        raise BundleError("the manifest has no golden data; rebuild the bundle with edgepack")
+    return read_npz(bundle, golden["inputs"]), read_npz(bundle, reference)

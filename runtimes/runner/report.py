@@ -1,0 +1,115 @@
+"""The human-readable report of check, bench and infer (--json prints the report itself)."""
+
+from .sessions import describe_session
+
+
+def figure(stats, floor, label="", why=""):
+    """'cosine 0.99812 >= 0.9950, max abs 0.01: ok', or '... < ... (why), ...: FAILED'."""
+    ok = stats["cosine_min"] >= floor
+    text = "cosine %.5f %s %s%.4f%s, max abs %.4g" % (
+        stats["cosine_min"], ">=" if ok else "<", label, floor, "" if ok else why, stats["max_abs"])
+    if "top1_agreement" in stats:
+        text += ", top-1 agreement %.1f%%" % (100 * stats["top1_agreement"])
+    return text + (": ok" if ok else ": FAILED")
+
+
+def reproduce_line(entry, rep):
+    if not rep["checked"]:
+        return "reproduction not checked: " + rep["reason"]
+    precision = (entry.get("precision") or "").upper()
+    kind = precision + " " if precision in ("INT8", "FP16", "FP32") else ""
+    return "reproduces the host's %soutputs: %s" % (kind, figure(
+        rep, rep["min_cosine"], why=" (a kernel computes differently on this device)"))
+
+
+def print_tuning(tuning):
+    print("tuning: %d settings tried on %d cores, %d runs each (p50, summed over parts):" % (
+        len(tuning["tried"]), tuning["cores"], tuning["runs"]))
+    print("  %-7s %-8s %-10s %-8s %9s  %s" % ("threads", "inter-op", "mode", "opt", "p50 ms",
+                                               "stage"))
+    fastest = min(t["p50_ms"] for t in tuning["tried"])
+    for t in tuning["tried"]:
+        conf = t["session"]
+        print("  %-7s %-8s %-10s %-8s %9.3f  %s%s" % (
+            conf["intra_op_threads"] or "auto", conf["inter_op_threads"] or "auto",
+            conf["execution_mode"], conf["graph_optimization_level"], t["p50_ms"], t["stage"],
+            "  <- fastest" if t["p50_ms"] == fastest else ""))
+    print("tuning %s %s: %s%s" % (
+        "kept the current settings," if tuning["chosen"] == tuning["current"] else "chose",
+        describe_session(tuning["chosen"]), tuning["reason"],
+        "; saved in %s" % tuning["saved"] if tuning.get("saved") else
+        "; nothing saved" if tuning.get("saved") is None else ""))
+
+
+def print_human(command, report):
+    if command == "check":
+        for line in report.get("integrity", []):
+            print("integrity: " + line)
+        for part, entry in report.get("parts", {}).items():
+            for name, s in entry["outputs"].items():
+                print("%s/%s: %s" % (part, name, reproduce_line(entry, s["reproduce"])))
+                if entry["reference"] == "fp32":
+                    print("%s/%s: vs FP32 reference: %s" % (
+                        part, name, figure(s, s["min_cosine"], "budget ")))
+                elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
+                    print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
+                        part, name, figure(s, s["min_cosine"])))
+        note = report.get("target_note")
+        print("check %s%s" % ("passed" if report["passed"] else "FAILED",
+                              " (not on the target: %s)" % note if note else ""))
+    elif command == "bench":
+        tuning = report.get("tuning")
+        if tuning:
+            print_tuning(tuning)
+        print("%s on %s (%s, %s cores), %d runs" % (
+            report["bundle"], report["providers"][0], report["device"]["arch"],
+            report["device"]["cores"], report["runs"]))
+        print("session: %s (from %s)" % (describe_session(report["session"]),
+                                         report["session_from"]))
+        for part, entry in report["parts"].items():
+            lat = entry["latency_ms"]
+            print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
+                part, entry["graph"], entry["precision"], lat["p50"], lat["p90"], lat["p99"],
+                lat["mean"], lat["std"], entry["throughput_per_s"]))
+            print("%s: session load %.1f ms%s" % (
+                part, entry["session_load_ms"], " (%s, optimised offline)" % entry["loaded"]
+                if entry.get("loaded", entry["graph"]) != entry["graph"] else ""))
+            if entry.get("achieved_gops"):
+                share = entry.get("roofline_share")
+                print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
+                    part, entry["operations_per_call"] / 1e9, entry["achieved_gops"],
+                    " (%.0f%% of this device's %s MatMul rate)" % (
+                        100 * share, (report["roofline"]["int8_kind"] if entry["precision"] ==
+                                      "int8" else "FP32")) if share is not None else ""))
+            bound = entry.get("io_binding")
+            if bound:
+                lat = bound["latency_ms"]
+                print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
+                    part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
+                    bound["throughput_per_s"]))
+            if entry.get("gpu_memory_mb") is not None:
+                print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
+        ceiling = report.get("roofline")
+        if ceiling:
+            print("roofline (%dx%d MatMul, %d threads, CPU): FP32 %.1f GOP/s, %s "
+                  "MatMulInteger %.1f GOP/s" % (ceiling["size"], ceiling["size"],
+                                                ceiling["threads"], ceiling["fp32_gops"],
+                                                ceiling["int8_kind"], ceiling["int8_gops"]))
+        gpu = report.get("gpu")
+        if gpu:
+            print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
+                  "TensorRT %s" % tuple(gpu.get(k) or "?" for k in (
+                      "name", "compute_capability", "driver", "cuda_runtime", "cuda_driver",
+                      "cudnn", "tensorrt")))
+        rss = report["peak_rss_mb"]
+        print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
+    else:
+        for entry in report["results"]:
+            for output, item in entry["outputs"].items():
+                if "top" in item:
+                    best = item["top"][0]
+                    print("%s: %s = class %d%s (score %.4g)" % (
+                        entry["file"], output, best["index"],
+                        " '%s'" % best["label"] if best["label"] else "", best["score"]))
+                else:
+                    print("%s: %s shape %s" % (entry["file"], output, item["shape"]))

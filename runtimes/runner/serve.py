@@ -1,0 +1,240 @@
+"""`run.py serve`: a small HTTP inference endpoint, standard library only."""
+
+import json
+import re
+import sys
+import time
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .errors import BundleError, one_line
+from .inputs import decode_body, describe_outputs
+from .manifest import load_golden, require_intact, select_parts
+from .sessions import open_session
+
+MAX_BODY = 64 * 1024 * 1024
+QUEUE_WAIT_S = 2.0   # a request over --max-concurrent waits this long, then gets a 503
+
+
+def cmd_serve(bundle, manifest, args):
+    """A small HTTP endpoint (stdlib only). Bad requests get a 4xx; the server keeps running."""
+    import errno
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    require_intact(bundle, manifest)
+    parts = select_parts(manifest, args.part)
+    sessions = {}
+    for part in parts:
+        session, _ = open_session(bundle, manifest, part, args)
+        names = [o.name for o in session.get_outputs()]
+        # warm up before listening: the first run allocates and picks kernels (454 ms on an
+        # H100, measured for issue 12)
+        inputs, _ = load_golden(bundle, part)
+        start = time.perf_counter()
+        for _ in range(2):
+            session.run(names, {k: np.asarray(v[0]) for k, v in inputs.items()})
+        sys.stderr.write("edgepack: %s warmed up (%.0f ms for its first 2 runs)\n" % (
+            part["name"], (time.perf_counter() - start) * 1000.0))
+        sessions[part["name"]] = (part, session, names)
+    default = parts[0]["name"] if len(parts) == 1 else None
+    metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
+                "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
+                           "preprocess": p.get("preprocess"), "labels": p.get("labels"),
+                           "precision": p.get("precision", {}).get("description")}
+                          for p in parts]}
+
+    slots = threading.BoundedSemaphore(args.max_concurrent)
+    max_pixels = args.max_megapixels * 1e6
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "edgepack-run"
+        timeout = args.timeout   # on the socket: a stalled client lets go of its thread
+
+        def log_message(self, fmt, *values):
+            if not args.quiet:
+                sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
+
+        def reply(self, code, obj, headers=()):
+            body = json.dumps(obj).encode("utf-8")
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in headers:
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def parse_request(self):
+            try:
+                return BaseHTTPRequestHandler.parse_request(self)
+            except socket.timeout:   # headers begun, never finished (http.server just hangs up)
+                self.close_connection = True
+                self.reply(408, {"error": "the headers did not arrive in time (--timeout %g s)"
+                                          % args.timeout})
+                return False
+
+        def __getattr__(self, name):   # PUT, DELETE, BREW...: 405 where http.server says 501
+            if name.startswith("do_"):
+                return self.not_allowed
+            raise AttributeError(name)
+
+        def not_allowed(self):
+            self.reply(405, {"error": "method %s not allowed: use POST /infer, GET /health, "
+                                      "GET /metadata" % self.command[:20]},
+                       [("Allow", "GET, POST")])
+
+        def target(self):
+            """(path, query) of the request, or None after a 400."""
+            try:
+                url = urlsplit(self.path)
+            except ValueError:
+                self.reply(400, {"error": "cannot parse the request target %r" % self.path[:100]})
+                return None
+            return url.path, url.query
+
+        def do_GET(self):
+            url = self.target()
+            if url is None:
+                return
+            path = url[0]
+            if path == "/health":
+                self.reply(200, {"status": "ok", "bundle": manifest.get("name"),
+                                 "providers": dict((n, s.get_providers())
+                                                   for n, (_, s, _) in sessions.items())})
+            elif path == "/metadata":
+                self.reply(200, metadata)
+            else:
+                self.reply(404, {"error": "no such path %s: use POST /infer, GET /health, "
+                                          "GET /metadata" % path[:200]})
+
+        def do_POST(self):
+            try:
+                self.infer()
+            except (ConnectionError, socket.timeout):   # the client left or stalled mid-reply
+                self.close_connection = True
+
+        def infer(self):
+            url = self.target()
+            if url is None:
+                return
+            path, query = url
+            if path != "/infer" and not path.startswith("/infer/"):
+                return self.reply(404, {"error": "no such path %s: POST /infer" % path[:200]})
+            name = path[len("/infer/"):] or parse_qs(query).get("part", [default])[0]
+            if name is None:
+                return self.reply(400, {"error": "this bundle holds several models (%s); "
+                                                 "POST /infer/<part>" % ", ".join(sessions)})
+            if name not in sessions:
+                return self.reply(404, {"error": "no part named %s (parts: %s)"
+                                                 % (name[:200], ", ".join(sessions))})
+            length = self.content_length()
+            if length is None:
+                return None
+            # the bound is taken before the body is read: bodies in memory are bounded too
+            if not slots.acquire(timeout=QUEUE_WAIT_S):
+                return self.reply(503, {"error": "busy: %d requests are running (--max-concurrent);"
+                                                 " retry shortly" % args.max_concurrent},
+                                  [("Retry-After", "1")])
+            try:
+                code, answer = self.run_part(sessions[name], length)
+            finally:
+                slots.release()
+            self.reply(code, answer)
+
+        def content_length(self):
+            """The declared body length, or None after a 4xx."""
+            values = self.headers.get_all("Content-Length") or []
+            if not values:
+                if self.headers.get("Transfer-Encoding"):
+                    self.reply(411, {"error": "send a Content-Length (chunked bodies are not "
+                                              "read)"})
+                    return None
+                return 0
+            value = values[0].strip()
+            if len(set(v.strip() for v in values)) > 1 or not re.match(r"[0-9]+\Z", value):
+                self.reply(400, {"error": "Content-Length %r is not one byte count; send the "
+                                          "body's length in bytes" % ", ".join(values)[:60]})
+                return None
+            if len(value) > 12 or int(value) > MAX_BODY:
+                self.reply(413, {"error": "body of %s bytes is over the %d MB limit"
+                                          % (value[:20], MAX_BODY // 2 ** 20)})
+                return None
+            return int(value)
+
+        def read_body(self, length):
+            """The body; the client gets --timeout seconds of silence at most, and the whole
+            body must come at 1 MB/s after the first --timeout seconds."""
+            deadline = time.monotonic() + args.timeout + length / 1e6
+            chunks, got = [], 0
+            while got < length:
+                if time.monotonic() > deadline:
+                    raise socket.timeout("the body is arriving too slowly")
+                chunk = self.rfile.read1(min(length - got, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+
+        def run_part(self, entry, length):
+            """(status, answer) for one request to the part in *entry*."""
+            part, session, names = entry
+            try:
+                body = self.read_body(length)
+            except socket.timeout:
+                self.close_connection = True
+                return 408, {"error": "the body did not arrive in time (--timeout %g s); send "
+                                      "it whole" % args.timeout}
+            if len(body) < length:
+                self.close_connection = True
+                return 400, {"error": "the body ended after %d of the %d bytes its "
+                                      "Content-Length declares" % (len(body), length)}
+            try:
+                feed = decode_body(body, self.headers.get("Content-Type", ""), part, max_pixels)
+                start = time.perf_counter()
+                outputs = session.run(names, feed)
+                ms = (time.perf_counter() - start) * 1000.0
+                return 200, {"part": part["name"], "latency_ms": ms, "outputs": describe_outputs(
+                    names, outputs, part.get("labels"), args.top)}
+            except BundleError as exc:
+                return exc.status, {"error": str(exc)}
+            except Exception as exc:
+                # names, shapes and dtypes are checked: what onnxruntime still calls an invalid
+                # argument (a token id past the vocabulary) is the input's fault, the rest ours
+                code = 400 if type(exc).__name__ == "InvalidArgument" else 500
+                return code, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128   # a burst of clients waits in the kernel, not reset (was 5)
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            exc = sys.exc_info()[1]
+            if not isinstance(exc, (ConnectionError, socket.timeout)):   # a client that left
+                sys.stderr.write("edgepack: a request from %s failed: %s: %s\n"
+                                 % (client_address[0], type(exc).__name__, one_line(exc)))
+
+    try:
+        server = Server((args.host, args.port), Handler)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise BundleError("%s:%d is in use (%s); pass another --port, or --port 0 for a free "
+                              "one" % (args.host, args.port, exc.strerror)) from None
+        raise BundleError("cannot listen on %s:%d (%s); check --host and --port"
+                          % (args.host, args.port, exc.strerror or one_line(exc))) from None
+    host, port = server.server_address[:2]
+    sys.stderr.write("edgepack: serving %s on http://%s:%d (POST /infer, GET /health, "
+                     "GET /metadata)\n" % (manifest.get("name"), host, port))
+    sys.stderr.flush()
+    try:
+        server.serve_forever()
+    finally:   # Ctrl-C: stop listening, then exit 130 (run_command)
+        server.server_close()
+    return None

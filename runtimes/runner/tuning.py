@@ -1,0 +1,215 @@
+"""`run.py bench --tune`: session options timed on this device, the fastest kept (when it is
+clearly faster and still passes check) in session.tuned.json."""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .check import cmd_check
+from .errors import BundleError, one_line
+from .facts import device_info
+from .manifest import load_golden, manifest_digest, select_parts
+from .metrics import timed
+from .sessions import OPT_LEVELS, TUNED, describe_session, full_session, open_session, session_settings
+
+TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
+TUNE_LEVELS = ("basic", "extended", "all")
+TUNE_ROUNDS = 3      # the winner and the current settings, timed alternately
+MODES = ("sequential", "parallel")
+
+
+def tuned_problem(data):
+    """What is wrong with a session.tuned.json's content, or ''."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key, kind in (("manifest", str), ("onnxruntime", str), ("cores", int),
+                      ("session", dict)):
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+            return "%r is missing or not a %s" % (key, kind.__name__)
+    for key, value in data["session"].items():
+        if key in ("intra_op_threads", "inter_op_threads"):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 4096:
+                return "session.%s must be a thread count, got %r" % (key, value)
+        elif key == "graph_optimization_level":
+            if value not in OPT_LEVELS:
+                return "session.%s must be one of %s" % (key, ", ".join(sorted(OPT_LEVELS)))
+        elif key == "execution_mode":
+            if value not in MODES:
+                return "session.%s must be sequential or parallel" % key
+        else:
+            return "unknown session option %r" % key
+    return ""
+
+
+def load_tuned(bundle, manifest):
+    """This device's tuned session options ({"session": ...}), or None: there are none, or they
+    were measured for another version of the bundle, another onnxruntime or another core count
+    (a note says so, and the manifest's options apply)."""
+    import onnxruntime as ort
+
+    path = os.path.join(bundle, TUNED)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        problem = tuned_problem(data)
+    except (OSError, ValueError) as exc:
+        problem = one_line(exc)
+    if problem:
+        raise BundleError("%s: %s; delete it, or run `run.py bench --tune` again to rewrite it"
+                          % (TUNED, problem))
+    stale = []
+    if data["manifest"] != manifest_digest(bundle):
+        stale.append("another version of this bundle")
+    if data["onnxruntime"] != ort.__version__:
+        stale.append("onnxruntime %s (this is %s)" % (data["onnxruntime"], ort.__version__))
+    if data["cores"] != os.cpu_count():
+        stale.append("%d cores (this device has %s)" % (data["cores"], os.cpu_count()))
+    if stale:
+        sys.stderr.write("edgepack: %s was tuned for %s; ignored, the manifest's session options "
+                         "apply (run `run.py bench --tune` again)\n" % (TUNED, " and ".join(stale)))
+        return None
+    return data
+
+
+def tune_threads(cores):
+    counts, n = set([cores]), 1
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+class TuneProgress(object):
+    """'tune: 3/9 ... about 0:12 left' in place on a terminal; nothing elsewhere."""
+
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+        self.live = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+    def step(self, what):
+        self.done += 1
+        if not self.live:
+            return
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * max(self.total - self.done, 0)
+        sys.stderr.write("\r\x1b[Ktune: %d/%d %s · about %d:%02d left" % (
+            self.done, self.total, what, left // 60, left % 60))
+        sys.stderr.flush()
+
+    def close(self):
+        if self.live:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def tune(bundle, manifest, args):
+    """Time the bundle under thread counts, then optimisation levels, then the parallel
+    execution mode, each step keeping the fastest so far; re-time the winner against the
+    current settings alternately; keep it only when it is TUNE_MARGIN faster and still passes
+    check. Returns the table of what was tried and what was chosen."""
+    parts = select_parts(manifest, args.part)
+    feeds = []
+    for part in parts:
+        inputs, _ = load_golden(bundle, part)
+        feeds.append((part, {k: np.asarray(v[0]) for k, v in inputs.items()}))
+    current = full_session(session_settings(manifest, args))
+    cores = os.cpu_count() or 1
+    threads = tune_threads(cores)
+    progress = TuneProgress(len(threads) + len(TUNE_LEVELS) + (cores > 1) + 2 * TUNE_ROUNDS)
+
+    def trial(conf):
+        trial_args = argparse.Namespace(**vars(args))
+        trial_args.tuned, trial_args.quiet_open = {"session": conf}, True
+        total = 0.0
+        for part, feed in feeds:
+            session, _ = open_session(bundle, manifest, part, trial_args)
+            names = [o.name for o in session.get_outputs()]
+            total += float(np.percentile(timed(
+                lambda s=session, n=names, f=feed: s.run(n, f), args.warmup, args.runs), 50))
+        return total
+
+    tried, seen = [], {}
+
+    def consider(stage, conf):
+        key = json.dumps(conf, sort_keys=True)
+        if key in seen:
+            return
+        seen[key] = p50 = trial(conf)
+        tried.append({"stage": stage, "session": conf, "p50_ms": p50})
+        progress.step("%s: p50 %.3f ms" % (describe_session(conf), p50))
+
+    def best():
+        return min(tried, key=lambda t: t["p50_ms"])["session"]
+
+    base = dict(current, inter_op_threads=0, execution_mode="sequential")
+    try:
+        for n in threads:
+            consider("threads", dict(base, intra_op_threads=n))
+        for level in TUNE_LEVELS:
+            consider("optimisation level", dict(best(), graph_optimization_level=level))
+        if cores > 1:
+            consider("execution mode", dict(best(), execution_mode="parallel",
+                                            inter_op_threads=2))
+        winner, rounds = best(), {"current": [], "winner": []}
+        if winner != current:
+            for _ in range(TUNE_ROUNDS):
+                for name, conf in (("current", current), ("winner", winner)):
+                    rounds[name].append(trial(conf))
+                    progress.step("re-timing %s settings" % name)
+    finally:
+        progress.close()
+    result = {"runs": args.runs, "warmup": args.warmup, "cores": cores, "tried": tried,
+              "current": current, "margin": TUNE_MARGIN}
+    if not rounds["winner"]:
+        result.update(chosen=current, chosen_p50_ms=seen[json.dumps(current, sort_keys=True)],
+                      speedup=1.0, reason="the current settings are the fastest tried")
+        return result
+    now, new = float(np.median(rounds["current"])), float(np.median(rounds["winner"]))
+    result.update(current_p50_ms=now, winner=winner, winner_p50_ms=new, speedup=now / new)
+    if now < new * (1 + TUNE_MARGIN):
+        result.update(chosen=current, chosen_p50_ms=now,
+                      reason="the fastest tried (%s) is not %d%% faster than these when "
+                             "re-timed (x%.3f)" % (describe_session(winner), 100 * TUNE_MARGIN,
+                                                   now / new))
+        return result
+    check_args = argparse.Namespace(**vars(args))
+    check_args.tuned, check_args.quiet_open = {"session": winner}, True
+    checked = cmd_check(bundle, manifest, check_args)
+    if not checked["passed"]:
+        result.update(chosen=current, chosen_p50_ms=now,
+                      reason="the fastest tried (%s) fails check: its outputs differ beyond "
+                             "the bundle's floors" % describe_session(winner))
+        return result
+    result.update(chosen=winner, chosen_p50_ms=new,
+                  reason="x%.2f faster than the current settings, check passed" % (now / new))
+    return result
+
+
+def save_tuned(bundle, manifest, tuning):
+    """Write (or, when the manifest's own settings won, remove) session.tuned.json, atomically."""
+    import onnxruntime as ort
+
+    path = os.path.join(bundle, TUNED)
+    if tuning["chosen"] == full_session(manifest.get("session", {})):
+        if os.path.exists(path):
+            os.remove(path)
+        return None
+    data = {"manifest": manifest_digest(bundle), "onnxruntime": ort.__version__,
+            "cores": os.cpu_count(), "session": tuning["chosen"],
+            "tuned": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device_info(),
+            "tried": tuning["tried"], "speedup": tuning.get("speedup", 1.0)}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return TUNED
