@@ -41,7 +41,7 @@ fuzz: install
 
 lint: install
 	$(VENV)/bin/ruff check packager runtimes tests
-	$(PY) -c "import ast,sys; [ast.parse(open(f).read(), f, feature_version=(3, 8)) for f in sys.argv[1:]]" runtimes/*.py packager/role/*/files/*.py
+	$(PY) -c "import ast,sys; [ast.parse(open(f).read(), f, feature_version=(3, 8)) for f in sys.argv[1:]]" runtimes/*.py packager/device/role/*/files/*.py
 
 clean:
 	rm -rf build .pytest_cache

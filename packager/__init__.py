@@ -3,20 +3,21 @@
 The library mirrors the CLI: one function per command.
 """
 
-from .budget import AccuracyBudget, quantize_checked
-from .bundle import bundle
+from .bundle.assemble import bundle
 from .compare import compare
-from .deploy import DeployOptions, deploy
+from .device.deploy import DeployOptions, deploy
+from .device.verify import verify
 from .errors import PackagerError
-from .export import export
-from .inspection import inspect_model
+from .graph.inspection import inspect_model
+from .graph.shapes import fix_shapes
+from .graph.simplify import simplify
 from .pipeline import build
-from .quantize import QuantConfig, quantize
-from .sensitivity import layer_errors
-from .shapes import fix_shapes
-from .simplify import simplify
+from .quantization.budget import AccuracyBudget
+from .quantization.checked import quantize_checked
+from .quantization.quantize import QuantConfig, quantize
+from .quantization.sensitivity import layer_errors
+from .source.export import export
 from .targets import list_targets, load_target
-from .verify import verify
 
 __all__ = ["AccuracyBudget", "DeployOptions", "PackagerError", "QuantConfig", "build", "bundle",
            "compare", "deploy", "export", "fix_shapes", "inspect_model", "layer_errors",

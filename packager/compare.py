@@ -21,19 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import Sample, load_samples, split_holdout
 from .errors import PackagerError
-from .export import export_loaded, make_inputs
-from .inspection import estimate_flops, graph_inputs, io_specs, model_family
-from .modelio import load_model, save_model
+from .graph.execute import Sample
+from .graph.inspection import estimate_flops, graph_inputs, io_specs, model_family
+from .graph.modelio import load_model, save_model
+from .graph.shapes import fix_shapes_proto
+from .graph.simplify import simplify_proto
 from .progress import OFF, Progress
-from .quantize import QuantConfig, quantize_file
-from .shapes import fix_shapes_proto
-from .simplify import simplify_proto
-from .specs import TensorSpec
+from .quantization.calibration import load_samples, split_holdout
+from .quantization.quantize import QuantConfig, quantize_file
+from .source.export import export_loaded, make_inputs
+from .source.specs import TensorSpec
+from .source.torchload import LoadedModel, is_torch_source, load_source
 from .targets import Target, load_target
-from .timing import machine, time_blocks
-from .torchload import LoadedModel, is_torch_source, load_source
+from .timing import machine, session, time_blocks
 
 Log = Callable[[str], None]
 EAGER, COMPILED, ORT_FP32, ORT_OPT = ("PyTorch eager", "torch.compile", "ORT FP32",
@@ -75,7 +76,7 @@ COLD_TORCH = """import json, sys, time
 t0 = time.perf_counter()
 import numpy as np, torch
 t1 = time.perf_counter()
-from packager.torchload import load_source
+from packager.source.torchload import load_source
 args = json.loads(sys.argv[3])
 m = load_source(sys.argv[1], factory_args=args["factory_args"], weights=args["weights"],
                 submodule=args["submodule"]).module
@@ -90,22 +91,6 @@ t4 = time.perf_counter()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
                   "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
 """
-
-
-def session(path: Path, threads: int, level: str = "ORT_ENABLE_ALL"):
-    """A CPU session for timing next to other engines.
-
-    Intra-op spinning is off: with it on, the idle sessions' spinning threads stalled PyTorch
-    calls by up to 40 ms (p90) on a 2-core machine; it costs ORT ~0.01 ms per call there.
-    """
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def batched(samples: Sequence[Sample], batch: int, count: int | None = None) -> list[Sample]:
@@ -184,7 +169,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
-        from .bundle import write_roofline
+        from .bundle.assemble import write_roofline
 
         # the graphs a bundle ships for `run.py bench --roofline`, of the target's integer kind
         roofline = write_roofline(Path(tmp), [], target)
@@ -380,7 +365,7 @@ def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held
     """The transformer-fused FP32 graph exactly as `build` makes it (pipeline.fuse_model: fused
     before and after simplification, kept only when its outputs match *simple*'s), with what
     fused; None when nothing did."""
-    from .accuracy import run_model
+    from .graph.execute import run_model
     from .pipeline import fuse_model
 
     fused, record = fuse_model(fixed, raw, replace(target, batch=batch), held,
@@ -392,7 +377,7 @@ def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
                       repeat: int) -> dict[str, Callable]:
     """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them, as engines
     that run each *repeat* times a call."""
-    from ._runtimes.ort_runner import roofline_feeds
+    from ._runtimes.runner.bench import roofline_feeds
 
     feeds = roofline_feeds(spec)
     sessions = {kind: session(tmp / spec[kind], threads) for kind in ROOFLINE}

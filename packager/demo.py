@@ -68,12 +68,12 @@ def make_dataset(root: Path, *, per_class: dict[str, int], seed: int = 0) -> Non
 
 
 def load_labelled(root: Path) -> tuple[np.ndarray, np.ndarray]:
-    from ._runtimes import ort_runner
+    from ._runtimes.runner.images import preprocess, read_image
 
     xs, ys = [], []
     for label, name in enumerate(CLASSES):
         for path in sorted((root / name).iterdir()):
-            xs.append(ort_runner.preprocess(ort_runner.read_image(path, PREPROCESS), PREPROCESS))
+            xs.append(preprocess(read_image(path, PREPROCESS), PREPROCESS))
             ys.append(label)
     return np.concatenate(xs), np.asarray(ys)
 
@@ -118,7 +118,7 @@ def train(x: np.ndarray, y: np.ndarray, *, epochs: int, log: Callable[[str], Non
 
 
 def accuracy_on(model: Path, x: np.ndarray, y: np.ndarray) -> float:
-    from .accuracy import run_model
+    from .graph.execute import run_model
 
     scores = run_model(model, [{"image": x[i:i + 1]} for i in range(len(x))])["scores"]
     return float((scores.reshape(len(x), -1).argmax(axis=1) == y).mean())
@@ -130,9 +130,9 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print, epochs: int = 6,
     import torch
     from safetensors.torch import save_file
 
+    from .device.verify import verify
     from .pipeline import ExportOptions, build
-    from .specs import TensorSpec
-    from .verify import verify
+    from .source.specs import TensorSpec
 
     torch.set_num_threads(2)
     work = Path(work)

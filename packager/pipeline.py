@@ -12,14 +12,26 @@ from typing import Any
 
 import numpy as np
 
-from ._runtimes.ort_runner import describe_session
-from .accuracy import run_model
+from ._runtimes.runner.sessions import describe_session
 from .atomic import check_free, check_writable
-from .autoprecision import decide
-from .budget import EMBEDDING_COSINE, AccuracyBudget, calibration_record, embedding_outputs, hygiene
-from .bundle import BundleResult, PartPayload, archive_path, bundle, sha256
-from .calibration import (
-    Sample,
+from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bundle
+from .errors import CalibrationError, SpecError
+from .graph.execute import Sample, run_model
+from .graph.freeze import fold_constant_ifs, freeze_inputs
+from .graph.inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
+from .graph.modelio import load_model, save_model
+from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
+from .graph.simplify import simplify_proto
+from .hashing import sha256
+from .progress import Progress
+from .quantization.budget import (
+    EMBEDDING_COSINE,
+    AccuracyBudget,
+    calibration_record,
+    embedding_outputs,
+    hygiene,
+)
+from .quantization.calibration import (
     check_golden,
     check_holdout,
     is_image_source,
@@ -29,22 +41,15 @@ from .calibration import (
     sample_labels,
     split_holdout,
 )
-from .errors import CalibrationError, SpecError
-from .export import DEFAULT_TOLERANCE, export_loaded, make_inputs
-from .freeze import fold_constant_ifs, freeze_inputs
-from .inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
-from .modelio import load_model, save_model
-from .preprocessing import check_fits, spec_shape
-from .progress import Progress
-from .provider_graphs import provider_graphs
-from .quantize import QuantConfig, check_exclude
-from .sensitivity import name_nodes
-from .shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
-from .simplify import simplify_proto
-from .specs import TensorSpec
+from .quantization.decision import decide
+from .quantization.preprocessing import check_fits, spec_shape
+from .quantization.provider_graphs import provider_graphs
+from .quantization.quantize import QuantConfig, check_exclude
+from .quantization.sensitivity import name_nodes
+from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
+from .source.specs import TensorSpec
+from .source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
 from .targets import Target, load_target
-from .torchload import LoadedModel, is_torch_source, load_source, select_submodule
-from .tuning import Tuner
 
 Log = Callable[[str], None]
 RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
@@ -148,7 +153,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
-    autoprecision.remote_timer on a device) and ships the fastest that keeps *min_cosine*
+    device.remote_timing.remote_timer on a device) and ships the fastest that keeps *min_cosine*
     (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
     times session options with the finished bundle's runner; the manifest keeps the fastest.
     *offline* ships each part also optimised offline by this onnxruntime where that loads
@@ -448,8 +453,8 @@ def fuse_model(fixed: Any, model_path: Path, target: Target, held: Sequence[Samp
     where the target can be timed (here or with *timer*), runs no slower than *unfused*."""
     from collections import Counter
 
-    from .accuracy import compare_outputs
-    from .fusion import fuse_transformer
+    from .graph.execute import compare_outputs
+    from .graph.fusion import fuse_transformer
 
     first = fuse_transformer(fixed, target.min_onnxruntime)
     if first is None:
@@ -495,7 +500,7 @@ FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyon
 def _time_fusion(fused: Path, unfused: Path, held: Sequence[Sample], target: Target,
                  timer: Any) -> dict[str, Any]:
     """Fused against unfused FP32, interleaved, where the decision could time candidates."""
-    from .autoprecision import local_timer, plan_timing, timing_place
+    from .quantization.decision import local_timer, plan_timing, timing_place
 
     why = timing_place(target, timer)
     if why:

@@ -10,6 +10,7 @@ standard library only; it prints one JSON object. It installs nothing.
 """
 
 import hashlib
+import importlib.machinery
 import json
 import os
 import platform
@@ -111,10 +112,20 @@ def integrity(remote_dir):
             problems.append("%s: missing" % rel)
         elif sha256(path) != expected:
             problems.append("%s: sha256 mismatch" % rel)
+    # what Python could import in place of the runner's own modules: the rule of the runner's
+    # integrity_problems (runner/manifest.py), restated here for the same reason as sha256
+    importable = tuple(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"})
     listed = set(rel.split("/")[0] for rel in files) | {"manifest.json"}
-    for name in sorted(os.listdir(root)):   # what `python3 run.py` would import from its folder
-        if name not in listed and (name.endswith((".py", ".pyc", ".so", ".pth")) or
-                                   os.path.isfile(os.path.join(root, name, "__init__.py"))):
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name == "runner" and os.path.isdir(path):
+            problems += ["runner/%s: not part of the runner" % entry
+                         for entry in sorted(os.listdir(path)) if "runner/" + entry not in files]
+        elif os.path.isdir(path):
+            if any(e.startswith("__init__.") and e.endswith(importable) for e in os.listdir(path)):
+                problems.append("%s: not part of the bundle, and Python would import it before "
+                                "run.py's own modules" % name)
+        elif name not in listed and name.endswith(importable):
             problems.append("%s: not part of the bundle, and Python would import it before "
                             "run.py's own modules" % name)
     # the host compares this with the digest of the manifest it deployed: the table above is

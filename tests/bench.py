@@ -163,7 +163,7 @@ def main():
     from packager.compare import compare, markdown
     from packager.demo import make_dataset
     from packager.progress import Progress, echo
-    from packager.specs import parse_input
+    from packager.source.specs import parse_input
     from packager.timing import machine, machine_line
 
     here = Path(__file__).resolve().parent

@@ -20,8 +20,8 @@ import fleet  # noqa: E402
 from fleet import Device, Fleet  # noqa: E402
 
 from packager.demo import run_demo  # noqa: E402
-from packager.deploy import DeployOptions, deploy  # noqa: E402
-from packager.fleet import inventory_hosts  # noqa: E402
+from packager.device.ansible_engine import inventory_hosts  # noqa: E402
+from packager.device.deploy import DeployOptions, deploy  # noqa: E402
 
 
 def main() -> None:

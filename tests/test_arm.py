@@ -14,7 +14,7 @@ import pytest
 
 from conftest import PREP
 from packager.pipeline import build
-from packager.specs import parse_input
+from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 REQUIRED = os.environ.get("EDGEPACK_REQUIRE_ARM") == "1"

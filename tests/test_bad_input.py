@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from conftest import PREP_TEXT
 from packager.cli import main
-from packager.shapes import fix_shapes
+from packager.graph.shapes import fix_shapes
 from packager.targets import builtin_dir
 
 TORCH_MODELS = Path(__file__).resolve().parent / "torch_models.py"
@@ -222,12 +222,12 @@ def test_json_errors_are_json_on_stdout(files, cnn_onnx, image_dir, tmp_path):
 
 def test_unexpected_error_says_it_is_a_bug(files, tmp_path, monkeypatch):
     """A bug reaches the user as one line with exit 3 that asks for a report."""
-    import packager.inspection
+    import packager.graph.inspection
 
     def broken(model):
         raise KeyError("multi\nline")
 
-    monkeypatch.setattr(packager.inspection, "inspect_model", broken)
+    monkeypatch.setattr(packager.graph.inspection, "inspect_model", broken)
     r = CliRunner().invoke(main, ["inspect", str(files / "static.onnx"), "--json"])
     assert r.exit_code == 3
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]

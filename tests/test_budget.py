@@ -12,14 +12,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import PREP, PREP_TEXT, run_py, write_images
-from packager.accuracy import measure_accuracy
-from packager.budget import AccuracyBudget, parse_drop, quantize_checked
-from packager.calibration import load_samples, split_holdout
 from packager.errors import PackagerError
-from packager.export import export
 from packager.pipeline import build
-from packager.quantize import QuantConfig, quantize_file
-from packager.specs import parse_input
+from packager.quantization.budget import AccuracyBudget, measure_accuracy, parse_drop
+from packager.quantization.calibration import load_samples, split_holdout
+from packager.quantization.checked import quantize_checked
+from packager.quantization.quantize import QuantConfig, quantize_file
+from packager.source.export import export
+from packager.source.specs import parse_input
 from packager.targets import load_target
 
 MODELS = Path(__file__).parent / "torch_models.py"
@@ -63,8 +63,8 @@ def test_without_a_budget_accuracy_collapses_with_one_it_holds(sensitive):
 
 def test_search_bisects_instead_of_one_node_per_round(sensitive, tmp_path):
     """Ranked sensitivity + bisection: a handful of variants, not one quantization per node."""
-    from packager.search import Search
-    from packager.sensitivity import name_nodes
+    from packager.quantization.search import Search
+    from packager.quantization.sensitivity import name_nodes
 
     root, _, calib, held = sensitive
     fp32 = save_model_named(root / "fp32.onnx", tmp_path / "named.onnx", name_nodes)
@@ -159,7 +159,7 @@ def test_method_auto_tries_three_methods_and_a_user_metric(sensitive, tmp_path):
                       "def agreement(outputs, labels):\n"
                       "    assert labels is None or len(labels) > 0\n"
                       "    return float(np.mean(outputs['output'][:, 0, 0] > 0))\n")
-    from packager.budget import load_metric
+    from packager.quantization.budget import load_metric
 
     fn, name = load_metric(f"{metric}:agreement")
     _, acc, record = quantize_checked(
@@ -241,7 +241,7 @@ def test_model_with_an_if_node_quantizes_to_a_valid_graph(tmp_path, quant):
 def test_an_l2_normalised_embedding_gets_a_tighter_default_budget(tmp_path):
     """Embeddings are compared with each other: 0.98 to FP32 moves nearest neighbours, so the
     default budget for an L2-normalised output is 0.995; --min-cosine still decides."""
-    from packager.budget import EMBEDDING_COSINE, embedding_outputs
+    from packager.quantization.budget import EMBEDDING_COSINE, embedding_outputs
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(64, 32)).astype(np.float32), "w")

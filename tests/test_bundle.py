@@ -17,10 +17,12 @@ def test_manifest_contract(built):
     assert m["schema_version"] == 2 and m["target"]["name"] == "x86_64-cpu"
     for rel, digest in m["files"].items():
         assert hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
-    assert set(m["files"]) == {"model.onnx", "run.py", "requirements.txt", "README.md",
-                               "golden/model.inputs.npz", "golden/model.outputs.npz",
-                               "golden/model.shipped.npz", "roofline/matmul_fp32.onnx",
-                               "roofline/matmul_int8.onnx"}
+    runner = {rel for rel in m["files"] if rel.startswith("runner/")}
+    assert "runner/__init__.py" in runner and "runner/cli.py" in runner
+    assert set(m["files"]) - runner == {"model.onnx", "run.py", "requirements.txt", "README.md",
+                                        "golden/model.inputs.npz", "golden/model.outputs.npz",
+                                        "golden/model.shipped.npz", "roofline/matmul_fp32.onnx",
+                                        "roofline/matmul_int8.onnx"}
     [part] = m["parts"]
     assert part["name"] == "model" and part["model"]["sha256"] == m["files"]["model.onnx"]
     assert part["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
@@ -100,7 +102,7 @@ def test_golden_data_holds_the_hosts_outputs_of_the_shipped_model(built):
     import numpy as np
     import onnxruntime as ort
 
-    from packager._runtimes.ort_runner import run_samples
+    from packager._runtimes.runner.sessions import run_samples
 
     d = built.bundle.directory
     m = json.loads((d / "manifest.json").read_text())
@@ -125,7 +127,7 @@ def test_exact_integer_ops_do_not_saturate():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from packager.bundle import _exact_proto
+    from packager.bundle.assemble import _exact_proto
 
     a = np.full((2, 64), 255, np.uint8)
     a[1, ::3] = 7
@@ -245,7 +247,7 @@ def test_the_archive_is_reproducible(built, tmp_path, monkeypatch):
     gzip header holds no name or time: the same inputs give the same bytes."""
     import tarfile
 
-    from packager.bundle import PartPayload, bundle
+    from packager.bundle.assemble import PartPayload, bundle
     from packager.targets import load_target
 
     manifest = json.loads((built.bundle.directory / "manifest.json").read_text())
@@ -280,7 +282,7 @@ def test_an_output_that_names_no_folder_is_refused(cnn_onnx, image_dir, tmp_path
 def test_single_stage_commands_never_write_over_their_input(cnn_onnx, tmp_path):
     import shutil
 
-    from packager.simplify import simplify
+    from packager.graph.simplify import simplify
 
     model = tmp_path / "m.onnx"
     shutil.copyfile(cnn_onnx, model)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from conftest import PREP, write_images
-from packager.calibration import load_samples, split_holdout
 from packager.errors import CalibrationError
+from packager.quantization.calibration import load_samples, split_holdout
 
 IMAGE_INPUT = [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]
 

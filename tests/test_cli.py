@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import PREP_TEXT, write_images
+from packager.bundle.manifest import read_manifest
 from packager.cli import main
-from packager.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from packager.compare import (
     markdown,
 )
 from packager.pipeline import build
-from packager.specs import parse_input
+from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 IMAGE = [parse_input("image:1x3x32x32")]
@@ -132,7 +132,7 @@ def test_auto_ships_int8_where_it_wins(image_dir, tmp_path):
     chosen = [c for c in decision["candidates"] if c["label"] == decision["label"]][0]
     assert chosen["p50_ms"] * 1.05 <= fp32["p50_ms"] and chosen["meets_budget"]
     assert decision["timing"]["measured_on"]["cpu"]
-    from packager.verify import verify
+    from packager.device.verify import verify
 
     report = verify(tmp_path / "b", runs=3, warmup=1)
     assert report["precision_choice"]["model"]["chosen"].startswith("INT8 static")

@@ -19,11 +19,11 @@ import pytest
 import sshd_server
 
 from conftest import PREP
-from packager.deploy import DeployOptions, deploy, summary_table
+from packager.device.deploy import DeployOptions, deploy, summary_table
+from packager.device.inventory import InventoryError, parse_host, read_inventory
 from packager.errors import BundleError, PackagerError
-from packager.inventory import InventoryError, parse_host, read_inventory
 from packager.pipeline import build
-from packager.specs import parse_input
+from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 
@@ -59,7 +59,8 @@ def test_deploy_then_redeploy_copies_nothing(server, built, tmp_path):
     shutil.copytree(built.bundle.directory, bundle)
     [first] = deploy(bundle, [host("device1")], options=options(server, tmp_path))
     assert first.exit_code == 0, first.error
-    assert first.copied["method"] == "rsync" and first.copied["files"] == 10
+    shipped = len(built.bundle.manifest["files"]) + 1   # every file in the table + manifest.json
+    assert first.copied["method"] == "rsync" and first.copied["files"] == shipped == 25
     assert first.device["arch"] and first.device["onnxruntime"]
     report = json.loads((bundle / "reports" / "device1" / "report.json").read_text())
     assert report["passed"] and report["host"] == "device1"
@@ -136,8 +137,8 @@ def test_interrupted_copy_resumes(server, built, tmp_path):
            "--bwlimit", "4000", "--runs", "3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    from packager.deploy import release_id
-    from packager.verify import bundle_digest
+    from packager.device.deploy import release_id
+    from packager.device.verify import bundle_digest
 
     release = remote / "releases" / release_id(bundle_digest(bundle))
     partial = release / "extra.bin"
@@ -275,7 +276,7 @@ def test_inventory_formats_and_errors(tmp_path):
 def test_precision_auto_timed_on_a_device(server, image_dir, tmp_path):
     from dataclasses import replace
 
-    from packager.autoprecision import remote_timer
+    from packager.device.remote_timing import remote_timer
 
     device = replace(host("device1"), python=sys.executable)
     r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
@@ -297,7 +298,7 @@ def test_a_gpu_target_is_timed_under_the_providers_that_start_on_the_device(serv
     (here the CPU: this device's onnxruntime has no GPU), and the decision says which."""
     from dataclasses import replace
 
-    from packager.autoprecision import remote_timer
+    from packager.device.remote_timing import remote_timer
     from packager.targets import load_target
 
     device = replace(host("device1"), python=sys.executable)
@@ -339,7 +340,7 @@ def test_deploy_tune_tunes_on_the_device_not_with_the_hosts_file(server, built, 
 def test_build_tune_on_a_device(server, cnn_onnx, image_dir, tmp_path):
     from dataclasses import replace
 
-    from packager.tuning import remote_tuner
+    from packager.device.tuning import remote_tuner
 
     device = replace(host("device1"), python=sys.executable)
     build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,

@@ -16,7 +16,6 @@ Anything else (cd, ssh, pip, curl, ansible-playbook, ...) is skipped.
 
 import functools
 import math
-import os
 import re
 import shlex
 import subprocess
@@ -47,9 +46,8 @@ RUN_FOR_REAL = {
 
 
 def runner_entry() -> Path:
-    """The on-device runner's entry point: run.py once the runner is a package, else the one file."""
-    split = ROOT / "runtimes" / "run.py"
-    return split if split.exists() else ROOT / "runtimes" / "ort_runner.py"
+    """The on-device runner's entry point, as every bundle ships it."""
+    return ROOT / "runtimes" / "run.py"
 
 
 @dataclass(frozen=True)
@@ -226,29 +224,12 @@ def runner_text(*argv: str) -> tuple[int, str]:
     return r.returncode, r.stdout + r.stderr
 
 
-# The runner's help with argparse told not to %-format help strings: a help text that breaks
-# `--help` (test_runner_help_works) must not hide the options of a command shown in the docs.
-UNFORMATTED_HELP = """\
-import argparse, os, runpy, sys
-argparse.HelpFormatter._expand_help = lambda self, action: self._get_help_string(action)
-entry = os.environ["RUNNER_ENTRY"]
-sys.path.insert(0, os.path.dirname(entry))
-sys.argv[0] = entry
-runpy.run_path(entry, run_name="__main__")
-"""
-
-
 @functools.cache
 def runner_options(sub: str | None) -> frozenset[str]:
     """The options the runner's help lists for *sub* (None: those before the subcommand)."""
     words = [sub] if sub else []
     code, text = runner_text(*words, "--help")
-    if code != 0:
-        r = subprocess.run([sys.executable, "-c", UNFORMATTED_HELP, *words, "--help"],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT,
-                           env={**os.environ, "RUNNER_ENTRY": str(runner_entry())})
-        assert r.returncode == 0, r.stdout + r.stderr
-        text = r.stdout
+    assert code == 0, text
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text))
 
 
@@ -339,12 +320,7 @@ def test_runner_command_matches_its_help(shown):
 
 
 RUNNER_SUBS = sorted({runner_parts(s)[1] or "" for s in SHOWN["runner"]} - {""})
-BENCH_HELP_BUG = ("run.py bench --help raises TypeError: --tune's help is %-formatted once, so its "
-                  "'3% faster' reaches argparse as a bare %; drop this mark once the runner is fixed")
-
-
-@pytest.mark.parametrize("sub", [pytest.param(s, marks=pytest.mark.xfail(
-    strict=True, reason=BENCH_HELP_BUG)) if s == "bench" else s for s in RUNNER_SUBS])
+@pytest.mark.parametrize("sub", RUNNER_SUBS)
 def test_runner_help_works(sub):
     code, text = runner_text(sub, "--help")
     assert code == 0 and "usage:" in text, text[-2000:]

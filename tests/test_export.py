@@ -12,8 +12,8 @@ import torch
 import torch_models
 
 from packager.errors import ExportError, SpecError
-from packager.export import export
-from packager.specs import TensorSpec, parse_dynamic, parse_input
+from packager.source.export import export
+from packager.source.specs import TensorSpec, parse_dynamic, parse_input
 
 HERE = Path(__file__).parent
 MODELS = HERE / "torch_models.py"

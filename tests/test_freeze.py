@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
 from packager.errors import SpecError
-from packager.freeze import freeze_inputs
+from packager.graph.freeze import freeze_inputs
+from packager.graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from packager.pipeline import build
-from packager.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 
 
 def vad_like(path: Path) -> Path:

@@ -12,11 +12,11 @@ import onnx
 import pytest
 
 from conftest import run_py
-from packager.export import export
-from packager.fusion import attention_shape, fuse_packed_attention, fuse_transformer
+from packager.graph.fusion import attention_shape, fuse_packed_attention, fuse_transformer
+from packager.graph.simplify import simplify_proto
 from packager.pipeline import build
-from packager.simplify import simplify_proto
-from packager.specs import parse_input
+from packager.source.export import export
+from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 TOKENS = [parse_input("input_ids:1x32:int64"), parse_input("attention_mask:1x32:int64")]
@@ -112,7 +112,7 @@ def exported(tmp_path, factory: str, args: dict, batch: int, seq: int = 32):
 ])
 def test_packed_qkv_attention_becomes_attention_and_computes_the_same(
         tmp_path, factory, args, batch, seq, layers):
-    from packager.inspection import estimate_flops
+    from packager.graph.inspection import estimate_flops
 
     feeds = padded_tokens(batch, seq)
     for model in exported(tmp_path, factory, args, batch, seq):   # as exported, and onnxsim'd
@@ -193,7 +193,7 @@ def test_heads_from_a_reshape_to_minus_one_and_head_size():
 
 
 def test_fused_attention_counts_the_operations_it_replaced(tmp_path):
-    from packager.inspection import estimate_flops
+    from packager.graph.inspection import estimate_flops
 
     model = onnx.load(str(export(f"{MODELS}:mini_bert", tmp_path / "m.onnx",
                                  inputs=TOKENS).path))

@@ -9,28 +9,25 @@ EDGEPACK_FUZZ_CASES sets how many (`make fuzz` runs 5000); a failure names the c
 """
 
 import copy
-import importlib.util
 import json
 import os
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.fuzz
 CASES = int(os.environ.get("EDGEPACK_FUZZ_CASES", "300"))
 SEED = 20251123
-RUNNER = Path(__file__).resolve().parent.parent / "runtimes" / "ort_runner.py"
 ODD = [None, True, 0, -1, 2, 1e308, float("nan"), "", "x", "../../etc/passwd", [], {}, [1, "a"],
        {"a": 1}, "model.onnx", 10 ** 30, [[-5, 0]], "\u0000"]
 
 
 def runner():
-    spec = importlib.util.spec_from_file_location("ort_runner_fuzz", RUNNER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The runner's command line, run in this process (main(argv) -> exit code)."""
+    from packager._runtimes.runner import cli
+
+    return cli
 
 
 def paths(value, prefix=()):
@@ -71,9 +68,9 @@ def mutate(manifest: dict, text: str, case: int) -> tuple[str, str]:
 
 
 def test_damaged_manifests_never_crash_the_runner_or_the_host_check(built, tmp_path, capfd):
+    from packager.bundle.manifest import read_manifest
+    from packager.device.verify import integrity_problems
     from packager.errors import PackagerError
-    from packager.manifest import read_manifest
-    from packager.verify import integrity_problems
 
     r = runner()
     bundle = tmp_path / "b"

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from conftest import PREP
+from packager.device.verify import verify
 from packager.pipeline import build
-from packager.specs import parse_input
-from packager.verify import verify
+from packager.source.specs import parse_input
 
 pytestmark = pytest.mark.slow
 MODELS = Path(__file__).parent / "torch_models.py"

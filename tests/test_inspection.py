@@ -1,7 +1,7 @@
 import onnx
 
-from packager.inspection import inspect_model
-from packager.quantize import QuantConfig, quantize
+from packager.graph.inspection import inspect_model
+from packager.quantization.quantize import QuantConfig, quantize
 from packager.targets import load_target
 
 
@@ -19,7 +19,7 @@ def test_inspect_describes_a_real_export(cnn_onnx):
 
 
 def test_flops_counted_once_shapes_are_static(cnn_onnx, tmp_path):
-    from packager.shapes import fix_shapes
+    from packager.graph.shapes import fix_shapes
 
     static = fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={}, batch=1).output
     # convs: 2*(16*32*32*27 + 32*16*16*144 + 32*16*16*288) + linear 2*10*32
@@ -28,8 +28,8 @@ def test_flops_counted_once_shapes_are_static(cnn_onnx, tmp_path):
 
 def test_inspect_sees_quantization_and_external_data(cnn_onnx, image_dir, tmp_path):
     from conftest import PREP
-    from packager.calibration import load_samples
-    from packager.shapes import fix_shapes
+    from packager.graph.shapes import fix_shapes
+    from packager.quantization.calibration import load_samples
 
     static = fix_shapes(cnn_onnx, tmp_path / "s.onnx", shapes={}, batch=1).output
     samples = load_samples(image_dir, inputs=[{"name": "image", "shape": [1, 3, 32, 32],

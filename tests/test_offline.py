@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from conftest import PREP, run_py
-from packager import offline
 from packager.errors import SpecError
+from packager.graph import offline
 from packager.pipeline import build
 
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from packager._runtimes.ort_runner import preprocess
+from packager._runtimes.runner.images import preprocess
 from packager.errors import PreprocessError
-from packager.preprocessing import check_fits, parse_preprocess
+from packager.quantization.preprocessing import check_fits, parse_preprocess
 
 
 def test_inline_spec_parses_fractions_and_per_channel_values():

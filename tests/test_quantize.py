@@ -4,10 +4,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import PREP
-from packager.accuracy import measure_accuracy
-from packager.calibration import load_samples, split_holdout
-from packager.quantize import QuantConfig, quantize
-from packager.shapes import fix_shapes
+from packager.graph.shapes import fix_shapes
+from packager.quantization.budget import measure_accuracy
+from packager.quantization.calibration import load_samples, split_holdout
+from packager.quantization.quantize import QuantConfig, quantize
 from packager.targets import load_target
 
 X86 = load_target("x86_64-cpu").quantization
@@ -104,7 +104,7 @@ def test_shared_bias_whose_copy_name_collides_still_quantizes(tmp_path):
     not load (basic-pitch). Each Conv gets its own bias first."""
     from onnx import TensorProto, helper
 
-    from packager.quantize import quantize_file
+    from packager.quantization.quantize import quantize_file
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w")
@@ -127,7 +127,7 @@ def test_shared_bias_whose_copy_name_collides_still_quantizes(tmp_path):
 
 
 def test_sort_topologically_orders_producers_first_and_sees_subgraph_reads():
-    from packager.modelio import sort_topologically
+    from packager.graph.modelio import sort_topologically
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])

@@ -8,10 +8,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
-from packager.budget import AccuracyBudget
 from packager.pipeline import build
-from packager.quantize import QuantConfig
-from packager.search import Search
+from packager.quantization.budget import AccuracyBudget
+from packager.quantization.quantize import QuantConfig
+from packager.quantization.search import Search
 from packager.targets import load_target
 
 X86 = load_target("x86_64-cpu").quantization
@@ -102,7 +102,7 @@ def _timer(int8_ms):
 def test_search_stops_when_even_the_most_int8_variant_cannot_pay(tmp_path):
     """Later stages only move nodes back to float: when the variants with the most INT8 are not
     5% faster than FP32, the search stops there and says so."""
-    from packager.autoprecision import decide
+    from packager.quantization.decision import decide
 
     model = keras_gemm(tmp_path / "k.onnx")
     target = load_target("x86_64-cpu")
@@ -146,7 +146,7 @@ def test_dynamic_int8_leaves_convs_float(tmp_path):
 
 
 def test_last_layers_are_the_last_heavy_node_before_each_output():
-    from packager.search import last_layers
+    from packager.quantization.search import last_layers
 
     nodes = [helper.make_node("Conv", ["x", "k"], ["f"], name="stem"),
              helper.make_node("Relu", ["f"], ["r"], name="act"),
@@ -163,7 +163,7 @@ def test_last_layers_are_the_last_heavy_node_before_each_output():
 def test_heavy_ops_only_is_not_built_when_it_cannot_have_fewer_boundaries(tmp_path):
     """Heavy-ops-only quantizes each heavy node's activation inputs and output; when the preset
     keeps the budget with no more Q/DQ boundaries than that, the variant could only tie or lose."""
-    from packager.search import boundary_floor
+    from packager.quantization.search import boundary_floor
 
     model = keras_gemm(tmp_path / "k.onnx")
     assert boundary_floor(onnx.load(str(model)).graph) == 4      # x, h, r, y

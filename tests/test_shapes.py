@@ -5,8 +5,8 @@ from onnx import TensorProto, helper
 
 from conftest import save
 from packager.errors import ShapeError
-from packager.inspection import dims_of
-from packager.shapes import fix_shapes
+from packager.graph.inspection import dims_of
+from packager.graph.shapes import fix_shapes
 
 
 def all_static(path):

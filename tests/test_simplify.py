@@ -6,7 +6,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
 from packager.errors import ModelError
-from packager.simplify import simplify
+from packager.graph.simplify import simplify
 
 
 def run(path, x):

@@ -1,6 +1,5 @@
 """Target profiles: the built-in ones, their presets, provider fallback and TensorRT caches."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,21 +10,20 @@ from onnx import TensorProto, helper
 
 from conftest import PREP, run_py, save
 from packager.errors import BundleError
-from packager.export import default_opset
 from packager.pipeline import build
-from packager.specs import parse_input
+from packager.source.export import default_opset
+from packager.source.specs import parse_input
 from packager.targets import list_targets, load_target
 
-RUNNER = Path(__file__).resolve().parent.parent / "runtimes" / "ort_runner.py"
 MODELS = Path(__file__).parent / "torch_models.py"
 GPU_PROVIDERS = {"TensorrtExecutionProvider", "CUDAExecutionProvider"}
 
 
 def runner():
-    spec = importlib.util.spec_from_file_location("ort_runner", RUNNER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The runner's sessions module: provider plans and TensorRT cache keys."""
+    from packager._runtimes.runner import sessions
+
+    return sessions
 
 
 def test_builtin_targets_and_their_choices():
@@ -197,7 +195,7 @@ def test_op_outside_the_runtime_stops_the_build(tmp_path):
     model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                          helper.make_opsetid("com.example", 1)]),
                  tmp_path / "custom.onnx")
-    from packager.compat import fit_to_runtime
+    from packager.graph.compat import fit_to_runtime
 
     with pytest.raises(BundleError, match="com.example.FancyOp, an operator onnxruntime 1.19 "
                                           "does not implement"):

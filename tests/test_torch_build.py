@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import PREP, run_py
+from packager.device.verify import verify
 from packager.errors import CalibrationError, SpecError
 from packager.pipeline import build
-from packager.specs import parse_input
-from packager.verify import verify
+from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
 
@@ -149,8 +149,8 @@ def test_cli_build_two_parts_from_pytorch(tmp_path):
 def test_models_above_the_protobuf_limit_keep_external_data(tmp_path, monkeypatch, image_dir):
     """The >2 GiB path, with the limit lowered: one .onnx.data file beside the model, carried
     into the bundle, hashed, and loaded by the runner."""
-    import packager.modelio as modelio
-    from packager.export import export
+    import packager.graph.modelio as modelio
+    from packager.source.export import export
 
     monkeypatch.setattr(modelio, "PROTOBUF_LIMIT", 10_000)
     r = export(f"{MODELS}:cnn", tmp_path / "big.onnx", inputs=[parse_input("image:1x3x32x32")])

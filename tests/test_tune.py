@@ -16,10 +16,12 @@ import tarfile
 import pytest
 
 from conftest import PREP, run_py
-from packager._runtimes import ort_runner
+from packager._runtimes.runner.manifest import manifest_digest
+from packager._runtimes.runner.sessions import TUNED
+from packager._runtimes.runner.tuning import TUNE_MARGIN, tune_threads
 from packager.pipeline import build
 
-TUNED = ort_runner.TUNED
+TUNED = TUNED
 
 
 def copy_with_session(built, tmp_path, session):
@@ -53,7 +55,7 @@ def test_tune_tries_threads_levels_and_modes_and_keeps_the_fastest(slow_session)
     tuning = report["tuning"]
     tried = tuning["tried"]
     threads = {t["session"]["intra_op_threads"] for t in tried if t["stage"] == "threads"}
-    assert threads == set(ort_runner.tune_threads(os.cpu_count()))
+    assert threads == set(tune_threads(os.cpu_count()))
     levels = {t["session"]["graph_optimization_level"] for t in tried
               if t["stage"] == "optimisation level"}
     assert levels == {"basic", "extended", "all"}
@@ -65,7 +67,7 @@ def test_tune_tries_threads_levels_and_modes_and_keeps_the_fastest(slow_session)
     assert tuning["chosen"]["graph_optimization_level"] != "disabled"
     fastest = min(tried, key=lambda t: t["p50_ms"])["session"]
     assert tuning["chosen"] == fastest == tuning["winner"]
-    assert tuning["speedup"] >= 1 + ort_runner.TUNE_MARGIN
+    assert tuning["speedup"] >= 1 + TUNE_MARGIN
     assert tuning["saved"] == TUNED
     # the bench that follows runs the chosen settings
     assert report["session"] == tuning["chosen"]
@@ -76,7 +78,7 @@ def test_the_tuned_settings_are_what_the_device_uses_next(slow_session):
     bundle, report = slow_session
     saved = json.loads((bundle / TUNED).read_text())
     assert saved["session"] == report["tuning"]["chosen"]
-    assert saved["manifest"] == ort_runner.manifest_digest(str(bundle))
+    assert saved["manifest"] == manifest_digest(str(bundle))
     assert saved["tried"] == report["tuning"]["tried"]
     proc = run_py(bundle, "check", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -146,7 +148,7 @@ def test_build_tune_writes_what_it_measured_into_the_manifest(cnn_onnx, image_di
 
 
 def _local_tuner():
-    from packager.tuning import local_tuner
+    from packager.device.tuning import local_tuner
 
     return local_tuner(runs=5, warmup=1)
 
@@ -164,7 +166,7 @@ def test_cli_build_tune_for_another_arch_says_to_tune_on_the_device(cnn_onnx, im
 
 
 def test_verify_tune_reports_the_table(built, tmp_path):
-    from packager.verify import render_markdown, verify
+    from packager.device.verify import render_markdown, verify
 
     bundle = copy_with_session(built, tmp_path, {"graph_optimization_level": "disabled",
                                                  "intra_op_threads": 1})

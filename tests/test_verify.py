@@ -3,10 +3,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from packager.verify import verify
+from packager.device.verify import verify
 
 
 def test_verify_passes_and_writes_reports(built):
@@ -85,6 +86,30 @@ def test_a_stray_module_beside_run_py_is_refused(built, tmp_path):
         "numpy.py: not part of the bundle, and Python would import it before run.py's own")
 
 
+@pytest.mark.parametrize("plant, problem", [
+    ("numpy/__init__.pyc", "numpy: not part of the bundle, and Python would import it"),
+    ("numpy.abi3.so", "numpy.abi3.so: not part of the bundle, and Python would import it"),
+    ("runner/__pycache__/cli.cpython-311.pyc", "runner/__pycache__: not part of the runner"),
+    ("runner/manifest.cpython-311-x86_64-linux-gnu.so",
+     "runner/manifest.cpython-311-x86_64-linux-gnu.so: not part of the runner"),
+    ("runner/extra.py", "runner/extra.py: not part of the runner"),
+])
+def test_planted_code_is_refused_and_never_runs(built, tmp_path, plant, problem):
+    """Compiled and package forms beside run.py, and anything in the runner's own folder: the
+    host refuses the bundle before running it; the device's run.py refuses before importing."""
+    bundle = copy_of(built, tmp_path)
+    (bundle / plant).parent.mkdir(parents=True, exist_ok=True)
+    (bundle / plant).write_bytes(b"raise SystemExit('imported')\n")
+    report = verify(bundle, runs=3)
+    assert not report["passed"] and problem in report["checks"][0]["detail"]
+    for python in ([sys.executable, "-I"], [sys.executable]):   # with and without -I
+        check = subprocess.run([*python, "run.py", "check"], cwd=bundle, capture_output=True,
+                               text=True)
+        assert check.returncode in (1, 2) and "imported" not in check.stdout + check.stderr
+        assert problem.split(":")[0] in check.stdout + check.stderr, check.stdout + check.stderr
+        assert "Traceback" not in check.stderr
+
+
 @pytest.mark.parametrize("edit, problem", [
     (lambda m: m.update(files={}), "manifest: run.py is not in its file table"),
     (lambda m: m["parts"][0]["golden"].update(min_cosine=-1),
@@ -95,7 +120,7 @@ def test_a_stray_module_beside_run_py_is_refused(built, tmp_path):
      "manifest: file table entry '../outside' points outside the bundle"),
 ])
 def test_manifest_edits_fail_integrity_and_change_the_digest(built, tmp_path, edit, problem):
-    from packager.verify import bundle_digest
+    from packager.device.verify import bundle_digest
 
     bundle = copy_of(built, tmp_path)
     before = bundle_digest(bundle)
@@ -111,7 +136,7 @@ def test_manifest_edits_fail_integrity_and_change_the_digest(built, tmp_path, ed
 
 
 def test_expect_digest_holds_verify_to_the_built_bundle(built, tmp_path):
-    from packager.verify import bundle_digest
+    from packager.device.verify import bundle_digest
 
     bundle = copy_of(built, tmp_path)
     digest = built.bundle.digest
@@ -158,3 +183,30 @@ def test_older_bundle_says_reproduction_was_not_checked(built, tmp_path):
     rep = next(c for c in report["checks"] if c["name"] == "reproduce:scores")
     assert rep["skipped"] and rep["detail"].startswith("not checked: the bundle has no host")
     assert "| reproduce:scores | not checked |" in (bundle / "reports" / "report.md").read_text()
+
+
+LEGACY_RUNNER = Path(__file__).parent / "legacy" / "run_py_before_the_split.py.txt"
+
+
+def test_a_bundle_from_before_the_runner_split_still_verifies(built, tmp_path):
+    """Bundles built before the runner became run.py + runner/ hold the whole runner in run.py
+    (tests/legacy keeps that run.py as it shipped, edgepack c5320e3): the host's integrity
+    check asks them for run.py alone, and their own run.py still checks them on the device."""
+    bundle = copy_of(built, tmp_path)
+    shutil.rmtree(bundle / "runner")
+    shutil.copyfile(LEGACY_RUNNER, bundle / "run.py")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"] = {rel: digest for rel, digest in manifest["files"].items()
+                         if not rel.startswith("runner/")}
+    manifest["files"]["run.py"] = hashlib.sha256((bundle / "run.py").read_bytes()).hexdigest()
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    report = verify(bundle, runs=3)
+    assert report["passed"], report["checks"]
+    check = subprocess.run([sys.executable, "-I", "run.py", "check"], cwd=bundle,
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and "check passed" in check.stdout, check.stdout + check.stderr
+    # the package form is required once a bundle ships it: a lost module is not an old layout
+    shutil.copytree(built.bundle.directory, tmp_path / "new")
+    (tmp_path / "new" / "runner" / "serve.py").unlink()
+    report = verify(tmp_path / "new", runs=3)
+    assert not report["passed"] and "runner/serve.py: missing" in report["checks"][0]["detail"]

@@ -45,7 +45,7 @@ class Package:
 
     def shapes(self) -> dict[str, list[int]]:
         """The --input sizes by name."""
-        from packager.specs import parse_input
+        from packager.source.specs import parse_input
 
         return {spec.name: list(spec.shape) for spec in map(parse_input, self.inputs)}
 
@@ -303,7 +303,7 @@ class ZooModel:
 
     def shapes(self) -> dict[str, list[int]]:
         """The --input sizes by name."""
-        from packager.specs import parse_input
+        from packager.source.specs import parse_input
 
         return {spec.name: list(spec.shape) for spec in map(parse_input, self.inputs)}
 

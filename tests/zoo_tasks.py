@@ -151,12 +151,12 @@ def write_images(folder: Path, images: Iterable[np.ndarray], prefix: str = "") -
 
 
 def image_eval(model: ZooModel, path: Path, paths: list[Path]) -> list[dict[str, np.ndarray]]:
-    from packager._runtimes import ort_runner
-    from packager.preprocessing import parse_preprocess
+    from packager._runtimes.runner.images import preprocess, read_image
+    from packager.quantization.preprocessing import parse_preprocess
 
     spec = parse_preprocess(model.preprocess)
     name = onnx_inputs(path)[0]
-    return [{name: ort_runner.preprocess(ort_runner.read_image(p, spec), spec)} for p in paths]
+    return [{name: preprocess(read_image(p, spec), spec)} for p in paths]
 
 
 def image_folder_prepare(images: Callable[[], list[np.ndarray]]):

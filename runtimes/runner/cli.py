@@ -1,6 +1,4 @@
-"""Run an edgepack bundle with ONNX Runtime: check, bench, infer.
-
-The command line of run.py (the bundle's entry point): arguments, the command run, its report
+"""The command line of run.py (the bundle's entry point): arguments, the command run, its report
 printed, and every error turned into one line and an exit code.
 """
 
@@ -67,7 +65,7 @@ def parse_args(argv):
                                 "the same threads, and report the model's share of that rate")
             p.add_argument("--tune", action="store_true",
                            help="first try thread counts, optimisation levels and the parallel "
-                                "execution mode on this device, keep the fastest (when %d%% "
+                                "execution mode on this device, keep the fastest (when %d%%%% "
                                 "faster and check still passes) in %s, then bench with it; "
                                 "--runs applies to each setting tried" % (100 * TUNE_MARGIN,
                                                                           TUNED))

@@ -220,17 +220,6 @@ def manifest_files(manifest, bundle=None):
     return needed
 
 
-def runner_folders(manifest):
-    """The folders the runner itself makes in the bundle: cache/ (TensorRT engines, "{cache}")
-    and the first folder of each "{bundle}/..." provider option."""
-    folders = set(["cache"])
-    for entry in manifest.get("providers") or []:
-        for value in (entry.get("options") or {}).values():
-            if isinstance(value, str) and value.startswith("{bundle}/"):
-                folders.add(value[len("{bundle}/"):].split("/")[0])
-    return folders
-
-
 def folder_entries(path):
     try:
         return sorted(os.listdir(path))
@@ -244,11 +233,11 @@ def integrity_problems(bundle, manifest):
     module Python would import before run.py's own. (The manifest itself is vouched for by its
     digest, which `edgepack verify` and `deploy` record and compare.)
 
-    Stray: beside run.py, anything the file table does not list that Python could import (a
-    name ending in IMPORTABLE, a folder with an __init__ module, or a folder named like a module,
-    which imports as a namespace package), other than runner/ and the folders the runner makes;
-    inside runner/, any entry the file table does not list (a .so, .pyc or __pycache__/ there
-    would be imported in place of the runner's own modules)."""
+    Stray: beside run.py, a file the table does not list whose name Python imports (a suffix in
+    IMPORTABLE) or a folder holding an __init__ module of any suffix; inside runner/, any entry
+    the table does not list (a .so, .pyc or __pycache__/ there would be imported in place of the
+    runner's own modules). run.py keeps this folder off sys.path, so a folder without __init__
+    (reports/, cache/) could only be a namespace package, which never shadows an installed one."""
     problems = []
     files = manifest.get("files") or {}
     for rel in files:
@@ -283,7 +272,6 @@ def integrity_problems(bundle, manifest):
         elif sha256(path) != expected:
             problems.append("%s: sha256 mismatch (file changed or truncated in transfer)" % rel)
     listed = set(rel.split("/")[0] for rel in files)
-    made = runner_folders(manifest)
     for name in folder_entries(bundle):
         path = os.path.join(bundle, name)
         if name == RUNNER_DIR and os.path.isdir(path):
@@ -295,8 +283,7 @@ def integrity_problems(bundle, manifest):
             continue
         if os.path.isdir(path):
             stray = any(entry.startswith("__init__.") and entry.endswith(IMPORTABLE)
-                        for entry in folder_entries(path)) or \
-                (name.isidentifier() and name not in listed and name not in made)
+                        for entry in folder_entries(path))
         else:
             stray = name not in listed and name.endswith(IMPORTABLE)
         if stray:

@@ -1,0 +1,236 @@
+"""The `edgepack` group and what its commands share: one-line errors, common options, output."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import PackagerError, SpecError
+
+INPUT_HELP = "static input shape NAME:1x3x224x224[:dtype] (repeatable)"
+QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
+                 "reduce_range", "calibration_method", "exclude")
+
+
+class Command(click.Command):
+    """Notes --json in the context's meta (shared with the group) for error reporting."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        ctx.meta["edgepack.json"] = bool(ctx.params.get("as_json"))
+        return super().invoke(ctx)
+
+
+def fail(ctx: click.Context, message: str, hint: str, code: int) -> None:
+    """One `error:` line on stderr (and, under --json, the same as JSON on stdout); exit."""
+    click.echo(f"error: {message}; {hint}" if hint else f"error: {message}", err=True)
+    if ctx.meta.get("edgepack.json"):
+        click.echo(json.dumps({"error": message, "hint": hint, "exit_code": code}))
+    ctx.exit(code)
+
+
+class Group(click.Group):
+    """Turns library errors and Ctrl-C into one line and an exit code, in one place."""
+
+    command_class = Command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = ctx.params.get("debug", False)
+        try:
+            return super().invoke(ctx)
+        except PackagerError as exc:
+            if debug:
+                raise
+            fail(ctx, exc.message, exc.hint, exc.exit_code)
+        except KeyboardInterrupt:
+            note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
+                    "deploy" else "nothing was written")
+            click.echo(f"interrupted: {note}", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # a bug, not bad input: one line unless --debug
+            if debug:
+                raise
+            text = " ".join(str(exc).split())[:300]
+            fail(ctx, f"unexpected {type(exc).__name__}: {text}",
+                 "this is a bug in edgepack: please report it with the command line "
+                 "(rerun with --debug for the traceback)", 3)
+
+
+def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
+    from ..source.specs import parse_input, shapes_of
+
+    return shapes_of([parse_input(v) for v in values])
+
+
+def emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str) if as_json else text)
+
+
+def log(message: str) -> None:
+    from ..progress import echo
+
+    echo(message)   # clears a status line first (progress.py) and draws it again after
+
+
+def step_line(label: str, as_json: bool):
+    """A status line for a long multi-step job: on a terminal only, and never under --json."""
+    from ..progress import Progress
+
+    return None if as_json else Progress(label, stream=sys.stderr)
+
+
+def progress_bar(label: str):
+    """A callback drawing a progress bar on stderr (only on a terminal)."""
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
+        if "bar" not in state or done == 1:
+            if "bar" in state:
+                state["bar"].render_finish()
+            from ..progress import clear
+
+            clear()   # a step_line status line; its next step draws it again
+            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr)
+        state["bar"].update(1)
+        if done == total:
+            state["bar"].render_finish()
+
+    return update
+
+
+def quant_options(func):
+    """Options that override the target's quantization preset."""
+    opts = [
+        click.option("--precision", type=click.Choice(["int8", "fp16", "fp32", "auto"]),
+                     default=None, help="force one precision (build's default, auto: the "
+                     "fastest candidate that keeps the accuracy budget; forced INT8 that "
+                     "misses it is an error)"),
+        click.option("--mode", type=click.Choice(["static", "dynamic"]), default=None,
+                     help="INT8 static (calibrated) or dynamic"),
+        click.option("--format", "format_", type=click.Choice(["qdq", "qoperator"]), default=None,
+                     help="QDQ (default) or QOperator graph"),
+        click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None),
+        click.option("--weight-type", type=click.Choice(["uint8", "int8"]), default=None),
+        click.option("--per-channel/--per-tensor", default=None, help="weight scales"),
+        click.option("--reduce-range/--no-reduce-range", default=None,
+                     help="7-bit weights (AVX2-only CPUs)"),
+        click.option("--method", type=click.Choice(["minmax", "entropy", "percentile", "auto"]),
+                     default=None, help="calibration method (auto: try all three, keep the "
+                     "best within the budget)"),
+        click.option("--exclude", multiple=True, help="node name to keep in FP32 (repeatable)"),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def budget_options(func):
+    """The accuracy budget: what quantization may cost."""
+    opts = [
+        click.option("--min-cosine", type=float, default=None,
+                     help="every held-out output's cosine to FP32 (default: the target's)"),
+        click.option("--max-accuracy-drop", default=None, metavar="PERCENT",
+                     help="e.g. 1%: accuracy may fall this much (top-1 agreement with FP32, "
+                          "or --metric)"),
+        click.option("--metric", default=None, metavar="FILE.py:FUNCTION",
+                     help="your accuracy: FUNCTION(outputs, labels) -> float, higher is better"),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def budget_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    from ..quantization.budget import check_min_cosine, load_metric, parse_drop
+
+    drop, metric, cosine = kw.pop("max_accuracy_drop"), kw.pop("metric"), kw.pop("min_cosine")
+    return {"min_cosine": check_min_cosine(cosine) if cosine is not None else None,
+            "max_accuracy_drop": parse_drop(drop) if drop is not None else None,
+            "metric": load_metric(metric) if metric else None}
+
+
+def quant_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    values = {"precision": kw.pop("precision"), "mode": kw.pop("mode"),
+              "format": kw.pop("format_"), "activation_type": kw.pop("activation_type"),
+              "weight_type": kw.pop("weight_type"), "per_channel": kw.pop("per_channel"),
+              "reduce_range": kw.pop("reduce_range"), "calibration_method": kw.pop("method"),
+              "exclude": tuple(kw.pop("exclude")) or None}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def preprocess_option(value: str | None) -> dict[str, Any] | None:
+    from ..quantization.preprocessing import parse_preprocess
+
+    return parse_preprocess(value) if value else None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="show tracebacks")
+@click.version_option(package_name="edgepack")
+def main(debug: bool) -> None:
+    """Package ONNX models into verified bundles for edge devices."""
+
+
+def export_options(func=None, *, dynamic: bool = True):
+    """Options shared by export and build for PyTorch sources (build has no --dynamic)."""
+    if func is None:
+        return lambda f: export_options(f, dynamic=dynamic)
+    opts = [
+        click.option("--weights", type=click.Path(path_type=Path),
+                     help=".safetensors, or .pt/.pth state dict (loaded weights_only)"),
+        click.option("--factory-arg", "factory_args", multiple=True, metavar="KEY=VALUE",
+                     help="keyword argument for the factory (repeatable; Python literals)"),
+        click.option("--submodule", help="export only this attribute path, e.g. decoder.g_net"),
+        click.option("--opset", type=int, default=None,
+                     help="ONNX opset (default: the newest the target's oldest onnxruntime reads)"),
+        click.option("--output-name", "output_names", multiple=True,
+                     help="name of each output, in order (repeatable)"),
+        click.option("--tolerance", type=float, default=None,
+                     help="max error vs PyTorch, relative to the output's largest magnitude "
+                          "(default 1e-3)"),
+    ]
+    if dynamic:
+        opts.append(click.option("--dynamic", "dynamic", multiple=True,
+                                 metavar="NAME:AXIS=label,...",
+                                 help="keep these axes dynamic (bundles are always static)"))
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def export_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    from ..source.export import DEFAULT_TOLERANCE
+    from ..source.specs import parse_assignments, parse_dynamic
+    from ..source.torchload import parse_factory_args
+
+    tolerance = kw.pop("tolerance")
+    return {"weights": kw.pop("weights"), "dynamic": parse_dynamic(kw.pop("dynamic", ())),
+            "factory_args": parse_factory_args(parse_assignments(kw.pop("factory_args"),
+                                                                 "--factory-arg")),
+            "submodule": kw.pop("submodule"),
+            "opset": kw.pop("opset"), "output_names": list(kw.pop("output_names")),
+            "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance}
+
+
+def read_labels(path: Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"--labels {path}: not a text file (byte {exc.start} is not UTF-8)",
+                        "give a text file with one class name per line") from None
+    labels = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not labels:
+        raise SpecError(f"--labels {path}: no class names in the file",
+                        "one class name per line")
+    return labels
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The whole jobs: build, compare, targets, demo."""
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import SpecError
+from .base import (
+    INPUT_HELP,
+    budget_kwargs,
+    budget_options,
+    emit,
+    export_kwargs,
+    export_options,
+    log,
+    main,
+    preprocess_option,
+    progress_bar,
+    quant_options,
+    quant_overrides,
+    read_labels,
+    step_line,
+)
+
+
+def _device_timer(host: str | None, ssh_config: Path | None, python: str, target: str):
+    if host is None:
+        return None
+    from ..device.inventory import parse_host
+    from ..device.remote_timing import remote_timer
+    from ..targets import load_target
+
+    return remote_timer(parse_host(host), ssh_config=ssh_config, python=python,
+                        providers=load_target(target).providers, log=log)
+
+
+def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, target: str):
+    """build --tune's tuner: on the --time-on device, else here when this machine is one."""
+    if not tune:
+        return None
+    import platform
+
+    from ..device.inventory import parse_host
+    from ..device.tuning import local_tuner, remote_tuner
+    from ..quantization.decision import GPU_PROVIDERS
+    from ..targets import load_target
+
+    if host is not None:
+        return remote_tuner(parse_host(host), ssh_config=ssh_config, python=python, log=log)
+    profile = load_target(target)
+    gpu = any(p.name in GPU_PROVIDERS for p in profile.providers)
+    if gpu or profile.arch != platform.machine():
+        raise SpecError(f"--tune: {profile.name} is {profile.arch}{' with a GPU' if gpu else ''}"
+                        f" and this host {platform.machine()}, so timings here say nothing "
+                        "about it", "add --time-on HOST to tune on the device, or tune each "
+                        "device after deploying: `edgepack deploy --tune` or `run.py bench "
+                        "--tune` there")
+    return local_tuner(log=log)
+
+
+@main.command("build")
+@click.argument("model")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--target", default="x86_64-cpu", show_default=True,
+              help="profile name or path to a .toml")
+@click.option("--calib", "calib", multiple=True, metavar="DIR | PART=DIR",
+              help="images or .npy/.npz folder (per part: PART=DIR, repeatable)")
+@click.option("--preprocess", help="image spec (key=value,...) or a .toml file")
+@click.option("--input", "inputs", multiple=True, metavar="[PART/]NAME:1x3x224x224[:dtype]",
+              help=INPUT_HELP)
+@click.option("--const", "consts", multiple=True, metavar="NAME=VALUE",
+              help="freeze an input to a value (number, [list] or .npy): it leaves the "
+              "bundle's inputs and If branches on it fold away (repeatable)")
+@click.option("--part", "parts", multiple=True, metavar="NAME=ATTR_OR_FACTORY",
+              help="bundle this part of the PyTorch model as its own model (repeatable)")
+@click.option("--part-precision", "part_precision", multiple=True, metavar="PART=PRECISION",
+              help="int8, fp16 or fp32 for one part (repeatable)")
+@click.option("--holdout", type=float, default=0.2, show_default=True,
+              help="fraction of samples kept out of calibration to measure accuracy")
+@click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
+@click.option("--labels", type=click.Path(exists=True, path_type=Path),
+              help="text file, one class name per line")
+@click.option("--time-on", "time_on", default=None, metavar="HOST",
+              help="time the precision candidates on this device over SSH")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")
+@click.option("--device-python", default="python3", show_default=True,
+              help="the --time-on device's Python")
+@click.option("--fuse/--no-fuse", default=True, show_default=True,
+              help="transformers on CPU targets: onnxruntime's attention / LayerNorm / GELU "
+                   "fusions before quantizing")
+@click.option("--tune", is_flag=True,
+              help="time thread counts, optimisation levels and the execution mode with the "
+                   "finished bundle here (or on the --time-on device) and keep the fastest as "
+                   "the manifest's session options")
+@click.option("--offline-optimize", "offline", is_flag=True,
+              help="CPU targets: also ship the graph optimised offline by this onnxruntime "
+                   "(.onnx or ORT format, whichever loads faster) for a faster start; devices "
+                   "with the same onnxruntime version family load it")
+@budget_options
+@quant_options
+@export_options(dynamic=False)
+@click.option("--force", is_flag=True, help="replace an existing output")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
+              preprocess: str | None, inputs: tuple[str, ...], consts: tuple[str, ...],
+              parts: tuple[str, ...],
+              part_precision: tuple[str, ...], holdout: float, golden: int,
+              labels: Path | None, time_on: str | None, ssh_config: Path | None,
+              device_python: str, fuse: bool, tune: bool, offline: bool, force: bool,
+              as_json: bool, **kw: Any) -> None:
+    """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
+
+    MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
+    TorchScript, .pt2; see `edgepack export`).
+
+    \b
+    Example:
+        edgepack build model.onnx --target x86_64-cpu --calib images/ \\
+            --preprocess "size=224x224,resize=letterbox,color=rgb,scale=1/255" -o out/mynet
+        edgepack build tts.py:load --part encoder=enc --part decoder=dec \\
+            --input encoder/ids:1x32:int64 --input decoder/feats:1x32x32 \\
+            --calib encoder=enc.npz --calib decoder=dec.npz -o out/tts
+    """
+    from ..pipeline import ExportOptions, build
+    from ..source.specs import parse_assignments, parse_consts, parse_input
+
+    opts = export_kwargs(kw)
+    opts.pop("dynamic")
+    single = [c for c in calib if "=" not in c or Path(c).exists()]
+    if len(single) > 1 or (single and len(single) != len(calib)):
+        raise SpecError("--calib: give one DIR, or PART=DIR for each part", "see --help")
+    precisions = parse_assignments(part_precision, "--part-precision")
+    for part, value in precisions.items():
+        if value not in ("int8", "fp16", "fp32", "auto"):
+            raise SpecError(f"--part-precision {part}={value}: not int8, fp16, fp32 or auto",
+                            "pick one of those")
+    r = build(model, output, target=target,
+              calib=Path(single[0]) if single else None,
+              part_calib={k: Path(v) for k, v in
+                          parse_assignments([c for c in calib if c not in single],
+                                            "--calib").items()},
+              preprocess=preprocess_option(preprocess),
+              inputs=[parse_input(v) for v in inputs], quant=quant_overrides(kw),
+              consts=parse_consts(consts), parts=parse_assignments(parts, "--part"),
+              part_quant={k: {"precision": v} for k, v in precisions.items()},
+              export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
+              timer=_device_timer(time_on, ssh_config, device_python, target),
+              **budget_kwargs(kw),
+              labels=read_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
+              fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
+              steps=step_line("build", as_json), offline=offline)
+    emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
+          "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
+         f"built {r.bundle.directory}: " + "; ".join(
+             (f"{p.name} " if len(r.parts) > 1 else "") + p.config.describe() for p in r.parts))
+
+
+@main.command("compare")
+@click.argument("model")
+@click.option("--input", "inputs", multiple=True, metavar="NAME:1x3x224x224[:dtype]",
+              help=INPUT_HELP)
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="samples for calibration and accuracy (default: random inputs)")
+@click.option("--preprocess", help="image spec for --calib images")
+@click.option("--target", default="x86_64-cpu", show_default=True,
+              help="quantization presets and threads")
+@click.option("--batch", "batches", type=int, multiple=True,
+              help="batch sizes (default: 1 and 8)")
+@click.option("--variant", "variants", multiple=True,
+              help="only these variants (repeatable; default: all)")
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--block", type=int, default=20, show_default=True,
+              help="timed calls per engine per round (fewer for larger batches)")
+@click.option("--threads", type=int, default=None, help="intra-op threads for every engine")
+@click.option("--cold/--no-cold", default=True, show_default=True,
+              help="also time import + load + first call in fresh processes")
+@click.option("--chart", type=click.Path(path_type=Path), help="write a PNG bar chart here")
+@click.option("--weights", type=click.Path(path_type=Path),
+              help=".safetensors or weights-only .pt (PyTorch sources)")
+@click.option("--factory-arg", "factory_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--submodule", help="compare only this attribute path")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preprocess: str | None,
+                target: str, batches: tuple[int, ...], variants: tuple[str, ...], rounds: int,
+                block: int, threads: int | None, cold: bool, chart: Path | None,
+                weights: Path | None, factory_args: tuple[str, ...], submodule: str | None,
+                as_json: bool) -> None:
+    """Time every way to run MODEL on this machine, with accuracy: PyTorch eager and
+    torch.compile, ONNX Runtime FP32 and optimised, INT8 static (QDQ U8S8 / S8S8, QOperator),
+    INT8 dynamic, FP16; batch 1 and a larger batch; cold start apart.
+
+    \b
+    Example:
+        edgepack compare models/net.py:build_net --weights net.safetensors \\
+            --input image:1x3x224x224 --calib images/ --preprocess prep.toml --chart cmp.png
+    """
+    from ..compare import compare, markdown
+    from ..source.specs import parse_assignments, parse_input
+    from ..source.torchload import parse_factory_args
+
+    if chart:   # before the minutes of timing, not after
+        from ..chart import check_chart_path
+
+        check_chart_path(chart)
+    result = compare(model, inputs=[parse_input(v) for v in inputs], calib=calib,
+                     preprocess=preprocess_option(preprocess), target=target,
+                     batches=batches or (1, 8), rounds=rounds, block=block, threads=threads,
+                     variants=variants or None, weights=weights,
+                     factory_args=parse_factory_args(parse_assignments(factory_args,
+                                                                       "--factory-arg")),
+                     submodule=submodule, cold=cold, log=log,
+                     steps=step_line("compare", as_json))
+    if chart:
+        from ..chart import render
+
+        render(result, chart)
+        result["chart"] = str(chart)
+        log(f"chart: {chart}")
+    emit(result, as_json, markdown(result).rstrip())
+
+
+@main.command("targets")
+@click.option("--target", metavar="NAME | FILE.toml",
+              help="check and show only this profile (your own .toml: errors name the key)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def targets_cmd(target: str | None, as_json: bool) -> None:
+    """List the built-in target profiles, or check one (--target).
+
+    \b
+    Example:
+        edgepack targets
+        edgepack targets --target my-board.toml
+    """
+    from ..targets import list_targets, load_target
+
+    found = [load_target(target)] if target else list_targets()
+    data = [{"name": t.name, "arch": t.arch, "description": t.description,
+             "providers": [p.name for p in t.providers], "precision": t.quantization.precision,
+             "min_onnxruntime": t.min_onnxruntime, "path": str(t.path)} for t in found]
+    emit(data, as_json, "\n".join(
+        f"{t.name:16} {t.arch:8} {t.quantization.precision:5} "
+        f"{'>'.join(p.name.replace('ExecutionProvider', '') for p in t.providers):24} "
+        f"{t.description}" for t in found))
+
+
+@main.command("demo")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("build/demo"),
+              show_default=True, help="work directory (data, model, bundle)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def demo_cmd(output: Path, as_json: bool) -> None:
+    """Train a small CNN on drawn shapes, build and verify its INT8 bundle (needs torch).
+
+    \b
+    Example:
+        edgepack demo -o build/demo
+    """
+    from ..demo import run_demo
+
+    result = run_demo(output, log=log)
+    emit(result, as_json, result["summary"])

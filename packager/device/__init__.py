@@ -1,0 +1,1 @@
+"""Bundles on devices: verify, tuning, SSH, deploy, rollouts, inventories and the Ansible engine."""

@@ -1,0 +1,325 @@
+"""`deploy --engine ansible`: the same deploy through ansible-playbook and the edgepack_bundle role.
+
+Ansible reads the user's inventory (INI or YAML, groups, host_vars/group_vars, vaulted values)
+and its own ansible.cfg from the current folder; edgepack writes a playbook and the role into a
+scratch folder, runs one `ansible-playbook --limit` per rollout batch, and reads back each host's
+outcome (the role writes it on the controller) to produce the same reports as the SSH engine.
+"""
+
+import functools
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BundleError, PackagerError, VerifyError
+from .inventory import Host, InventoryError
+from .rollout import HostResult
+from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, run_checks, write_reports
+
+INSTALL = "pip install -e '.[fleet]' in the edgepack checkout (ansible-core from PyPI)"
+EXCLUDE = {"reports", "cache", "session.tuned.json"}
+PLAYBOOK = """# written by edgepack deploy --engine ansible
+- name: Deploy an edgepack bundle
+  hosts: all
+  gather_facts: false
+  roles:
+    - edgepack_bundle
+"""
+
+
+def ansible_tool(name: str) -> str:
+    """ansible-playbook / ansible-inventory: beside this Python first (a venv), then on PATH."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.is_file() else shutil.which(name)
+    if not found:
+        raise PackagerError(f"--engine ansible needs ansible-core: {name} is not installed",
+                            INSTALL)
+    return found
+
+
+def inventory_hosts(inventories: Sequence[Path], limit: str | None = None) -> list[Host]:
+    """Hosts as Ansible resolves them (INI or YAML, groups, host and group vars, --limit), in
+    inventory order, with the connection variables edgepack's SSH engine uses. Read once per
+    version of the files (the CLI and the Ansible engine both ask)."""
+    for path in inventories:
+        if not Path(path).exists():
+            raise InventoryError(f"--hosts {path}: no such file", "check the path")
+        try:
+            if Path(path).is_file():
+                Path(path).read_text()
+        except UnicodeDecodeError as exc:
+            raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not "
+                                 "UTF-8)", "give an Ansible inventory (INI or YAML)") from None
+    stamp = tuple((str(Path(p).resolve()), Path(p).stat().st_mtime_ns) for p in inventories)
+    return list(_inventory_hosts(stamp, limit))
+
+
+@functools.lru_cache(maxsize=8)
+def _inventory_hosts(stamp: tuple[tuple[str, int], ...], limit: str | None) -> tuple[Host, ...]:
+    inventories = [path for path, _ in stamp]
+    cmd = [ansible_tool("ansible-inventory"), "--list"]
+    for path in inventories:
+        cmd += ["-i", str(path)]
+    cmd += ["--limit", limit] if limit else []
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env({}))
+    where = ", ".join(map(str, inventories))
+    if proc.returncode != 0:
+        raise InventoryError(f"--hosts {where}: ansible-inventory failed: {_last(proc.stderr)}",
+                             "fix the inventory (ansible-inventory -i FILE --list shows it)")
+    if "Unable to parse" in proc.stderr or "Skipping due to errors" in proc.stderr:
+        raise InventoryError(f"--hosts {where}: Ansible cannot parse it: {_last(proc.stderr)}",
+                             "fix the inventory (ansible-inventory -i FILE --list shows it)")
+    data = json.loads(proc.stdout or "{}")
+    names: list[str] = []
+
+    def walk(group: str, seen: set[str]) -> None:
+        if group in seen:
+            return
+        seen.add(group)
+        for name in data.get(group, {}).get("hosts", []):
+            if name not in names:
+                names.append(name)
+        for child in data.get(group, {}).get("children", []):
+            walk(child, seen)
+
+    walk("all", set())
+    if not names:
+        raise InventoryError(f"--hosts {where}: no hosts"
+                             + (f" match --limit {limit}" if limit else ""),
+                             "check the inventory and the --limit pattern")
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    return tuple(_host(name, hostvars.get(name, {})) for name in names)
+
+
+def _host(name: str, hv: dict[str, Any]) -> Host:
+    address = hv.get("ansible_host") or name
+    user = hv.get("ansible_user") or hv.get("ansible_ssh_user")
+    port = hv.get("ansible_port") or hv.get("ansible_ssh_port")
+    key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
+    python = hv.get("ansible_python_interpreter")
+    options = tuple(a for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+                    for a in shlex.split(str(hv.get(k) or "")))
+    return Host(name, f"{user}@{address}" if user else str(address),
+                int(port) if port else None, Path(key).expanduser() if key else None,
+                None if not python or str(python).startswith("auto") else str(python),
+                hv.get("edgepack_remote_dir"), options)
+
+
+def pack(folder: Path, name: str, archive: Path) -> None:
+    """folder as archive/NAME/..., byte for byte the same for the same files (no gzip time, no
+    owner): the role's copy then changes nothing on a second deploy."""
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with open(archive, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder)
+            if path.is_file() and rel.parts[0] not in EXCLUDE:
+                tar.add(path, f"{name}/{rel.as_posix()}", filter=clean)
+
+
+def ansible_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_RETRY_FILES_ENABLED="0",
+               ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
+               ANSIBLE_DEPRECATION_WARNINGS="0", ANSIBLE_SYSTEM_WARNINGS="0")
+    env.setdefault("ANSIBLE_PIPELINING", "1")
+    env.setdefault("ANSIBLE_TIMEOUT", "10")
+    env.update(extra)
+    return env
+
+
+class AnsibleEngine:
+    """One scratch folder (playbook, role, archive) for a deploy; `deploy(hosts)` runs a batch."""
+
+    def __init__(self, bundle: Path, folder: Path, manifest: dict[str, Any], reports: Path,
+                 options, parallel: int, log: Callable[[str], None],
+                 inventories: Sequence[Path]):
+        self.playbook_bin = ansible_tool("ansible-playbook")
+        self.folder, self.manifest, self.reports = folder, manifest, reports
+        self.options, self.parallel, self.log = options, parallel, log
+        self.inventories = [Path(p).resolve() for p in inventories]
+        self.digest = bundle_digest(folder)
+        self.bundle = bundle
+        self.listed: set[str] | None = None
+
+    def __enter__(self) -> "AnsibleEngine":
+        from .ansible_role import write_role
+
+        self.work = Path(tempfile.mkdtemp(prefix="edgepack-ansible-"))
+        write_role(self.work / "roles")
+        (self.work / "site.yml").write_text(PLAYBOOK)
+        if self.bundle.is_file():
+            self.archive = self.bundle.resolve()
+        else:   # a bundle folder: packed as build packs it, without local results
+            name = self.manifest.get("name") or self.folder.name
+            self.archive = self.work / f"{name}.tar.gz"
+            pack(self.folder, name, self.archive)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def variables(self, outcomes: Path) -> dict[str, Any]:
+        o = self.options
+        variables = {"edgepack_bundle": str(self.archive), "edgepack_reports_dir": str(outcomes),
+                     "edgepack_expect_digest": self.digest, "edgepack_runs": o.runs,
+                     "edgepack_warmup": o.warmup, "edgepack_threads": o.threads,
+                     "edgepack_tune": o.tune, "edgepack_latency_budget_ms": o.latency_budget_ms,
+                     "edgepack_require_provider": o.require_provider or "",
+                     "edgepack_allow_fallback": o.allow_fallback,
+                     "edgepack_timeout": int(o.timeout), "edgepack_reunpack": o.checksum,
+                     "edgepack_default_python": o.python,
+                     # run_checks' own --tune figures, so its replay asks for what the role ran
+                     "edgepack_tune_runs": TUNE_RUNS, "edgepack_tune_warmup": TUNE_WARMUP}
+        if o.remote_dir:   # the inventory's edgepack_remote_dir still wins, as with --engine ssh
+            variables["edgepack_default_remote_dir"] = o.remote_dir
+        return variables
+
+    def inventory_args(self, hosts: Sequence[Host]) -> list[str]:
+        """The user's inventories, plus one for hosts given on the command line."""
+        args = [a for p in self.inventories for a in ("-i", str(p))]
+        if self.listed is None:
+            self.listed = {h.name for h in inventory_hosts(self.inventories)} \
+                if self.inventories else set()
+        extra = [h for h in hosts if h.name not in self.listed]
+        if extra:
+            path = self.work / f"cli-{len(list(self.work.glob('cli-*')))}.ini"
+            lines = []
+            for h in extra:
+                user, _, address = h.destination.rpartition("@")
+                values = {"ansible_host": address, "ansible_user": user,
+                          "ansible_port": h.port, "ansible_ssh_private_key_file": h.identity,
+                          "ansible_python_interpreter": h.python,
+                          "edgepack_remote_dir": h.remote_dir,
+                          "ansible_ssh_common_args": shlex.join(h.ssh_options)}
+                lines.append(" ".join([shlex.quote(h.name)] + [
+                    f"{k}={shlex.quote(str(v))}" for k, v in values.items() if v]))
+            path.write_text("\n".join(lines) + "\n")
+            args += ["-i", str(path)]
+        return args
+
+    def deploy(self, hosts: list[Host]) -> list[HostResult]:
+        o = self.options
+        outcomes = Path(tempfile.mkdtemp(prefix="outcomes-", dir=self.work))
+        variables = outcomes.with_suffix(".vars.json")
+        variables.write_text(json.dumps(self.variables(outcomes)))
+        limit = outcomes.with_suffix(".limit")
+        limit.write_text("".join(f"{h.name}\n" for h in hosts))
+        cmd = [self.playbook_bin, str(self.work / "site.yml"), *self.inventory_args(hosts),
+               "--limit", f"@{limit}", "--forks", str(max(1, self.parallel)),
+               "-e", f"@{variables}"]
+        ssh_args = ["-C", "-o", "ControlMaster=auto", "-o", "ControlPersist=60s",
+                    "-o", "BatchMode=yes"]
+        if o.ssh_config:
+            ssh_args += ["-F", str(Path(o.ssh_config).resolve())]
+        # hosts without ansible_python_interpreter run modules with --python, as run.py
+        extra = {"ANSIBLE_SSH_ARGS": shlex.join(ssh_args), "ANSIBLE_PYTHON_INTERPRETER": o.python}
+        if o.port:
+            extra["ANSIBLE_REMOTE_PORT"] = str(o.port)
+        if o.identity:
+            extra["ANSIBLE_PRIVATE_KEY_FILE"] = str(Path(o.identity).expanduser().resolve())
+        self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
+        start = time.monotonic()
+        output = self._run(cmd, ansible_env(extra))
+        results = [self._result(h, outcomes, output) for h in hosts]
+        for r in results:   # ansible-playbook runs the batch as a whole
+            r.seconds = time.monotonic() - start
+        return results
+
+    def _run(self, cmd: list[str], env: dict[str, str]) -> list[str]:
+        """Run ansible-playbook, logging each host's task results as they come."""
+        lines: list[str] = []
+        task = ""
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, cwd=os.getcwd()) as proc:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                lines.append(line)
+                if os.environ.get("EDGEPACK_ANSIBLE_OUTPUT") == "1":   # the whole output
+                    self.log(line)
+                heading = re.match(r"TASK \[(?:edgepack_bundle : )?(.*)\]", line)
+                if heading:
+                    task = heading.group(1)
+                    continue
+                status = re.match(r"(ok|changed|fatal|failed|skipping|unreachable): \[([^\]]+?)"
+                                  r"(?: -> [^\]]+)?\]", line)
+                if status and status.group(1) in ("changed", "fatal", "failed"):
+                    self.log(f"[{status.group(2)}] {task}: {status.group(1)}")
+        if proc.returncode not in (0, 2, 4):
+            last = next((ln for ln in reversed(lines) if ln.startswith(("ERROR", "[ERROR]"))),
+                        _last("\n".join(lines)))
+            raise PackagerError(f"ansible-playbook failed (exit {proc.returncode}): {last}",
+                                "run it again with -v to see more; check the inventory")
+        return lines
+
+    def _result(self, host: Host, outcomes: Path, output: list[str]) -> HostResult:
+        path = outcomes / f"{host.name}.json"
+        if not path.is_file():
+            refused = next((ln for ln in output if "edgepack_bundle: " in ln), "")
+            if refused:
+                message = refused.split("edgepack_bundle: ", 1)[1].split("\\n")[0]
+                raise BundleError(f"{self.bundle}: refused by the role: {message}",
+                                  "build the bundle again")
+            said = next((ln for ln in output if f"[{host.name}]" in ln and
+                         ("fatal" in ln or "UNREACHABLE" in ln)), "")
+            return HostResult(host.name, 2, error=f"{host.name}: no outcome from ansible-playbook"
+                              f" ({said[:200] or 'the host was not in the play'})",
+                              engine="ansible")
+        data = json.loads(path.read_text())
+        device = {k: v for k, v in data.get("device", {}).items() if k != "problems"}
+        result = HostResult(host.name, data["exit_code"], device=device, engine="ansible",
+                            release={k: data[k] for k in ("dir", "release", "current",
+                                                          "previous", "switched")})
+        result.copied = {"method": "ansible", "archive": self.archive.name}
+        if data["error"]:
+            result.error = f"{host.name}: {data['error']}"
+            self.log(f"[{host.name}] error: {data['error']}")
+            return result
+        runs = data.get("runs") or {}
+
+        def execute(args: list[str]) -> tuple[int, str, str]:
+            got = runs.get("tune" if "--tune" in args else args[0])
+            if not got:
+                return 2, "", f"run.py {args[0]} was not run by the role"
+            return got["rc"], got["stdout"], got["stderr"]
+
+        o = self.options
+        where = f"{host.name}:{data['dir']}/releases/{data['release']}"
+        try:
+            report = run_checks(self.manifest, execute, where, runs=o.runs, warmup=o.warmup,
+                                threads=o.threads, latency_budget_ms=o.latency_budget_ms,
+                                require_provider=o.require_provider, tune=o.tune)
+        except VerifyError as exc:
+            result.exit_code, result.error = 2, f"{host.name}: {exc}"
+            return result
+        report["host"], report["digest"] = host.name, self.digest
+        out = self.reports / host.label
+        write_reports(out, report)
+        result.report, result.reports_dir = report, str(out)
+        if report["passed"] != (data["exit_code"] == 0):   # the role and edgepack judge alike
+            result.exit_code = 1
+            result.error = (f"{host.name}: the role and edgepack disagree on the verdict "
+                            f"(role exit {data['exit_code']})")
+        self.log(f"[{host.name}] {'passed' if report['passed'] else 'FAILED'}; current -> "
+                 f"{data['current'] or 'nothing'}; report in {out}/")
+        return result
+
+
+def _last(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"

@@ -1,0 +1,313 @@
+"""Verify a bundle by running its own runner in a separate process, as the device would."""
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._runtimes.runner.sessions import describe_session
+from ..bundle.manifest import read_manifest
+from ..errors import VerifyError
+
+REPORTS = "reports"
+TUNE_RUNS = 50   # runs per session setting tried by --tune (each after its warm-up runs)
+TUNE_WARMUP = 5
+
+
+def tune_args(runs: int, warmup: int, *, save: bool = True) -> list[str]:
+    """`run.py bench --tune`'s arguments (with --no-save: report only)."""
+    return ["bench", "--tune", *([] if save else ["--no-save"]), "--runs", str(runs),
+            "--warmup", str(warmup)]
+
+
+# Runs `run.py ARGS --json` where the bundle is: (exit code, stdout, stderr).
+Execute = Callable[[list[str]], tuple[int, str, str]]
+
+
+def local_runner(bundle: Path, *, python: str, timeout: float) -> Execute:
+    """Run the bundle's run.py in a separate local process, in the bundle's folder."""
+    def execute(args: list[str]) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run([python, "run.py", *args], cwd=bundle, capture_output=True,
+                                  text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise VerifyError(f"python interpreter '{python}' not found", "fix --python") from None
+        except subprocess.TimeoutExpired:
+            raise VerifyError(f"run.py {args[0]} did not finish in {timeout:.0f} s",
+                              "raise --timeout or lower --runs") from None
+        return proc.returncode, proc.stdout, proc.stderr
+    return execute
+
+
+def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict, str]:
+    """`run.py ARGS --json` through *execute*: (exit code, parsed JSON, stderr)."""
+    code, stdout, stderr = execute([*args, "--json"])
+    last = (stderr.strip().splitlines() or [""])[-1]
+    if code == 2 and re.search(r"\b(onnxruntime|numpy) is not installed for ", last):
+        # the bundle is fine; the device's Python lacks a package, and the line says the fix
+        raise VerifyError(f"run.py {args[0]} cannot run in {where}: {last}",
+                          "then verify again (or point --python at a Python that has it)")
+    if code == 2 or (code != 0 and not stdout.strip()):
+        raise VerifyError(f"run.py {args[0]} failed in {where} (exit {code}): {last}",
+                          "rebuild or copy the bundle again")
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        raise VerifyError(f"run.py {args[0]} printed no JSON (exit {code}): {last}",
+                          "the runner is damaged; rebuild the bundle") from None
+    return code, report, stderr
+
+
+def bundle_digest(bundle: Path) -> str:
+    """The bundle's identity: the sha256 of its manifest.json, which holds every other file's
+    hash. `build` prints it; `verify` and `deploy` record it and compare it with
+    --expect-digest."""
+    from .._runtimes.runner.manifest import sha256
+
+    return "sha256:" + sha256(str(Path(bundle) / "manifest.json"))
+
+
+def integrity_problems(bundle: Path, manifest: dict[str, Any],
+                       expect_digest: str | None = None, digest: str | None = None) -> list[str]:
+    """The host's check of *bundle* (with the host's own runner code, not the bundle's), done
+    before anything from the bundle runs. *digest*: the bundle's, when already computed."""
+    from .._runtimes.runner.errors import BundleError
+    from .._runtimes.runner.manifest import check_manifest, integrity_problems
+
+    problems = []
+    if expect_digest:
+        digest = digest or bundle_digest(bundle)
+        wanted = expect_digest if expect_digest.startswith("sha256:") else "sha256:" + \
+            expect_digest
+        if digest != wanted.lower():
+            problems.append(f"manifest.json: digest {digest} is not the expected {wanted}")
+    try:
+        check_manifest(manifest)
+    except BundleError as exc:   # a damaged manifest: its shape is the problem
+        return problems + [str(exc)]
+    return problems + integrity_problems(str(bundle), manifest)
+
+
+def refused(manifest: dict[str, Any], problems: list[str], digest: str) -> dict[str, Any]:
+    """The report of a bundle that failed the host's integrity check: nothing was run."""
+    return {"bundle": manifest.get("name"), "target": manifest.get("target", {}).get("name"),
+            "precision": "; ".join(p.get("precision", {}).get("description", "?")
+                                   for p in manifest.get("parts", [])),
+            "passed": False, "digest": digest, "providers": [], "check": {}, "bench": {},
+            "checks": [{"name": "integrity", "passed": False,
+                        "detail": "; ".join(problems) + "; nothing from the bundle was run"}]}
+
+
+def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,
+           threads: int | None = None, latency_budget_ms: float | None = None,
+           require_provider: str | None = None, timeout: float = 900.0,
+           expect_digest: str | None = None, tune: bool = False) -> dict[str, Any]:
+    """Check integrity (here, before anything from the bundle runs), then run the bundle's own
+    run.py: accuracy, benchmark, budgets; write reports/ in *bundle*. *tune*: first time
+    session options with `run.py bench --tune`, which keeps the fastest in the bundle's
+    session.tuned.json for this machine."""
+    check_tune(tune, threads)
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)
+    digest = bundle_digest(bundle)
+    problems = integrity_problems(bundle, manifest, expect_digest, digest)
+    if problems:
+        report = refused(manifest, problems, digest)
+    else:
+        report = run_checks(manifest, local_runner(bundle, python=python, timeout=timeout),
+                            str(bundle), runs=runs, warmup=warmup, threads=threads,
+                            latency_budget_ms=latency_budget_ms,
+                            require_provider=require_provider, tune=tune)
+        report["digest"] = digest
+    write_reports(bundle / REPORTS, report)
+    return report
+
+
+def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: int = 100,
+               warmup: int = 10, threads: int | None = None,
+               latency_budget_ms: float | None = None, require_provider: str | None = None,
+               progress: Callable[[str], None] = lambda _: None,
+               tune: bool = False) -> dict[str, Any]:
+    """run.py check then bench through *execute*, judged against the bundle's budgets; with
+    *tune*, `bench --tune` first (its choice is kept on the device and used by both)."""
+    common = [] if threads is None else ["--threads", str(threads)]
+    if require_provider:
+        common += ["--require-provider", require_provider]
+    tuning = None
+    if tune:
+        progress(f"tune: timing session options, {min(runs, TUNE_RUNS)} runs each")
+        _, tuned, _ = run_runner(execute, [*tune_args(min(runs, TUNE_RUNS),
+                                                      min(warmup, TUNE_WARMUP)), *common], where)
+        tuning = tuned.get("tuning")
+    progress("check: integrity and accuracy against the golden outputs")
+    _, check, check_log = run_runner(execute, ["check", *common], where)
+    checks = [{"name": "integrity", "passed": not check.get("integrity"),
+               "detail": "; ".join(check.get("integrity", [])) or "all file hashes match"}]
+    bench: dict[str, Any] = {}
+    several = len(manifest["parts"]) > 1
+    if checks[0]["passed"]:
+        for part, entry in check.get("parts", {}).items():
+            for name, stats in entry["outputs"].items():
+                checks += _accuracy_checks(_label(part, name, several), entry, stats)
+        progress(f"bench: {runs} runs after {warmup} warm-up")
+        roofline = ["--roofline"] if manifest.get("roofline") else []   # (newer bundles)
+        _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),
+                                           *roofline, *common], where)
+        budget = latency_budget_ms or manifest.get("budget", {}).get("latency_p90_ms")
+        if budget:
+            for part, entry in bench["parts"].items():
+                p90 = entry["latency_ms"]["p90"]
+                checks.append({"name": "latency" + (f":{part}" if several else ""),
+                               "passed": p90 <= budget,
+                               "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
+    elsewhere = not_the_target(manifest, check, bench)
+    if elsewhere:
+        checks.append({"name": "target", "passed": True, "skipped": True,
+                       "detail": f"not checked on the target: {elsewhere}"})
+    report = {
+        "bundle": manifest.get("name"), "target": manifest["target"]["name"],
+        "on_target": not elsewhere, "target_note": elsewhere,
+        "graphs": {name: entry["graph"] for name, entry in check.get("parts", {}).items()
+                   if "graph" in entry},
+        "precision": "; ".join((f"{p['name']}: " if several else "")
+                               + p["precision"].get("description", "?")
+                               for p in manifest["parts"]),
+        "accuracy_at_build": {p["name"]: p.get("accuracy", {}) for p in manifest["parts"]},
+        "passed": all(c["passed"] for c in checks), "checks": checks,
+        "providers": check.get("providers", []),
+        "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
+        "check": check, "bench": bench, "tuning": tuning,
+        "precision_choice": {p["name"]: p["precision"]["decision"] for p in manifest["parts"]
+                             if "decision" in p.get("precision", {})},
+    }
+    return report
+
+
+def check_tune(tune: bool, threads: int | None) -> None:
+    if tune and threads is not None:
+        raise VerifyError("--tune and --threads: tuning tries the thread counts itself",
+                          "drop one of them")
+
+
+def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
+                   bench: dict[str, Any]) -> str:
+    """'' when the check ran on the target's arch and first provider, else what differed (a
+    pass there says nothing of the target's kernels or speed): the runner's own note, or for a
+    runner from before it, the same judgement from its report."""
+    from .._runtimes.runner.check import target_note
+
+    if "target_note" in check:
+        return check["target_note"]
+    arch = (bench.get("device") or check.get("device") or {}).get("arch") or ""
+    return target_note(manifest, (check.get("providers") or [""])[0], arch)
+
+
+def write_reports(out: Path, report: dict[str, Any]) -> None:
+    """report.json and report.md into the folder *out*."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+
+
+def _result(check: dict[str, Any]) -> str:
+    return "not checked" if check.get("skipped") else "pass" if check["passed"] else "FAIL"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
+             f"**{'PASSED' if report['passed'] else 'FAILED'}** — {report['precision']}; "
+             + (f"bundle {report['digest']}; " if report.get("digest") else "") +
+             f"providers: {', '.join(report['providers']) or 'n/a'}"
+             + (f"; graph {', '.join(sorted(set(report['graphs'].values())))}"
+                if report.get("graphs") else "")
+             + (f" (not on the target: {report['target_note']})" if report.get("target_note")
+                else ""), "",
+             "| check | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {c['name']} | {_result(c)} | {c['detail']} |" for c in report["checks"]]
+    bench = report.get("bench")
+    if bench:
+        dev = bench["device"]
+        rss = bench.get("peak_rss_mb")
+        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up)", "",
+                  "| model | batch | p50 ms | p90 ms | p99 ms | mean ms | std ms | throughput/s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for part, entry in bench["parts"].items():
+            lat = entry["latency_ms"]
+            lines.append(f"| {part} | {entry['batch']} | {lat['p50']:.3f} | {lat['p90']:.3f} | "
+                         f"{lat['p99']:.3f} | {lat['mean']:.3f} | {lat['std']:.3f} | "
+                         f"{entry['throughput_per_s']:.1f} |")
+        ceiling = bench.get("roofline")
+        for part, entry in bench["parts"].items():
+            if entry.get("achieved_gops"):
+                share = entry.get("roofline_share")
+                lines.append(
+                    f"\n{part}: {entry['operations_per_call'] / 1e9:.3g} GOP per call, "
+                    f"{entry['achieved_gops']:.1f} GOP/s" + (
+                        f", {100 * share:.0f}% of this device's "
+                        f"{ceiling['int8_kind'] if entry['precision'] == 'int8' else 'FP32'} "
+                        "MatMul rate" if share is not None else "") + ".")
+        if ceiling:
+            lines.append(f"\nRoofline ({ceiling['size']}x{ceiling['size']} MatMul, "
+                         f"{ceiling['threads']} threads): FP32 {ceiling['fp32_gops']:.1f} GOP/s, "
+                         f"{ceiling['int8_kind']} MatMulInteger {ceiling['int8_gops']:.1f} "
+                         "GOP/s.")
+        lines += ["", f"Peak RSS {f'{rss:.1f} MB' if rss is not None else 'n/a'}. "
+                      f"Device: {dev.get('cpu') or '?'} ({dev['arch']}, {dev['cores']} cores), "
+                      f"onnxruntime {bench['onnxruntime']}, Python {dev.get('python', '?')}."]
+        if bench.get("session"):
+            lines += ["", f"Session: {describe_session(bench['session'])} (from "
+                          f"{bench.get('session_from', 'the manifest')})."]
+    tuning = report.get("tuning")
+    if tuning:
+        lines += ["", f"## Session tuning ({len(tuning['tried'])} settings, {tuning['runs']} runs "
+                      f"each, {tuning['cores']} cores)", "",
+                  ("Kept the current settings, " if tuning["chosen"] == tuning["current"]
+                   else "Chose ") + f"{describe_session(tuning['chosen'])}: {tuning['reason']}"
+                  + (f"; kept in {tuning['saved']} on the device" if tuning.get("saved") else "")
+                  + ".", "", "| threads | inter-op | mode | opt level | p50 ms | stage |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for t in tuning["tried"]:
+            s = t["session"]
+            lines.append(f"| {s['intra_op_threads'] or 'auto'} | {s['inter_op_threads'] or 'auto'}"
+                         f" | {s['execution_mode']} | {s['graph_optimization_level']} | "
+                         f"{t['p50_ms']:.3f} | {t['stage']} |")
+    for part, choice in report.get("precision_choice", {}).items():
+        lines += ["", f"## Precision chosen at build ({part}): {choice['chosen']}", "",
+                  choice["reason"], "", "| candidate | p50 ms | p90 ms | cosine min | bytes | "
+                  "within budget |", "| --- | --- | --- | --- | --- | --- |"]
+        for c in choice["candidates"]:
+            cos = f"{c['cosine_min']:.4f}" if c["cosine_min"] is not None else "-"
+            p50, p90 = (f"{c[k]:.3f}" if c.get(k) is not None else "-"
+                        for k in ("p50_ms", "p90_ms"))
+            lines.append(f"| {c.get('label', c['precision'])} | {p50} | {p90} | {cos} | "
+                         f"{c['bytes'] or '-'} | {'yes' if c['meets_budget'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy_checks(label: str, entry: dict[str, Any], stats: dict[str, Any]) -> list[dict]:
+    """Both promises for one output: the host's outputs reproduced, the floor vs the reference."""
+    rep = stats.get("reproduce") or {"checked": False, "reason": "the bundle's runner predates it"}
+    if rep["checked"]:
+        reproduce = {"passed": rep["passed"], "detail": _figure(
+            rep, rep["min_cosine"], "the host's outputs of the shipped model",
+            "a kernel computes differently on this device")}
+    else:
+        reproduce = {"passed": True, "skipped": True, "detail": f"not checked: {rep['reason']}"}
+    what = ("the FP32 reference (budget)" if entry.get("reference", "fp32") == "fp32" else
+            "the host's outputs (no FP32 reference: the bundle makes no accuracy claim)")
+    return [{"name": f"reproduce:{label}", **reproduce},
+            {"name": f"accuracy:{label}", "passed": stats["cosine_min"] >= entry["min_cosine"],
+             "detail": _figure(stats, entry["min_cosine"], what)}]
+
+
+def _figure(stats: dict[str, Any], floor: float, what: str, why: str = "") -> str:
+    ok = stats["cosine_min"] >= floor
+    return (f"cosine min {stats['cosine_min']:.5f} {'>=' if ok else '<'} {floor:.4f} vs {what}"
+            + (f": {why}" if why and not ok else ""))
+
+
+def _label(part: str, output: str, several: bool) -> str:
+    return f"{part}/{output}" if several else output

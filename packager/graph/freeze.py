@@ -1,0 +1,148 @@
+"""Freeze inputs to constants (`--const NAME=VALUE`) and fold the If nodes that then decide
+nothing: a sample rate, a flag or a fixed state leaves the bundle's signature, and the branch it
+selects is inlined, so the rest of the pipeline sees one straight graph."""
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import SpecError
+from .inspection import dims_of, dtype_name, graph_inputs
+
+
+def const_value(model: onnx.ModelProto, name: str, value: Any) -> np.ndarray:
+    """*value* (a number, nested list or array) as the input's dtype and static shape."""
+    inputs = {i.name: i for i in graph_inputs(model)}
+    if name not in inputs:
+        raise SpecError(f"--const {name}: the model has no input '{name}'",
+                        f"inputs are: {', '.join(inputs)}")
+    info = inputs[name]
+    dtype = np.dtype(dtype_name(info.type.tensor_type.elem_type))
+    try:
+        array = np.asarray(value).astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"--const {name}={value!r}: not a {dtype} value ({exc})",
+                        "give a number, a list, or a .npy file") from None
+    dims = dims_of(info)
+    static = all(isinstance(d, int) and d > 0 for d in dims)
+    if list(array.shape) == [d for d in dims] or (not static and array.ndim == len(dims)):
+        return array
+    if array.size == 1 and static:
+        return np.full(dims, array.reshape(()), dtype=dtype)
+    raise SpecError(f"--const {name}: value of shape {list(array.shape)} does not fit the input's "
+                    f"shape {dims}", "give one value (it fills the shape) or an array of that shape")
+
+
+def freeze_inputs(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:
+    """Return a copy of *model* where each input in *values* is a constant initializer."""
+    if not values:
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    arrays = {name: const_value(model, name, value) for name, value in values.items()}
+    kept = [i for i in model.graph.input if i.name not in arrays]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    for name, array in arrays.items():
+        model.graph.initializer.append(numpy_helper.from_array(array, name))
+    return fold_constant_ifs(model)
+
+
+def constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of tensor *name* when it depends on constants only (computed with ONNX's
+    reference evaluator), else None."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    needed, stack = [], [name]
+    while stack:
+        tensor = stack.pop()
+        if tensor in inits or not tensor:
+            continue
+        node = producer.get(tensor)
+        if node is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                               for a in node.attribute):
+            return None   # reads a graph input, or control flow
+        if node not in needed:
+            needed.append(node)
+            stack.extend(node.input)
+    order = [n for n in graph.node if n in needed]
+    sub = onnx.helper.make_graph(order, "cond", [], [onnx.ValueInfoProto(name=name)],
+                                 [i for i in graph.initializer])
+    sub_model = onnx.helper.make_model(sub, opset_imports=model.opset_import)
+    try:
+        return np.asarray(ReferenceEvaluator(sub_model).run(None, {})[0])
+    except Exception:  # an op the reference evaluator lacks: leave the If alone
+        return None
+
+
+def fold_constant_ifs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Inline every top-level If whose condition depends on constants only."""
+    graph = model.graph
+    undecided: set[str] = set()
+    while True:
+        index = cond = None
+        for i, n in enumerate(graph.node):
+            if n.op_type == "If" and n.name not in undecided:
+                cond = constant_value(model, n.input[0])
+                if cond is not None:
+                    index = i
+                    break
+                undecided.add(n.name)
+        if index is None:
+            return model
+        node = graph.node[index]
+        branch_name = "then_branch" if bool(cond.all()) else "else_branch"
+        branch = next(a.g for a in node.attribute if a.name == branch_name)
+        inlined = _inline(branch, node, graph)
+        del graph.node[index]
+        for offset, new in enumerate(inlined):
+            graph.node.insert(index + offset, new)
+
+
+def _inline(branch: onnx.GraphProto, node: onnx.NodeProto,
+            graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The branch's nodes, renamed apart, then Identity nodes onto the If's outputs."""
+    prefix = f"{node.name or 'If'}/{len(graph.node)}/"
+    local = {o for n in branch.node for o in n.output} | {i.name for i in branch.initializer}
+    rename = {name: prefix + name for name in local}
+    for init in branch.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = rename[init.name]
+        graph.initializer.append(copy)
+    nodes = []
+    for inner in branch.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(inner)
+        new.name = prefix + (inner.name or inner.op_type)
+        new.input[:] = [rename.get(i, i) for i in inner.input]
+        new.output[:] = [rename.get(o, o) for o in inner.output]
+        for attr in new.attribute:   # nested If/Loop bodies read the branch's tensors by name
+            for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _rename_outer(body, rename)
+        nodes.append(new)
+    for out, branch_out in zip(node.output, branch.output, strict=True):
+        nodes.append(onnx.helper.make_node("Identity", [rename.get(branch_out.name,
+                                                                   branch_out.name)], [out],
+                                           name=prefix + "out/" + out))
+    return nodes
+
+
+def _rename_outer(body: onnx.GraphProto, rename: Mapping[str, str]) -> None:
+    """Rename the outer-scope tensors a subgraph reads (its own names shadow them)."""
+    own = {o for n in body.node for o in n.output} | {i.name for i in body.input} | \
+        {i.name for i in body.initializer}
+    outer = {k: v for k, v in rename.items() if k not in own}
+    for n in body.node:
+        n.input[:] = [outer.get(i, i) for i in n.input]
+        for attr in n.attribute:
+            for inner in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _rename_outer(inner, outer)
+    for out in body.output:
+        if out.name in outer:
+            out.name = outer[out.name]

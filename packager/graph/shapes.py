@@ -1,0 +1,248 @@
+"""Make every input, intermediate and output shape of a model static."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..atomic import atomic_file
+from ..errors import ShapeError
+from .inspection import dims_of, graph_inputs
+from .modelio import load_model, save_model
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    output: Path
+    inputs: dict[str, list[int]]
+    outputs: dict[str, list[int]]
+
+
+def static_inputs(model: onnx.ModelProto, path: Path, command: str) -> list[dict[str, Any]]:
+    """io_specs of *model*'s inputs, or ShapeError naming the first dynamic one and the fix."""
+    from .inspection import io_specs
+
+    specs = io_specs(graph_inputs(model))
+    for spec in specs:
+        dims = spec["shape"]
+        if not all(isinstance(d, int) and d > 0 for d in dims):
+            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" if i == 0 else "N"
+                               for i, d in enumerate(dims))
+            raise ShapeError(f"{path}: input '{spec['name']}' is dynamic "
+                             f"({'x'.join(map(str, dims))}) and `edgepack {command}` needs static "
+                             "shapes", f"run `edgepack fix-shapes {path} --input {spec['name']}:"
+                             f"{example} -o static.onnx` first, or use `edgepack build`, which "
+                             "fixes shapes itself")
+    return specs
+
+
+def resolve_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                         *, batch: int | None) -> dict[str, list[int]]:
+    """Static shape per input: from *shapes*, else static dims kept and dim 0 set to *batch*."""
+    inputs = {i.name: dims_of(i) for i in graph_inputs(model)}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise ShapeError(f"--input names '{unknown[0]}', which is not a model input",
+                         f"inputs are: {', '.join(inputs)}")
+    resolved = {}
+    for name, dims in inputs.items():
+        if name in shapes:
+            given = [int(d) for d in shapes[name]]
+            if len(given) != len(dims):
+                raise ShapeError(f"input '{name}' has rank {len(dims)} {dims}, --input gives "
+                                 f"rank {len(given)} {given}", "give one size per dimension")
+            # a size the model declares may be re-declared: exporters fix sizes a fully
+            # convolutional graph does not depend on (CenterFace ships as 10x3x32x32); whether
+            # the graph runs at the new size is found by shape inference and a real run
+            for i, want in enumerate(given):
+                if want < 1:
+                    raise ShapeError(f"input '{name}' dim {i}: size {want}", "sizes must be >= 1")
+            resolved[name] = given
+            continue
+        out = []
+        for i, d in enumerate(dims):
+            if isinstance(d, int) and d > 0:
+                out.append(d)
+            elif i == 0 and batch is not None:
+                out.append(batch)
+            else:
+                raise ShapeError(f"input '{name}' dim {i} ('{d}') is dynamic and nothing fixes it",
+                                 f"pass --input {name}:" + "x".join(
+                                     str(x) if isinstance(x, int) and x > 0 else "N" for x in dims))
+        resolved[name] = out
+    return resolved
+
+
+def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
+                  declared: Mapping[str, Sequence[Any]]) -> None:
+    """Raise ShapeError unless onnxruntime runs *model* with inputs of the *resolved* sizes,
+    where --input re-declared sizes the model fixed (*declared*): a graph with sizes baked into
+    a Reshape does not, and would fail later in calibration with a less useful message."""
+    import numpy as np
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in graph_inputs(probe):
+        value.type.tensor_type.ClearField("shape")
+    dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+              for i in graph_inputs(probe)}
+    try:
+        _session(probe).run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
+    except Exception as exc:
+        name, dims = next(iter(declared.items()))
+        raise ShapeError(
+            f"input '{name}' is declared {'x'.join(map(str, dims))} in the model and --input "
+            f"gives {'x'.join(map(str, resolved[name]))}, but the model does not run at that "
+            f"size: {(str(exc).strip().splitlines() or [''])[0][:200]}",
+            "use the model's declared size, or export it with a dynamic axis") from None
+
+
+def _session(model: onnx.ModelProto) -> Any:
+    """A quiet onnxruntime CPU session over *model*, for probing runs."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Run shape inference (ONNX Runtime's symbolic engine, then ONNX's) and return the model."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
+        if inferred is not None:
+            return inferred
+    except Exception:  # the symbolic engine lacks some ops; ONNX's own inference is the fallback
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise ShapeError(f"shape inference failed: {str(exc).splitlines()[0][:200]}",
+                         "check the model with onnx.checker") from None
+
+
+def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
+    """(tensor, producing node, dims) for every tensor whose shape is not fully static."""
+    producers = {o: f"{n.op_type} node '{n.name or '?'}'" for n in model.graph.node for o in n.output}
+    known = {v.name: v for v in model.graph.value_info}
+    found = []
+    for node in model.graph.node:
+        for name in node.output:
+            if not name:
+                continue
+            info = known.get(name)
+            dims = dims_of(info) if info is not None and info.type.tensor_type.HasField("shape") else None
+            if info is not None and not info.type.HasField("tensor_type"):
+                continue  # sequences / maps have no tensor shape to fix
+            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+                found.append((name, producers[name], dims))
+    for out in model.graph.output:
+        dims = dims_of(out) if out.type.tensor_type.HasField("shape") else None
+        if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+            found.append((out.name, producers.get(out.name, "graph input"), dims))
+    return found
+
+
+def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
+                    ) -> tuple[onnx.ModelProto, list[str]]:
+    """Fill in the shapes shape inference left open (through If/Loop, custom-domain ops) from
+    real onnxruntime runs at the static input shapes.
+
+    Returns the model and the tensors whose shape differed between *feeds*: data-dependent
+    (e.g. a detector's box count), which stay dynamic.
+    """
+    import numpy as np
+
+    open_ = [name for name, _, _ in dynamic_tensors(model)]
+    if not open_:
+        return model, []
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in open_ if n not in known)
+    try:
+        session = _session(probe)
+        runs = [session.run(open_, dict(feed)) for feed in feeds]
+    except Exception as exc:
+        small = [i.name for i in graph_inputs(model)
+                 if len(dims_of(i)) == 0 or dims_of(i) == [1]]
+        has_if = any(n.op_type in ("If", "Loop") for n in model.graph.node)
+        hint = (f"an If on an input may pick branches that disagree at these shapes: freeze "
+                f"it, e.g. --const {small[0]}=VALUE" if has_if and small
+                else "check the --input shapes and the calibration data")
+        raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
+                         "inferred, and running the model at the static shapes failed: "
+                         f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None
+    shapes = {name: {tuple(np.shape(r[i])) for r in runs} for i, name in enumerate(open_)}
+    varying = [n for n, seen in shapes.items() if len(seen) > 1]
+    infos = {v.name: v for v in model.graph.value_info}
+    outputs = {o.name: o for o in model.graph.output}
+    for i, name in enumerate(open_):
+        if name in varying:
+            continue
+        value = runs[0][i]
+        if not isinstance(value, np.ndarray):
+            continue   # sequences and maps keep no tensor shape
+        targets = [v for v in (outputs.get(name), infos.get(name)) if v is not None]
+        if not targets:
+            targets = [model.graph.value_info.add()]
+            targets[0].name = name
+        for info in targets:
+            info.type.tensor_type.elem_type = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            shape = info.type.tensor_type.shape
+            shape.Clear()
+            for size in value.shape:
+                shape.dim.add().dim_value = size
+    return model, varying
+
+
+def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                     *, batch: int | None = 1, strict: bool = True) -> onnx.ModelProto:
+    """Return a copy of *model* with static input shapes and inferred static shapes throughout.
+
+    With *strict* False, tensors whose shapes only a simplifier can resolve (shape arithmetic
+    that constant folding removes) may stay dynamic; the build checks again after simplifying.
+    """
+    resolved = resolve_input_shapes(model, shapes, batch=batch)
+    redeclared = {i.name: dims_of(i) for i in graph_inputs(model)
+                  if any(isinstance(d, int) and d > 0 and d != want
+                         for d, want in zip(dims_of(i), resolved[i.name], strict=True))}
+    if redeclared:
+        check_runs_at(model, resolved, redeclared)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in graph_inputs(model):
+        shape = value.type.tensor_type.shape
+        for dim, size in zip(shape.dim, resolved[value.name], strict=True):
+            dim.Clear()
+            dim.dim_value = size
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    inferred = infer_static(onnx.ModelProto.FromString(model.SerializeToString()))
+    # keep only the top-level shapes: inference also writes into If/Loop bodies, and there it
+    # merges the branches' shapes into ones that break onnxruntime's own type inference
+    # (silero VAD: "LSTM: First input tensor must have rank 3")
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for out, known in zip(model.graph.output, inferred.graph.output, strict=True):
+        out.type.CopyFrom(known.type)
+    dynamic = dynamic_tensors(model)
+    if dynamic and strict:
+        name, producer, dims = dynamic[0]
+        why = ("its shape could not be inferred" if dims is None
+               else f"its shape {dims} depends on values computed at run time")
+        raise ShapeError(f"tensor '{name}' (output of {producer}) stays dynamic: {why}"
+                         f" ({len(dynamic)} tensor(s) in all)",
+                         "simplify the model first, or export it with static shapes")
+    return model
+
+
+def fix_shapes(model: Path, output: Path, *, shapes: Mapping[str, Sequence[int]],
+               batch: int | None = 1, force: bool = False) -> ShapeResult:
+    """Write *model* to *output* with every symbolic dim replaced by a static size."""
+    fixed = fix_shapes_proto(load_model(model), shapes, batch=batch)
+    with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
+        save_model(fixed, tmp)
+    return ShapeResult(Path(output), {i.name: dims_of(i) for i in graph_inputs(fixed)},
+                       {o.name: dims_of(o) for o in fixed.graph.output})

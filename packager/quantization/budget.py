@@ -1,0 +1,215 @@
+"""Accuracy-aware quantization: meet an accuracy budget by keeping the most sensitive nodes FP32.
+
+An AccuracyBudget says what quantization may cost; search.py finds the INT8 variants that keep
+it, and decision.py decides between them and FP32.
+"""
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PackagerError
+from ..graph.execute import Sample, compare_outputs, run_model
+
+Log = Callable[[str], None]
+Metric = Callable[[dict[str, np.ndarray], Sequence[Any] | None], float]
+METHODS = ("minmax", "entropy", "percentile")
+PROBE_SAMPLES = 4       # samples whose intermediate tensors are compared per round
+SMALL_CALIBRATION = 32
+
+
+EMBEDDING_COSINE = 0.995   # default budget for L2-normalised embeddings (see embedding_outputs)
+
+
+def embedding_outputs(reference: dict[str, np.ndarray]) -> list[str]:
+    """Outputs that are L2-normalised embeddings: float vectors of 16 or more values whose norm
+    is 1 on every sample. What users do with them is compare them with each other, and there a
+    cosine of 0.98 to FP32 is not enough: all-MiniLM-L6-v2 at cosine 0.985 changed the nearest
+    sentence of 12 % of sentences."""
+    found = []
+    for name, arr in reference.items():
+        if arr.dtype.kind != "f" or len(arr) == 0 or arr[0].size < 16:
+            continue
+        norms = np.linalg.norm(arr.reshape(len(arr), -1).astype(np.float64), axis=1)
+        if np.all(np.abs(norms - 1.0) < 1e-3):
+            found.append(name)
+    return found
+
+
+@dataclass(frozen=True)
+class AccuracyBudget:
+    """min_cosine: every held-out sample's output cosine to FP32; max_drop: the fall in accuracy
+    (top-1 agreement with FP32 for class scores, else mean cosine; or the user's metric)."""
+
+    min_cosine: float | None = None
+    max_drop: float | None = None
+    metric: Metric | None = None
+    metric_name: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.min_cosine is not None or self.max_drop is not None
+
+    def describe(self) -> str:
+        parts = []
+        if self.min_cosine is not None:
+            parts.append(f"cosine >= {self.min_cosine}")
+        if self.max_drop is not None:
+            parts.append(f"{self.metric_name or 'accuracy'} drop <= {100 * self.max_drop:g}%")
+        return " and ".join(parts) or "none"
+
+    def evaluate(self, candidate: Path, fp32: Path, held: Sequence[Sample],
+                 labels: Sequence[Any] | None = None,
+                 reference: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """measure_accuracy plus the drop and whether the budget holds (*reference*: FP32's
+        outputs on *held*, when already computed)."""
+        reference = run_model(fp32, held) if reference is None else reference
+        acc = measure_accuracy(candidate, fp32, held, reference)
+        if self.metric is not None:
+            reference = self.score(reference, labels, "the FP32 model's")
+            score = self.score(run_model(candidate, held), labels, "the quantized model's")
+            acc.update({"metric": self.metric_name, "metric_fp32": reference,
+                        "metric_quantized": score})
+            drop = reference - score
+        else:
+            drop = 1.0 - acc.get("top1_agreement", acc["cosine_mean"])
+        acc["drop"] = drop
+        failures = []
+        if self.min_cosine is not None and acc["cosine_min"] < self.min_cosine:
+            outputs = acc.get("outputs", {})
+            worst = min(outputs, key=lambda n: outputs[n]["cosine_min"]) if outputs else ""
+            where = f" on output '{worst}'" if len(outputs) > 1 else ""
+            failures.append(f"cosine {acc['cosine_min']:.4f} < {self.min_cosine}{where}")
+        if self.max_drop is not None and drop > self.max_drop:
+            failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
+        acc["budget"] = {"spec": self.describe(), "passed": not failures, "failures": failures}
+        return acc
+
+
+    def score(self, outputs: dict[str, np.ndarray], labels: Sequence[Any] | None,
+              whose: str) -> float:
+        """The user's metric on *outputs*, as a finite float, or a PackagerError naming it."""
+        name = self.metric_name or getattr(self.metric, "__name__", "metric")
+        try:
+            value = self.metric(outputs, labels)
+        except Exception as exc:  # the user's code: whatever it raises is theirs to fix
+            raise PackagerError(f"--metric {name} raised {type(exc).__name__} on {whose} "
+                                f"outputs: {str(exc).strip()[:200]}",
+                                "fix the function; it takes (outputs: dict of name -> array, "
+                                "labels or None) and returns a float") from None
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating) or \
+                not np.isfinite(value):
+            raise PackagerError(f"--metric {name} returned {value!r:.80} "
+                                f"({type(value).__name__}) on {whose} outputs, not a number",
+                                "return a finite float, higher is better")
+        return float(value)
+
+
+def check_min_cosine(value: float) -> float:
+    """--min-cosine: a cosine in [0, 1] (1: identical outputs), else PackagerError."""
+    if not 0 <= value <= 1:   # NaN fails this too
+        raise PackagerError(f"--min-cosine {value:g} is not a cosine in [0, 1]",
+                            "for example --min-cosine 0.99 (every held-out output's cosine to "
+                            "FP32)")
+    return value
+
+
+def parse_drop(text: str) -> float:
+    """'1%' or '0.01' -> 0.01."""
+    value = text.strip()
+    try:
+        number = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise PackagerError(f"--max-accuracy-drop {text!r} is not a number or percentage",
+                            "for example --max-accuracy-drop 1%") from None
+    if not 0 <= number < 1:
+        raise PackagerError(f"--max-accuracy-drop {text}: must be between 0% and 100%",
+                            "for example 1%")
+    return number
+
+
+def load_metric(spec: str) -> tuple[Metric, str]:
+    """`path/to/file.py:function`: function(outputs, labels) -> float, higher is better."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not Path(path).is_file():
+        raise PackagerError(f"--metric {spec}: expected path/to/file.py:function",
+                            "the function takes (outputs, labels) and returns a float, "
+                            "higher is better")
+    module_spec = importlib.util.spec_from_file_location("_edgepack_metric", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise PackagerError(f"--metric {spec}: importing {path} failed ({exc})",
+                            "fix the file") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise PackagerError(f"--metric {spec}: {path} has no function {name}", "fix the name")
+    return fn, name
+
+
+def hygiene(calib: Sequence[Sample], held: Sequence[Sample]) -> list[str]:
+    """Warnings about the calibration set: too small, or unlike the held-out samples."""
+    notes = []
+    if len(calib) < SMALL_CALIBRATION:
+        notes.append(f"only {len(calib)} calibration samples; {SMALL_CALIBRATION} or more give "
+                     "steadier activation ranges")
+    if calib and held:
+        for name in calib[0]:
+            a = np.stack([s[name] for s in calib]).astype(np.float64)
+            b = np.stack([s[name] for s in held]).astype(np.float64)
+            if calib[0][name].dtype.kind != "f" or a.std() == 0:
+                continue
+            shift = abs(a.mean() - b.mean()) / a.std()
+            ratio = b.std() / a.std()
+            if shift > 0.5 or not 0.5 <= ratio <= 2.0:
+                notes.append(f"input {name}: held-out samples differ from the calibration set "
+                             f"(mean {b.mean():.3g} vs {a.mean():.3g}, std {b.std():.3g} vs "
+                             f"{a.std():.3g}); calibrate on data like what the device will see")
+    return notes
+
+
+def calibration_record(calib: Sequence[Sample], method: str) -> dict[str, Any]:
+    """Hash, sample count and method of the calibration set, for the manifest."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for sample in calib:
+        for name in sorted(sample):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(sample[name]).tobytes())
+    return {"sha256": digest.hexdigest(), "samples": len(calib), "method": method}
+
+
+def worst_samples(fp32: Path, candidate: Path, held: Sequence[Sample], count: int) -> list[Sample]:
+    """The held-out samples on which *candidate* agrees least with FP32: where to look."""
+    ref, got = run_model(fp32, held), run_model(candidate, held)
+    score = np.ones(len(held))
+    for name, r in ref.items():
+        a = got[name].reshape(len(held), -1).astype(np.float64)
+        b = r.reshape(len(held), -1).astype(np.float64)
+        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        score = np.minimum(score, np.where(norms > 0, (a * b).sum(1) / np.maximum(norms, 1e-30),
+                                           1.0))
+    return [held[i] for i in np.argsort(score)[:count]]
+
+
+def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample],
+                     reference_outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Accuracy of *candidate* against *reference* on held-out *samples* (the reference's
+    outputs may be given, computed once for many candidates)."""
+    if reference_outputs is None:
+        reference_outputs = run_model(reference, samples)
+    outputs = compare_outputs(run_model(candidate, samples), reference_outputs)
+    summary = {"samples": len(samples), "outputs": outputs,
+               "cosine_min": min(o["cosine_min"] for o in outputs.values()),
+               "cosine_mean": float(np.mean([o["cosine_mean"] for o in outputs.values()])),
+               "max_abs": max(o["max_abs"] for o in outputs.values())}
+    top1 = [o["top1_agreement"] for o in outputs.values() if "top1_agreement" in o]
+    if top1:
+        summary["top1_agreement"] = min(top1)
+    return summary

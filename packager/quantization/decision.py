@@ -1,0 +1,286 @@
+"""The precision decision: ship the fastest candidate that keeps the accuracy budget.
+
+Candidates: FP32 (onnxruntime optimises it at load, as it will on the device), the INT8
+variants of the search (search.py), dynamic INT8, and FP16 on GPU targets. Each is measured on
+held-out samples; those within budget are timed with the target's threads, here or on the device
+(`--time-on`). INT8 ships only when it is within budget and measurably faster than FP32, so a
+model onnxruntime runs always gets a bundle, never slower or less accurate than it says.
+"""
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import BudgetMissed
+from ..graph.execute import Sample, run_model
+from ..progress import OFF, Progress
+from ..targets import Target
+from ..timing import machine, session, time_blocks
+from .budget import AccuracyBudget
+from .quantize import QuantConfig, quantize_file
+from .search import Candidate, Search, dynamic_ops
+
+MIN_GAIN = 1.05   # INT8 must beat FP32 by 5% (more than run-to-run noise here) to be shipped
+SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
+MIN_HELD = 4      # fewer held-out samples cannot tell a good INT8 variant from a bad one
+FEW_HELD = 16     # below this the accuracy figure is rough, and the build says so
+MAX_TIMED = 6     # INT8 variants timed against FP32 (the most quantized first)
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    candidate: Candidate
+    record: dict[str, Any]
+    candidates: tuple[Candidate, ...] = ()   # all that were built (provider graphs reuse FP16)
+
+    @property
+    def config(self) -> QuantConfig:
+        return self.candidate.config
+
+
+def _runner(sess: Any, feed: Sample) -> Callable[[], Any]:
+    return lambda: sess.run(None, feed)
+
+
+# Times models: (paths, feed, threads, rounds, block) -> ({path: {"p50", "p90"}}, device info)
+Timer = Callable[[Sequence[Path], Sample, int, int, int], tuple[dict[str, dict], dict[str, Any]]]
+
+
+def local_timer(paths: Sequence[Path], feed: Sample, threads: int, rounds: int,
+                block: int, *, labels: Sequence[str] = (), steps: Progress | None = None
+                ) -> tuple[dict[str, dict], dict[str, Any]]:
+    """*labels* name the models on the *steps* line (paths when they are not unique)."""
+    keys = list(labels) if len(set(labels)) == len(paths) else [str(p) for p in paths]
+    runs = {k: _runner(session(p, threads), feed) for k, p in zip(keys, paths, strict=True)}
+    times = time_blocks(runs, rounds=rounds, block=block, steps=steps)
+    return {str(p): times[k] for k, p in zip(keys, paths, strict=True)}, machine()
+
+
+def timing_place(target: Target, timer: Any) -> str:
+    """Why latency can (or cannot) be measured for this target: '' when it can."""
+    if timer is not None:
+        return ""
+    if any(p.name in GPU_PROVIDERS for p in target.providers):
+        return (f"{target.name} runs on a GPU and this host's CPU timings say nothing about it; "
+                "pass --time-on HOST to time the candidates on the device")
+    if target.arch != platform.machine():
+        return (f"{target.name} is {target.arch} and this host {platform.machine()}; pass "
+                "--time-on HOST to time the candidates on the device")
+    return ""
+
+
+def decide(fp32: Path, folder: Path, *, target: Target, family: str,
+           overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
+           budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
+           log: Log = lambda _: None, progress=None,
+           fp32_outputs: dict[str, Any] | None = None,
+           steps: Progress | None = None) -> Decision:
+    """Build the candidates for *fp32*, measure them, and pick the one to ship.
+
+    *overrides* are the user's quantization options: 'precision' forces one precision (INT8
+    that misses the budget is then an error), the others pin those fields of the search.
+    *fp32_outputs* are FP32's outputs on *held*, when the caller has them already. *steps*
+    shows each candidate built and each timing block (*progress*: calibration, per sample).
+    """
+    steps = steps or OFF
+    started = time.perf_counter()
+    requested = overrides.get("precision")
+    preset = target.preset_for(family)
+    pinned = {k for k, v in overrides.items() if v not in (None, ()) and k != "precision"}
+    base = QuantConfig.from_preset(preset, **{k: v for k, v in overrides.items()
+                                              if k != "precision"})
+    if requested in (None, "auto") and preset.precision in ("fp32", "fp16"):
+        requested = preset.precision     # the target's own choice (TensorRT builds FP16 itself)
+    forced = requested if requested in ("int8", "fp16", "fp32") else None
+    if fp32_outputs is None:
+        fp32_outputs = run_model(fp32, held)
+    reference = Candidate("FP32", replace(base, precision="fp32"), fp32,
+                          budget.evaluate(fp32, fp32, held, labels, fp32_outputs))
+    candidates = [reference]
+    if forced in ("fp32", "fp16"):
+        chosen = reference if forced == "fp32" else _fp16(fp32, folder, base, held, budget,
+                                                          labels, candidates, fp32_outputs)
+        if not chosen.passed:
+            raise BudgetMissed(f"--precision {forced} misses the accuracy budget: "
+                               f"{chosen.line()}", "drop --precision to let build decide")
+        return _record(chosen, reference, candidates, f"{forced.upper()}: asked for", forced,
+                       budget, held, started, {}, log)
+    why_not = timing_place(target, timer)
+    threads = int(target.session.get("intra_op_threads", 0))
+    measured: dict[str, Any] = {}
+
+    def pays(structural: list[Candidate]) -> str:
+        """'' unless the variants with the most INT8 (missing the budget) are still not
+        MIN_GAIN faster than FP32: moving nodes back to float will not make them faster."""
+        if forced or why_not or not structural or len(held) < MIN_HELD:
+            return ""
+        measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer,
+                                        steps)
+        fastest = min(structural, key=lambda c: c.p50_ms)
+        if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
+            return ""
+        return (f"INT8 cannot pay on this CPU: {fastest.label} ({fastest.int8_nodes} ops in "
+                f"INT8) runs {fastest.p50_ms:.3f} ms p50 against FP32's "
+                f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
+
+    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
+                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps)
+    static_ok = bool(calib)
+    if base.mode == "static" and not static_ok:
+        base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
+        log("search: no calibration data, so INT8 candidates are dynamic")
+    search.run(replace(base, precision="int8"), pinned)
+    fast = dynamic_ops(search.graph)   # dynamic INT8 of a Conv is slower than float
+    if not forced and base.mode == "static" and "mode" not in pinned and not search.found() \
+            and not search.futile and fast:   # (and dynamic is slower than static anyway)
+        search.variant("INT8 dynamic", replace(
+            base, precision="int8", mode="dynamic",
+            op_types=base.op_types if "op_types" in pinned else fast))
+    if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
+            and preset is not target.quantization and target.quantization.mode == "static"):
+        # a family preset chose dynamic (transformers): the target's static preset is still
+        # measured, since which wins depends on the model and the onnxruntime version
+        search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(
+            target.quantization, **{k: v for k, v in overrides.items() if k != "precision"},
+            precision="int8"))
+    candidates += search.candidates
+    if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
+        search.show("FP16")
+        _fp16(fp32, folder, base, held, budget, labels, candidates, fp32_outputs)
+    steps.finish()
+    passing = [c for c in candidates[1:] if c.passed]
+    if forced == "int8" and not passing:
+        best = search.best()
+        raise BudgetMissed(
+            "--precision int8 misses the accuracy budget (" + budget.describe() + "): best of "
+            f"{len(search.candidates)} INT8 variants was {best.line() if best else 'none ran'}",
+            "drop --precision to ship the best precision within budget (FP32 if nothing "
+            "else), or loosen --min-cosine")
+    timing: dict[str, Any] = {}
+    if len(held) < MIN_HELD and not forced:
+        reason = (f"FP32: {len(held)} held-out samples are too few to decide whether INT8 keeps "
+                  f"the budget (need {MIN_HELD}); give more --calib samples")
+        return _record(reference, reference, candidates, reason, "auto", budget, held,
+                       started, timing, log)
+    if not passing and search.futile:
+        return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
+                       budget, held, started, {"measured": True, "threads": threads, **measured},
+                       log)
+    if not passing:
+        reason = "FP32: no INT8 variant kept the budget (" + "; ".join(
+            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
+        return _record(reference, reference, candidates, reason, "auto", budget, held,
+                       started, timing, log)
+    # a variant with no more ops in INT8 and no fewer Q/DQ boundaries than another is not timed
+    useful = [c for c in passing if not any(
+        d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
+        (d.int8_nodes, -d.boundaries) != (c.int8_nodes, -c.boundaries) for d in passing)]
+    # equal structure: the more accurate first (untimed, it is the one shipped)
+    ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries,
+                                           -c.accuracy.get("cosine_min", 0.0)))[:MAX_TIMED]
+    if why_not:
+        chosen = ranked[0]
+        gpu = any(p.name in GPU_PROVIDERS for p in target.providers)
+        if gpu:   # what is known of its providers decides, and the decision says so
+            floats = sorted({p.instead_of_int8.upper() for p in target.providers
+                             if p.instead_of_int8})
+            reason = (f"{chosen.label}: within budget with the most ops in INT8, from what is "
+                      "known of the target's providers (TensorRT runs a QDQ graph in INT8"
+                      + (f"; {', '.join(floats)} graphs serve the providers that do not"
+                         if floats else "") + f"); not timed on the target: {why_not}")
+        else:
+            reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
+                      f"measured ({why_not})")
+        return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
+                       started, {"measured": False, "why": why_not,
+                                 "basis": "providers" if gpu else "ops"}, log)
+    log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
+    where = _time([reference] + ranked, fp32, held, threads, timer, steps)
+    timing = {"measured": True, "threads": threads, "measured_on": where}
+    fastest = min(c.p50_ms for c in ranked)
+    chosen = min((c for c in ranked if c.p50_ms <= fastest * SAME_SPEED),
+                 key=lambda c: (c.boundaries, c.p50_ms))
+    gain = reference.p50_ms / chosen.p50_ms
+    if gain < MIN_GAIN and not forced:
+        reason = (f"FP32: the fastest INT8 within budget ({chosen.label}, {chosen.p50_ms:.3f} ms "
+                  f"p50) is not {100 * (MIN_GAIN - 1):.0f}% faster than FP32 "
+                  f"({reference.p50_ms:.3f} ms)")
+        chosen = reference
+    else:
+        reason = (f"{chosen.label}: {gain:.2f}x FP32's speed ({chosen.p50_ms:.3f} vs "
+                  f"{reference.p50_ms:.3f} ms p50) at cosine {chosen.accuracy['cosine_min']:.4f}")
+        if gain < 1.0:
+            log(f"warning: --precision int8 is slower than FP32 here ({chosen.p50_ms:.3f} vs "
+                f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")
+    if isinstance(where, dict) and where.get("host"):
+        reason += (f"; timed on {where['host']}"
+                   + (f" under {', '.join(where['providers'])}" if where.get("providers") else ""))
+    return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
+                   started, timing, log)
+
+
+def _time(timed: Sequence[Candidate], fp32: Path, held: Sequence[Sample], threads: int,
+          timer: Any, steps: Progress) -> Any:
+    """Time *timed* interleaved (here or with *timer*); sets their p50/p90, returns where."""
+    rounds, block = plan_timing(fp32, held[0], threads)
+    paths = [c.path for c in timed]
+    times, where = (timer(paths, held[0], threads, rounds, block) if timer else
+                    local_timer(paths, held[0], threads, rounds, block,
+                                labels=[c.label for c in timed], steps=steps))
+    for c in timed:
+        c.p50_ms, c.p90_ms = times[str(c.path)]["p50"], times[str(c.path)]["p90"]
+    return where
+
+
+def plan_timing(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
+    """Rounds and calls per block: about 0.3 s per candidate and round, 3 to 20 calls."""
+    sess = session(fp32, threads)
+    sess.run(None, feed)
+    start = time.perf_counter()
+    for _ in range(3):
+        sess.run(None, feed)
+    per_call = (time.perf_counter() - start) / 3
+    return 5, max(3, min(20, int(0.3 / max(per_call, 1e-6))))
+
+
+def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,
+          candidates: list[Candidate], fp32_outputs: dict[str, Any]) -> Candidate:
+    from ..errors import QuantizationError
+    from .search import count_ops
+
+    config = replace(base, precision="fp16")
+    cand = Candidate("FP16", config, folder / "fp16.onnx")
+    try:
+        quantize_file(fp32, cand.path, config=config)
+        cand.accuracy = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs)
+        cand.boundaries = count_ops(cand.path)[1]
+    except QuantizationError as exc:
+        cand.error = exc.message
+    candidates.append(cand)
+    return cand
+
+
+def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candidate],
+            reason: str, mode: str, budget: AccuracyBudget, held: Sequence[Sample],
+            started: float, timing: dict[str, Any], log: Log) -> Decision:
+    seconds = time.perf_counter() - started
+    notes = []
+    if len(held) < FEW_HELD:
+        notes.append(f"only {len(held)} held-out samples: the accuracy figures are rough; "
+                     f"{FEW_HELD} or more (5x as many --calib samples) give a steadier decision")
+    for note in notes:
+        log(f"warning: {note}")
+    log(f"decision: {chosen.config.describe()} - {reason} ({len(candidates)} candidates, "
+        f"{len(held)} held-out samples, {seconds:.1f} s)")
+    record = {"mode": mode, "chosen": chosen.config.describe(), "label": chosen.label,
+              "reason": reason, "budget": budget.describe(),
+              "budget_min_cosine": budget.min_cosine, "held_out": len(held),
+              "notes": notes, "search_seconds": round(seconds, 2),
+              "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
+              "timing": timing, "candidates": [c.summary() for c in candidates]}
+    return Decision(chosen, record, tuple(candidates))

@@ -1,0 +1,376 @@
+"""The INT8 search: quantize one FP32 model several ways and keep the variants within budget.
+
+Each stage runs only when the ones before found nothing within the accuracy budget:
+
+1. structure: the preset over every op it can quantize; where it misses with U8 activations and
+   S8 weights, 7-bit weights (onnxruntime's reduce_range: x86 CPUs without VNNI multiply 8-bit
+   ones with an int16 sum that overflows); only the heavy ops (Conv, MatMul, Gemm: activations
+   and elementwise ops such as HardSwish, Sigmoid, Add, Resize stay float, so there are fewer
+   Q/DQ pairs); the first heavy layer and the last before each output in FP32.
+2. calibration: MinMax / Entropy / Percentile ranges, per-channel / per-tensor weights, on the
+   most accurate structure so far.
+3. ranked sensitivity: rank nodes by the error each adds (sensitivity.layer_errors) once, then
+   bisect over how many of the worst stay FP32: log2(n) quantizations instead of one per node.
+
+Calibration runs once per method (onnxruntime's range cache), so a variant costs one quantizer
+pass and one held-out evaluation. A quantizer failure or an invalid quantized graph is retried
+with the node it names (or its op type) kept in float.
+"""
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..errors import QuantizationError
+from ..graph.execute import Sample, run_model
+from ..progress import OFF, Progress
+from .budget import METHODS, PROBE_SAMPLES, AccuracyBudget, worst_samples
+from .quantize import QuantConfig, quantize_file
+from .sensitivity import layer_errors, quantized_nodes
+
+Log = Callable[[str], None]
+HEAVY_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+INTEGER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
+               "DynamicQuantizeMatMul", "QGemm"}
+RETRIES = 4          # quantizer failures worked around per variant
+SEARCH_SECONDS = 300  # no new stage starts after this (the bisection finishes its probes)
+
+
+@dataclass
+class Candidate:
+    """One way to ship the model, with its accuracy (and latency once timed)."""
+
+    label: str
+    config: QuantConfig
+    path: Path
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+    int8_nodes: int = 0      # heavy ops computed in INT8
+    boundaries: int = 0      # QuantizeLinear / DynamicQuantizeLinear nodes: float -> int8 edges
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.accuracy.get("budget", {}).get("passed"))
+
+    def summary(self) -> dict[str, Any]:
+        acc = self.accuracy
+        return {"label": self.label, "precision": self.config.describe(),
+                "exclude": list(self.config.exclude), "op_types": list(self.config.op_types),
+                "cosine_min": acc.get("cosine_min"), "drop": acc.get("drop"),
+                "meets_budget": self.passed, "int8_nodes": self.int8_nodes,
+                "qdq_boundaries": self.boundaries, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "bytes": self.path.stat().st_size if self.path.is_file() else None,
+                "error": self.error or None, "notes": self.notes}
+
+    def line(self) -> str:
+        if self.error:
+            return f"{self.label}: {self.error}"
+        failures = self.accuracy["budget"]["failures"]
+        return (f"{self.label}: cosine min {self.accuracy['cosine_min']:.4f}, "
+                f"{self.int8_nodes} INT8 ops, {self.boundaries} Q/DQ boundaries"
+                + (f" - misses ({'; '.join(failures)})" if failures else " - within budget"))
+
+
+def count_ops(path: Path) -> tuple[int, int]:
+    """(heavy ops computed in INT8, quantize nodes) of a quantized model."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    int8 = sum(1 for n in graph.node if n.op_type in INTEGER_OPS or
+               (n.op_type in HEAVY_OPS and any(i in dequantized for i in n.input)))
+    edges = sum(1 for n in graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"))
+    return int8, edges
+
+
+DYNAMIC_OPS = ("MatMul", "Attention", "LSTM")   # what dynamic INT8 computes fast (not Conv)
+
+
+def dynamic_ops(graph: onnx.GraphProto) -> tuple[str, ...]:
+    """Op types worth quantizing dynamically. onnxruntime's dynamic quantizer turns Conv into
+    ConvInteger, which its CPU kernels compute several times slower than a float Conv (PP-OCRv4's
+    recogniser: 107 ms against 17 ms), so Conv is left float whenever the graph has Convs."""
+    present = {n.op_type for n in graph.node}
+    return tuple(op for op in DYNAMIC_OPS if op in present)
+
+
+def boundary_floor(graph: onnx.GraphProto) -> int:
+    """The fewest Q/DQ boundaries a heavy-ops-only QDQ graph can have: each heavy node's
+    activation inputs and its output are quantized (ResNet-18: 39 against the preset's 33)."""
+    weights = {i.name for i in graph.initializer}
+    tensors = set()
+    for node in graph.node:
+        if node.op_type in HEAVY_OPS:
+            tensors.update(i for i in node.input[:2] if i and i not in weights)
+            tensors.update(node.output[:1])
+    return len(tensors)
+
+
+def saturates(config: QuantConfig) -> bool:
+    """U8 activations times S8 weights with full 8-bit weights: x86 CPUs without VNNI multiply
+    them with VPMADDUBSW, whose int16 pair sums overflow (255*127*2 > 32767), and a model can
+    lose most of its accuracy there (PaddleOCR's text-direction classifier: cosine 0.09 fused,
+    0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow. Dynamic
+    quantization always takes U8 activations, whatever the preset says."""
+    return (config.precision == "int8" and config.weight_type == "int8"
+            and (config.activation_type == "uint8" or config.mode == "dynamic")
+            and not config.reduce_range)
+
+
+def last_layers(graph: onnx.GraphProto) -> list[str]:
+    """The last heavy node before each graph output: a detector's heads (CenterFace has four:
+    heatmap, scale, offset, landmarks), a classifier's one."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: list[str] = []
+    for out in graph.output:
+        todo, seen = [out.name], set()
+        while todo:
+            node = producer.get(todo.pop(0))
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in HEAVY_OPS:
+                if node.name and node.name not in found:
+                    found.append(node.name)
+                continue
+            todo.extend(node.input)
+    return found
+
+
+def heavy_nodes(path: Path) -> list[onnx.NodeProto]:
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [n for n in graph.node if n.op_type in HEAVY_OPS]
+
+
+class Search:
+    """Quantize *fp32* many ways into *folder*; every variant is measured on *held*."""
+
+    def __init__(self, fp32: Path, folder: Path, *, calib: Sequence[Sample],
+                 held: Sequence[Sample], budget: AccuracyBudget,
+                 labels: Sequence[Any] | None = None, log: Log = lambda _: None,
+                 progress=None, reference: dict[str, Any] | None = None,
+                 pays: Callable[[list["Candidate"]], str] | None = None,
+                 steps: Progress | None = None):
+        """*reference*: FP32's outputs on *held* when already computed. *pays*, given variants
+        that miss the budget, times them against FP32 and returns why INT8 cannot pay ('' when
+        it can): variants with more nodes in float will not be faster, so the search stops.
+        *steps* shows each variant as it is built and measured (how many is not known ahead)."""
+        self.fp32, self.folder, self.calib, self.held = fp32, folder, calib, held
+        self.budget, self.labels, self.log, self.progress = budget, labels, log, progress
+        self.pays, self.steps = pays, steps or OFF
+        self.steps.start("search", None)
+        self.steps_since = self.steps.started
+        self.candidates: list[Candidate] = []
+        # FP32's outputs, once for every variant
+        self.reference = run_model(fp32, held) if reference is None else reference
+        self.graph = onnx.load(str(fp32), load_external_data=False).graph
+        self.started = time.perf_counter()
+        self.futile = ""   # why INT8 cannot pay, when the search stopped for that
+
+    # -- building blocks -------------------------------------------------------------------
+
+    def _cache(self, config: QuantConfig) -> Path | None:
+        if config.mode != "static" or config.op_types:
+            return self._full_cache(config) if config.mode == "static" else None
+        return self.folder / f"ranges.{config.calibration_method}.json"
+
+    def _full_cache(self, config: QuantConfig) -> Path | None:
+        """A restricted-op variant may reuse ranges computed over all ops, never make them."""
+        path = self.folder / f"ranges.{config.calibration_method}.json"
+        return path if path.is_file() else None
+
+    def variant(self, label: str, config: QuantConfig) -> Candidate:
+        """Quantize and measure one variant; quantizer failures are retried around the node."""
+        path = self.folder / f"variant_{len(self.candidates):02d}.onnx"
+        cand = Candidate(label, config, path)
+        self.show(label)
+        for _ in range(RETRIES + 1):
+            try:
+                quantize_file(self.fp32, path, config=cand.config, samples=self.calib,
+                              progress=self.progress, cache=self._cache(cand.config))
+                break
+            except QuantizationError as exc:
+                avoid = self._culprits(exc.message, cand.config)
+                if not avoid:
+                    cand.error = exc.message
+                    break
+                why = _first_line(exc.message.replace(f"{self.fp32}: ", ""))
+                cand.notes.append(f"kept {', '.join(avoid)} in float: the quantizer failed "
+                                  f"there ({why})")
+                self.log(f"search: {label}: {cand.notes[-1]}")
+                cand.config = replace(cand.config, exclude=cand.config.exclude + tuple(avoid))
+        else:
+            cand.error = f"quantization kept failing after {RETRIES} retries"
+        if not cand.error:
+            cand.int8_nodes, cand.boundaries = count_ops(path)
+            if cand.int8_nodes == 0:
+                cand.error = "no heavy op is left in INT8, so it cannot be faster than FP32"
+            else:
+                cand.accuracy = self.budget.evaluate(path, self.fp32, self.held, self.labels,
+                                                     self.reference)
+        self.candidates.append(cand)
+        self.log(f"search: {cand.line()}")
+        return cand
+
+    def show(self, label: str) -> None:
+        """Put the candidate now built on the *steps* line (after timing drew its own there)."""
+        self.steps.start("search", None, done=len(self.candidates), since=self.steps_since)
+        self.steps.step(label)
+
+    def _culprits(self, message: str, config: QuantConfig) -> list[str]:
+        """Node names (else all nodes of the op type) that a quantizer error points at."""
+        excluded = set(config.exclude)
+        pointed = re.findall(r"at (?:.*, )?node '([^']+)'", message)
+        tensors = re.findall(r"tensor '([^']+)'", message)
+        named = [n.name for n in self.graph.node if n.name and n.name not in excluded and
+                 (n.name in pointed or set(n.input) & set(tensors))]
+        if named:
+            return named[:1]
+        named = [n.name for n in self.graph.node if n.name and n.name not in excluded
+                 and re.search(r"(?<![\w/.-])" + re.escape(n.name) + r"(?![\w/.-])", message)]
+        if named:
+            return [max(named, key=len)]
+        op = re.search(r"Op \((\w+)\)|op_type[=: ]+'?(\w+)", message)
+        op_type = op and (op.group(1) or op.group(2))
+        return [n.name for n in self.graph.node if n.op_type == op_type and n.name
+                and n.name not in excluded] if op_type else []
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def best(self) -> Candidate | None:
+        """The most accurate variant that ran (budget first, then cosine)."""
+        ran = [c for c in self.candidates if not c.error]
+        return max(ran, key=lambda c: (c.passed, -c.accuracy.get("drop", 0.0),
+                                       c.accuracy["cosine_min"]), default=None)
+
+    def found(self) -> bool:
+        return any(c.passed for c in self.candidates)
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def run(self, base: QuantConfig, pinned: set[str]) -> list[Candidate]:
+        """Every stage that is needed; returns all variants tried. With *pays*, the structural
+        variants that miss the budget are timed first (the later stages only move nodes back
+        to float), and so is each bisection probe that misses it."""
+        if base.calibration_method == "auto":
+            base = replace(base, calibration_method="minmax")
+            pinned = pinned - {"calibration_method"}
+        present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
+        fast = dynamic_ops(self.graph)
+        if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and fast:
+            base = replace(base, op_types=fast)   # no ConvInteger
+        preset = self.variant("INT8 preset", base)
+        # dynamic: one cheap variant more, and a preset within budget may still be saturated
+        # here while the device (ARM, or x86 with VNNI) is not: its outputs would not reproduce
+        if saturates(base) and "reduce_range" not in pinned and (
+                base.mode == "dynamic" or not self.found()):
+            narrow = self.variant("INT8 7-bit weights", replace(base, reduce_range=True))
+            if narrow.accuracy and (not preset.accuracy or narrow.accuracy["cosine_min"] >
+                                    preset.accuracy["cosine_min"]):
+                base = narrow.config   # the structures below start from the better kernel
+        if "op_types" not in pinned and present and base.mode == "static":
+            floor = boundary_floor(self.graph)
+            if preset.passed and preset.boundaries <= floor:   # it could only tie or lose
+                self.log(f"search: INT8 heavy ops only not built: it quantizes at least {floor} "
+                         f"tensors, the preset {preset.boundaries}")
+            else:
+                self.variant("INT8 heavy ops only", replace(base, op_types=tuple(present)))
+        if not self.found() and self.pays is not None and base.mode == "static":
+            self.futile = self.pays([c for c in self.candidates if not c.error])
+            if self.futile:
+                self.log(f"search: stopped: {self.futile}")
+                return self.candidates
+        if not self.found() and "exclude" not in pinned:
+            self._edges(base)
+        if not self.found() and base.mode == "static" and self.elapsed < SEARCH_SECONDS:
+            self._calibration(pinned)
+        if not self.found() and self.elapsed < SEARCH_SECONDS:
+            self.bisect()
+        return self.candidates
+
+    def _edges(self, base: QuantConfig) -> None:
+        heavy = [n.name for n in heavy_nodes(self.fp32) if n.name]
+        edges = tuple(dict.fromkeys(heavy[:1] + last_layers(self.graph)))
+        if edges and len(heavy) > len(edges):
+            shape = self.best().config if self.best() else base
+            self.variant("INT8, first and last layers FP32",
+                         replace(shape, exclude=tuple(dict.fromkeys(shape.exclude + edges))))
+
+    def _calibration(self, pinned: set[str]) -> None:
+        shape = self.best()
+        if shape is None:
+            return
+        if "calibration_method" not in pinned:
+            for method in METHODS:
+                if method != shape.config.calibration_method and not self.found():
+                    self.variant(f"INT8 {method} calibration",
+                                 replace(shape.config, calibration_method=method))
+        if "per_channel" not in pinned and not self.found():
+            shape = self.best()
+            flip = not shape.config.per_channel
+            self.variant(f"INT8 {'per-channel' if flip else 'per-tensor'} weights",
+                         replace(shape.config, per_channel=flip))
+
+    def _keep(self, start: Candidate, order: Sequence[str], k: int) -> Candidate:
+        return self.variant(f"INT8, {k} most sensitive node{'s' if k > 1 else ''} FP32",
+                            replace(start.config, exclude=tuple(
+                                dict.fromkeys(start.config.exclude + tuple(order[:k])))))
+
+    def ranking(self, cand: Candidate) -> list[str]:
+        """Quantized nodes of *cand*, the ones that add most error first."""
+        probe = worst_samples(self.fp32, cand.path, self.held, PROBE_SAMPLES)
+        rows = layer_errors(self.fp32, cand.path, probe)
+        order: list[str] = []
+        for row in rows:
+            if row["damage"] <= 1e-4:
+                break
+            for name in [row.get("exclude")] + list(row.get("feeders", [])):
+                if name and name not in order and name not in cand.config.exclude:
+                    order.append(name)
+        rest = [n for n in quantized_nodes(cand.path) if n not in order
+                and n not in cand.config.exclude]
+        return order + sorted(rest)
+
+    def bisect(self) -> Candidate | None:
+        """Keep the k worst nodes of the most accurate variant FP32; find the smallest k."""
+        start = self.best()
+        if start is None:
+            return None
+        order = self.ranking(start)
+        if not order:
+            return None
+        self.log(f"search: bisecting over {len(order)} ranked nodes of '{start.label}' "
+                 f"(worst: {', '.join(order[:3])})")
+        lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
+        while lo + 1 < hi:
+            k = (lo + hi) // 2
+            cand = self._keep(start, order, k)
+            if cand.passed:
+                hi, found = k, cand
+            elif cand.error:   # nothing left in INT8: fewer nodes, then
+                hi = k
+            else:
+                lo = k
+                # more nodes in float will not be faster than this one, which misses
+                why = self.pays([cand]) if self.pays is not None and lo + 1 < hi else ""
+                if why:
+                    self.futile = (f"{why}; it misses the budget, and keeping more nodes FP32 "
+                                   "will not make it faster")
+                    self.log(f"search: stopped: {self.futile}")
+                    break
+        if found is None and hi == len(order) and not self.futile:
+            cand = self._keep(start, order, hi)
+            found = cand if cand.passed else None
+        return found
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:160]

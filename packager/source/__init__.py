@@ -1,0 +1,1 @@
+"""Where a model comes from: PyTorch loading, safe weights, tensor specs, export to ONNX."""

@@ -1,0 +1,131 @@
+"""The floor plan: packager/ is a tree of stage folders whose imports run one way, down.
+
+The import graph is read from the AST (imports inside functions count: a lazy import is still a
+dependency), so a circle or an upward import fails here before it confuses a reader.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "packager"
+
+# Lowest first. A module may import from its own layer or any layer below it, never above.
+# The floor is what every stage stands on; the stages follow the pipeline's dependencies
+# (a bundle holds quantized graphs, a device runs bundles); the jobs string the stages together.
+LAYERS = [
+    ("floor", {"errors", "progress", "timing", "targets", "atomic", "hashing", "_runtimes", "_targets"}),
+    ("graph", {"graph"}),
+    ("source", {"source"}),
+    ("quantization", {"quantization"}),
+    ("bundle", {"bundle"}),
+    ("device", {"device"}),
+    ("jobs", {"pipeline", "compare", "demo", "chart"}),
+    ("cli", {"cli"}),
+    ("entry", {"__init__", "__main__"}),
+]
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    head = module.split(".")[0]
+    for rank, (_, members) in enumerate(LAYERS):
+        if head in members:
+            return rank
+    raise AssertionError(f"packager/{module.replace('.', '/')}: in no layer of tests/test_layout.py; "
+                         "put it in a stage folder or add it to LAYERS")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules under packager that *path* imports (dotted, without 'packager.')."""
+    me = module_name(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("packager"):
+                target = node.module[len("packager."):] if node.module != "packager" else ""
+            else:
+                continue
+            names = [f"{target}.{a.name}" if target else a.name for a in node.names]
+            found.update(n for n in [target, *names] if n and known(n))
+        elif isinstance(node, ast.Import):
+            found.update(a.name[len("packager."):] for a in node.names
+                         if a.name.startswith("packager.") and known(a.name[len("packager."):]))
+    found.discard(me)
+    return found
+
+
+def known(module: str) -> bool:
+    return module.split(".")[0] in {"_runtimes", "_targets"} or (
+        (PACKAGE / (module.replace(".", "/") + ".py")).is_file()
+        or (PACKAGE / module.replace(".", "/") / "__init__.py").is_file())
+
+
+def graph() -> dict[str, set[str]]:
+    edges = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        edges[module_name(path)] = {m for m in imports_of(path)
+                                    if m.split(".")[0] not in {"_runtimes", "_targets"}}
+    for targets in edges.values():   # a package's own __init__ re-exports are not a dependency
+        targets.difference_update({t for t in list(targets) if t in edges and not edges[t]
+                                   and (PACKAGE / t.replace(".", "/") / "__init__.py").is_file()})
+    return edges
+
+
+def test_no_import_circle():
+    edges = graph()
+    circles = []
+
+    def visit(node, path, on_path):
+        for nxt in sorted(edges.get(node, ())):
+            if nxt in on_path:
+                circles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                visit(nxt, path + [nxt], on_path | {nxt})
+        done.add(node)
+
+    done = set()
+    for start in sorted(edges):
+        if start not in done:
+            visit(start, [start], {start})
+    assert not circles, "import circles in packager/: " + "; ".join(sorted(set(circles)))
+
+
+def test_imports_run_down_the_layers():
+    upward = []
+    for module, targets in graph().items():
+        for target in targets:
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+                              f"({LAYERS[layer_of(target)][0]})")
+    assert not upward, "imports from a lower layer up: " + "; ".join(sorted(upward))
+
+
+def test_every_module_has_a_layer_and_a_modest_size():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        layer_of(module_name(path))
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not long, f"modules over {MAX_LINES} lines: " + ", ".join(long)
+
+
+def test_the_checks_see_the_imports():
+    """The graph this file checks is the real one: a known dependency is in it."""
+    edges = graph()
+    assert "graph.modelio" in edges["quantization.quantize"]
+    assert "bundle.assemble" in edges["pipeline"]
+    assert len(edges) > 40
