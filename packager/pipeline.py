@@ -17,7 +17,7 @@ from .atomic import check_free, check_writable
 from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bundle
 from .errors import CalibrationError, SpecError
 from .graph.execute import Sample, run_model
-from .graph.freeze import fold_constant_ifs, freeze_inputs
+from .graph.freeze import const_value, fold_constant_ifs, freeze_inputs
 from .graph.inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
 from .graph.modelio import load_model, save_model
 from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
@@ -321,12 +321,15 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         raise SpecError(f"--const {unknown}: the model has no input '{unknown}'",
                         f"inputs are: {', '.join(names)}")
     if consts:
+        # the manifest records the very arrays the graph holds (const_value refuses a value
+        # the input's dtype cannot hold)
+        consts = {k: const_value(proto, k, v) for k, v in consts.items()}
         proto = freeze_inputs(proto, consts)
         log("const: " + ", ".join(f"{k}={_short(v)}" for k, v in consts.items())
             + " frozen into the graph (no longer inputs)")
         if samples:
             samples = [{k: v for k, v in s.items() if k not in consts} for s in samples]
-        source["consts"] = {k: np.asarray(v).tolist() for k, v in consts.items()}
+        source["consts"] = {k: v.tolist() for k, v in consts.items()}
     shapes = {s.name: list(s.shape) for s in req.inputs}
     if req.preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
         first = io_specs(graph_inputs(proto))[0]

@@ -21,11 +21,7 @@ def const_value(model: onnx.ModelProto, name: str, value: Any) -> np.ndarray:
                         f"inputs are: {', '.join(inputs)}")
     info = inputs[name]
     dtype = np.dtype(dtype_name(info.type.tensor_type.elem_type))
-    try:
-        array = np.asarray(value).astype(dtype)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"--const {name}={value!r}: not a {dtype} value ({exc})",
-                        "give a number, a list, or a .npy file") from None
+    array = exact_array(name, value, dtype)
     dims = dims_of(info)
     static = all(isinstance(d, int) and d > 0 for d in dims)
     if list(array.shape) == [d for d in dims] or (not static and array.ndim == len(dims)):
@@ -36,6 +32,51 @@ def const_value(model: onnx.ModelProto, name: str, value: Any) -> np.ndarray:
                     f"shape {dims}", "give one value (it fills the shape) or an array of that shape")
 
 
+def exact_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
+    """*value* as *dtype*, refused unless every element converts exactly: the graph must hold
+    the value the manifest records (1e999 or 16000.5 cannot become an int64, 1+2j no real)."""
+    import warnings
+
+    shown = _shown(value)
+    try:
+        given = np.asarray(value)
+        if given.dtype == object:   # ragged lists, or ints beyond 64 bits
+            given = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SpecError(f"--const {name}={shown}: not a {dtype} value ({exc})",
+                        "give a number, a list, or a .npy file") from None
+    if given.dtype.kind == "c" and dtype.kind != "c":
+        raise SpecError(f"--const {name}={shown}: complex values, the input is {dtype}",
+                        "give real numbers")
+    if given.dtype.kind not in "biufc":
+        raise SpecError(f"--const {name}={shown}: not a {dtype} value (it holds "
+                        f"{given.dtype} values)", f"give {dtype} numbers")
+    if given.dtype.kind == "f" and dtype.kind != "f" and not np.isfinite(given).all():
+        raise SpecError(f"--const {name}={shown}: NaN or infinity cannot be a {dtype} value",
+                        f"give a finite whole number in {dtype}'s range")
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        array = given.astype(dtype)
+        if dtype.kind == "f":   # rounding to the nearest float is expected; overflow is not
+            same = np.array_equal(np.isfinite(array), np.isfinite(given))
+        else:
+            same = np.array_equal(array.astype(given.dtype), given)
+            if dtype.kind in "iu" and given.size:   # 2**63 wraps round and back unchanged
+                info = np.iinfo(dtype)
+                same = same and int(info.min) <= given.min().item() and \
+                    given.max().item() <= int(info.max)
+    if not same:
+        kind = "a finite" if dtype.kind == "f" else "a whole number that fits"
+        raise SpecError(f"--const {name}={shown}: not {kind} {dtype} (the graph would "
+                        f"hold {_shown(array.tolist())})", f"give a value that fits {dtype}")
+    return array
+
+
+def _shown(value: Any) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def freeze_inputs(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:
     """Return a copy of *model* where each input in *values* is a constant initializer."""
     if not values:
@@ -43,6 +84,9 @@ def freeze_inputs(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.Mod
     model = onnx.ModelProto.FromString(model.SerializeToString())
     arrays = {name: const_value(model, name, value) for name, value in values.items()}
     kept = [i for i in model.graph.input if i.name not in arrays]
+    if not [i for i in kept if i.name not in {t.name for t in model.graph.initializer}]:
+        raise SpecError(f"--const freezes every input ({', '.join(arrays)}): no inputs left",
+                        "leave at least one input unfrozen; a bundle needs an input to run on")
     del model.graph.input[:]
     model.graph.input.extend(kept)
     for name, array in arrays.items():

@@ -6,6 +6,10 @@ from typing import Any
 from ..errors import SpecError
 
 DTYPES = ("float32", "float16", "int64", "int32", "bool", "uint8", "int8")
+# one input of 2**28 elements is 1 GiB of float32: far above any edge model's input, and an
+# example tensor of that size is still allocated in a second, not a MemoryError minutes later
+MAX_INPUT_ELEMENTS = 2 ** 28
+MAX_CONST_BYTES = 256 * 2 ** 20   # a --const .npy: flags, rates and states are far smaller
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,30 @@ def parse_input(value: str) -> TensorSpec:
     part, _, name = name.rpartition("/") if "/" in name else (None, "", name)
     if not name:
         raise SpecError(f"--input {value!r} has no input name", "write NAME:1x3x224x224")
+    if not _is_shape(dims):
+        raise SpecError(f"--input {value!r}: the shape {dims!r} is not dimensions joined by x",
+                        "for example image:1x3x224x224 (a scalar input: NAME:1)")
+    if any(len(d.lstrip("0")) > 18 for d in dims.lower().split("x")):
+        raise SpecError(f"--input {value!r}: a dimension is over 18 digits, beyond the limit of "
+                        f"{MAX_INPUT_ELEMENTS:,} (2**28) elements per input",
+                        "give the shape one sample has, e.g. image:1x3x224x224")
     shape = tuple(int(d) for d in dims.lower().split("x"))
     if any(d < 1 for d in shape):
         raise SpecError(f"--input {value!r}: dimensions must be >= 1",
                         "give the static size; mark axes dynamic with --dynamic NAME:0=batch")
+    elements = 1
+    for d in shape:
+        elements *= d
+    if elements > MAX_INPUT_ELEMENTS:
+        raise SpecError(f"--input {value!r}: {elements:,} elements, over the limit of "
+                        f"{MAX_INPUT_ELEMENTS:,} (2**28) elements per input",
+                        "give the shape one sample has, e.g. image:1x3x224x224")
     return TensorSpec(name, shape, dtype, part or None)
 
 
 def _is_shape(text: str) -> bool:
     parts = text.lower().split("x")
-    return bool(text) and all(p.isdigit() for p in parts)
+    return bool(text) and all(p.isascii() and p.isdigit() for p in parts)
 
 
 def parse_dynamic(values: tuple[str, ...] | list[str]) -> dict[str, dict[int, str]]:
@@ -91,11 +109,7 @@ def parse_consts(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, text in parse_assignments(values, "--const").items():
         if text.endswith(".npy"):
-            try:
-                result[key] = np.load(text, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise SpecError(f"--const {key}={text}: not a readable .npy file ({exc})",
-                                "save it with numpy.save") from None
+            result[key] = _read_npy(key, text)
             continue
         try:
             value = ast.literal_eval(text)
@@ -107,6 +121,37 @@ def parse_consts(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
                             "for example --const sr=16000 or --const flags=[1,0]")
         result[key] = value
     return result
+
+
+def _read_npy(key: str, text: str) -> Any:
+    """A `--const NAME=FILE.npy` array: a regular file (a FIFO would block) in .npy format."""
+    import os
+    import stat
+
+    import numpy as np
+
+    where = f"--const {key}={text}"
+    try:
+        info = os.stat(text)
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot read the file ({exc.strerror})",
+                        "give the path of a .npy file saved with numpy.save") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise SpecError(f"{where}: not a regular file (a FIFO, device or folder)",
+                        "give a .npy file saved with numpy.save")
+    if info.st_size > MAX_CONST_BYTES:
+        raise SpecError(f"{where}: {info.st_size:,} bytes, over the {MAX_CONST_BYTES:,}-byte "
+                        "limit for a frozen input", "freeze small values (flags, rates, states)")
+    try:
+        with open(text, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise SpecError(f"{where}: not a .npy file (no NumPy header)",
+                                "save the value with numpy.save(path, array)")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise SpecError(f"{where}: not a readable .npy file ({exc})",
+                        "save it with numpy.save") from None
 
 
 def shapes_of(specs: list[TensorSpec]) -> dict[str, list[int]]:
