@@ -27,6 +27,13 @@ class ExportError(PackagerError):
     """A PyTorch model cannot be loaded, exported, or its export disagrees with PyTorch."""
 
 
+class ExportInvalid(ExportError):
+    """The export ran, but its outputs hold NaN or infinity: validation failed (as a build that
+    misses its accuracy budget), not malformed input."""
+
+    exit_code = 1
+
+
 class ShapeError(PackagerError):
     """Shapes cannot be made static."""
 

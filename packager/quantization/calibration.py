@@ -11,6 +11,13 @@ from ..graph.execute import Sample
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 TENSOR_SUFFIXES = (".npy", ".npz")
+# Calibration ranges settle after a few hundred samples (minmax, entropy and percentile alike:
+# their histograms gain nothing from thousands), while each sample is held in memory: more
+# than this are thinned to this many, evenly spread over the set, the same ones every run.
+MAX_SAMPLES = 512
+# What one .npy/.npz file may unpack to (its headers are read first): a 12 MB .npz declaring
+# 12 GB of zeros is refused before anything is inflated.
+MAX_FILE_BYTES = 2 ** 30
 
 
 def list_sources(source: Path) -> list[Path]:
@@ -43,11 +50,85 @@ def peek_shapes(source: Path) -> dict[str, list[int]]:
     files = list_sources(source)
     if is_image_source(files):
         return {}
-    first = files[0]
-    if first.suffix.lower() == ".npz":
-        with np.load(first) as f:
-            return {k: list(f[k].shape) for k in f.files}
-    return {"": list(np.load(first, mmap_mode="r").shape)}
+    return {name: list(shape) for name, (shape, _) in _headers(files[0]).items()}
+
+
+def spread(count: int, cap: int = MAX_SAMPLES) -> list[int]:
+    """*cap* indices of *count*, evenly spread from first to last (all of them if fewer)."""
+    if count <= cap:
+        return list(range(count))
+    return [int((i + 0.5) * count / cap) for i in range(cap)]
+
+
+def _note_cap(used: int, total: int, what: str) -> None:
+    if used < total:
+        from ..progress import echo
+
+        echo(f"calibration: using {used} of {total:,} {what} (at most {MAX_SAMPLES}, evenly "
+             f"spread: every {total / used:.1f}th, the same ones every run)")
+
+
+def _unreadable(path: Path, exc: BaseException) -> CalibrationError:
+    why = str(exc)[:200] or type(exc).__name__
+    return CalibrationError(f"{path}: not a readable .npy/.npz file ({why})",
+                            "re-save it with numpy.save / numpy.savez")
+
+
+def _npy_header(f: Any, path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                       else fmt.read_array_header_2_0(f))
+    return tuple(shape), dtype
+
+
+def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{array name: (shape, dtype)} of a .npy ("") or .npz file from its headers alone; refuse
+    a file that declares more than MAX_FILE_BYTES before anything is unpacked."""
+    import zipfile
+    import zlib
+
+    result = {}
+    try:
+        if path.suffix.lower() == ".npz":
+            with zipfile.ZipFile(path) as archive:
+                for member in archive.infolist():
+                    if member.file_size > MAX_FILE_BYTES:
+                        raise _too_big(path, member.file_size)
+                    with archive.open(member) as f:
+                        result[member.filename.removesuffix(".npy")] = _npy_header(f, path)
+        else:
+            with open(path, "rb") as f:
+                result[""] = _npy_header(f, path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _unreadable(path, exc) from None
+    declared = sum(int(np.prod(shape, dtype=object)) * dtype.itemsize
+                   for shape, dtype in result.values())
+    if declared > MAX_FILE_BYTES:
+        raise _too_big(path, declared)
+    return result
+
+
+def _too_big(path: Path, size: int) -> CalibrationError:
+    return CalibrationError(f"{path}: declares {size / 2 ** 30:.1f} GiB of arrays, over the "
+                            f"{MAX_FILE_BYTES / 2 ** 30:.0f} GiB limit per calibration file",
+                            f"split it into smaller files; at most {MAX_SAMPLES} samples are "
+                            "used anyway")
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a .npy ("") or .npz file, its headers checked first."""
+    import zipfile
+    import zlib
+
+    _headers(path)
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        return {"": np.load(path, allow_pickle=False)}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _unreadable(path, exc) from None
 
 
 def _split_samples(name: str, arr: np.ndarray, shape: list[int], path: Path) -> list[np.ndarray]:
@@ -65,6 +146,10 @@ def _cast(arr: np.ndarray, dtype: str, name: str, path: Path) -> np.ndarray:
     target = np.dtype(dtype)
     if arr.dtype == target:
         return arr
+    if arr.dtype.kind == "c":
+        raise CalibrationError(f"{path}: '{name}' holds complex ({arr.dtype}) values, the model "
+                               f"input is {dtype}", "save the real values only (casting would "
+                               "drop the imaginary part)")
     if target.kind in "iu" and arr.dtype.kind == "f":
         raise CalibrationError(f"{path}: '{name}' holds {arr.dtype} values, the model input is "
                                f"{dtype}", f"save it as {dtype} (token ids, indices)")
@@ -78,27 +163,44 @@ def _cast(arr: np.ndarray, dtype: str, name: str, path: Path) -> np.ndarray:
 
 
 def _tensor_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]]) -> list[Sample]:
+    """The samples of every file, counted from the headers first so that at most MAX_SAMPLES,
+    evenly spread, are ever held; one file is unpacked at a time."""
     names = [i["name"] for i in inputs]
-    per_input: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    counts = []
     for path in files:
-        try:
-            if path.suffix.lower() == ".npz":
-                with np.load(path) as f:
-                    arrays = {k: f[k] for k in f.files}
-            else:
-                if len(inputs) != 1:
-                    raise CalibrationError(f"{path}: a .npy file holds one tensor, the model has "
-                                           f"{len(inputs)} inputs ({', '.join(names)})",
-                                           "save .npz files keyed by input name")
-                arrays = {names[0]: np.load(path)}
-        except (OSError, ValueError) as exc:
-            raise CalibrationError(f"{path}: not a readable .npy/.npz file ({exc})",
-                                   "re-save it with numpy.save / numpy.savez") from None
-        missing = [n for n in names if n not in arrays]
+        headers = _headers(path)
+        if path.suffix.lower() == ".npy":
+            if len(inputs) != 1:
+                raise CalibrationError(f"{path}: a .npy file holds one tensor, the model has "
+                                       f"{len(inputs)} inputs ({', '.join(names)})",
+                                       "save .npz files keyed by input name")
+            headers = {names[0]: headers[""]}
+        missing = [n for n in names if n not in headers]
         if missing:
             raise CalibrationError(f"{path}: no array for input '{missing[0]}' "
-                                   f"(has: {', '.join(arrays) or 'nothing'})",
+                                   f"(has: {', '.join(headers) or 'nothing'})",
                                    "key the .npz arrays by the model's input names")
+        per_file = {spec["name"]: _count(spec["name"], headers[spec["name"]][0], spec["shape"],
+                                         path) for spec in inputs}
+        if len(set(per_file.values())) != 1:
+            raise CalibrationError(f"calibration tensors disagree on the sample count: "
+                                   f"{per_file} in {path}",
+                                   "give every input the same number of samples")
+        counts.append(per_file[names[0]])
+    total = sum(counts)
+    keep = set(spread(total))
+    _note_cap(len(keep), total, "samples")
+    samples: list[Sample] = []
+    start = 0
+    for path, count in zip(files, counts, strict=True):
+        wanted = [i - start for i in range(start, start + count) if i in keep]
+        start += count
+        if not wanted:
+            continue
+        arrays = _read_arrays(path)
+        if path.suffix.lower() == ".npy":
+            arrays = {names[0]: arrays[""]}
+        split = {}
         for spec in inputs:
             arr = _cast(arrays[spec["name"]], spec["dtype"], spec["name"], path)
             if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
@@ -106,12 +208,25 @@ def _tensor_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]]) -> 
                 raise CalibrationError(f"{path}: '{spec['name']}' holds NaN or Inf ({bad} of "
                                        f"{arr.size} values)", "calibration samples must be "
                                        "finite: fix or drop the samples that hold them")
-            per_input[spec["name"]].extend(_split_samples(spec["name"], arr, spec["shape"], path))
-    counts = {n: len(v) for n, v in per_input.items()}
-    if len(set(counts.values())) != 1:
-        raise CalibrationError(f"calibration tensors disagree on the sample count: {counts}",
-                               "give every input the same number of samples")
-    return [{n: per_input[n][i] for n in names} for i in range(counts[names[0]])]
+            parts = _split_samples(spec["name"], arr, spec["shape"], path)
+            split[spec["name"]] = [np.array(parts[i]) for i in wanted]   # copies: the file goes
+        del arrays
+        samples.extend({n: split[n][j] for n in names} for j in range(len(wanted)))
+    return samples
+
+
+def _count(name: str, shape: tuple[int, ...], want: list[int], path: Path) -> int:
+    """How many samples an array of *shape* holds for an input of shape *want*
+    (the rules of _split_samples)."""
+    shape_l = list(shape)
+    if shape_l == list(want):
+        return 1
+    if len(shape_l) == len(want) + 1 and shape_l[1:] == list(want):
+        return shape_l[0]
+    if want and want[0] == 1 and len(shape_l) == len(want) and shape_l[1:] == list(want[1:]):
+        return shape_l[0]
+    raise CalibrationError(f"{path}: '{name}' has shape {shape_l}, the model input is "
+                           f"{list(want)}", f"save samples shaped {list(want)} or N x {list(want)}")
 
 
 def _image_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]], spec: dict[str, Any],
@@ -124,20 +239,24 @@ def _image_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]], spec
                                "pass .npz tensors keyed by input name")
     name, shape, dtype = inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"]
     batch = shape[0]
-    tensors = []
-    for i, path in enumerate(files):
-        try:
-            tensors.append(preprocess(read_image(path, spec), spec))
-        except BundleError as exc:
-            raise CalibrationError(str(exc)) from None
-        if progress:
-            progress(i + 1, len(files))
-    if len(tensors) < batch:
-        raise CalibrationError(f"{len(tensors)} image(s) cannot fill one batch of {batch}",
+    if len(files) < batch:
+        raise CalibrationError(f"{len(files)} image(s) cannot fill one batch of {batch}",
                                "add images or use a smaller batch")
-    usable = len(tensors) - len(tensors) % batch
-    return [{name: np.concatenate(tensors[i:i + batch]).astype(dtype)}
-            for i in range(0, usable, batch)]
+    total = len(files) // batch
+    picks = spread(total)
+    _note_cap(len(picks), total, "samples" if batch > 1 else "images")
+    samples = []
+    for n, pick in enumerate(picks):
+        tensors = []
+        for path in files[pick * batch:(pick + 1) * batch]:
+            try:
+                tensors.append(preprocess(read_image(path, spec), spec))
+            except BundleError as exc:
+                raise CalibrationError(str(exc)) from None
+        samples.append({name: np.concatenate(tensors).astype(dtype)})
+        if progress:
+            progress(n + 1, len(picks))
+    return samples
 
 
 def load_samples(source: Path, *, inputs: Sequence[dict[str, Any]],
@@ -216,14 +335,18 @@ def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None
     if is_image_source(files):
         root = Path(source)
         labels = [p.parent.name if p.parent != root else None for p in files]
-        if None in labels or len(labels) != count:
+        if None in labels:
             return None
     elif len(files) == 1 and files[0].suffix.lower() == ".npz":
-        with np.load(files[0]) as f:
-            if "labels" not in f.files or len(f["labels"]) != count:
-                return None
-            labels = [x.item() if hasattr(x, "item") else x for x in f["labels"]]
+        if "labels" not in _headers(files[0]):
+            return None
+        found = _read_arrays(files[0])["labels"]
+        labels = [x.item() if hasattr(x, "item") else x for x in found]
     else:
         return None
+    if len(labels) != count:   # thinned to MAX_SAMPLES: the same picks as the samples
+        labels = [labels[i] for i in spread(len(labels))]
+        if len(labels) != count:
+            return None
     picks = holdout_indices(count, fraction)
     return [label for i, label in enumerate(labels) if i in picks]

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_file, check_free
-from ..errors import ExportError, PackagerError
+from ..errors import ExportError, ExportInvalid, PackagerError
 from ..graph.compat import runtime_limits
 from ..graph.execute import Sample
 from ..graph.modelio import opset_of, save_model
 from ..targets import Target, load_target
 from .specs import TensorSpec
-from .torchload import LoadedModel, first_line, is_library_file, load_source
+from .torchload import LoadedModel, first_line, is_library_file, load_source, user_code
 
 EXPORTER = "torch.onnx TorchScript exporter (dynamo=False)"
 VALIDATION_SAMPLES = 8     # calibration samples the export is checked on (with the random draws)
@@ -151,6 +151,14 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     log(f"validation vs PyTorch on {validation['samples']} inputs: max abs "
         f"{validation['max_abs']:.3g}, max rel {worst:.3g}, cosine min "
         f"{validation['cosine_min']:.6f}")
+    broken = {n: e["nonfinite"] for n, e in validation["outputs"].items() if e["nonfinite"]}
+    if broken:   # NaN == NaN is no agreement: such a model computes nothing
+        name, count = next(iter(broken.items()))
+        raise ExportInvalid(
+            f"output '{name}' holds NaN or infinity ({count} values over the "
+            f"{validation['samples']} validation inputs, in PyTorch and/or ONNX Runtime): "
+            "the export cannot be validated", "check the weights (--weights) and the factory "
+            "for NaN/inf, and forward() for divisions by zero or log of zero")
     if not worst <= tolerance:  # NaN fails too
         bad = max(validation["outputs"], key=lambda n: validation["outputs"][n]["max_rel"])
         raise ExportError(
@@ -231,7 +239,7 @@ def _run_torch(module: Any, specs: Sequence[TensorSpec], feed: Sequence[np.ndarr
 
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in feed]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), user_code("forward()"):
             result = module(*tensors)
     except Exception as exc:
         where = user_location(exc.__traceback__)
@@ -294,7 +302,8 @@ def _torch_export(module: Any, specs: Sequence[TensorSpec], feed: Sequence[np.nd
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in feed)
     axes = {**{k: dict(v) for k, v in dynamic.items()}}
-    with warnings.catch_warnings(record=True) as caught, _captured() as printed:
+    with warnings.catch_warnings(record=True) as caught, _captured() as printed, \
+            user_code("forward() while exporting"):
         warnings.simplefilter("always")
         try:
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset,
@@ -380,7 +389,8 @@ def validate(proto: Any, specs: Sequence[TensorSpec], feeds: Sequence[Sequence[n
     """ONNX Runtime vs PyTorch on the same inputs: max abs / rel error and cosine per output."""
     session = _session(proto)
     per_output: dict[str, dict[str, float]] = {n: {"max_abs": 0.0, "max_rel": 0.0,
-                                                   "cosine_min": 1.0} for n in names}
+                                                   "cosine_min": 1.0, "nonfinite": 0}
+                                               for n in names}
     for feed, ref in zip(feeds, reference, strict=True):
         got = session.run(list(names), {s.name: a for s, a in zip(specs, feed, strict=True)})
         for name, g, r in zip(names, got, ref, strict=True):
@@ -389,6 +399,8 @@ def validate(proto: Any, specs: Sequence[TensorSpec], feeds: Sequence[Sequence[n
             entry["max_abs"] = max(entry["max_abs"], stats["max_abs"])
             entry["max_rel"] = max(entry["max_rel"], stats["max_rel"])
             entry["cosine_min"] = min(entry["cosine_min"], stats["cosine"])
+            entry["nonfinite"] += int(np.size(g) - np.isfinite(np.asarray(g, np.float64)).sum()
+                                      + np.size(r) - np.isfinite(np.asarray(r, np.float64)).sum())
     return {"samples": len(feeds), "random": kinds.count("random"),
             "calibration": kinds.count("calibration"),
             "max_abs": max(e["max_abs"] for e in per_output.values()),

@@ -1,6 +1,7 @@
 """Load a PyTorch model from what a user has: a factory in a file or package, TorchScript, .pt2."""
 
 import ast
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -9,7 +10,7 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,33 @@ def is_torch_source(spec: str | Path) -> bool:
     left, sep, right = text.rpartition(":")
     return bool(sep and left and right.replace(".", "").replace("_", "").isalnum()
                 and not text.endswith(".onnx"))
+
+
+@contextlib.contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the user's code (a model file's import, a factory, forward()) inside edgepack: what
+    it prints goes to stderr, since stdout carries --json; a chdir is undone, so a relative -o
+    stays where it was checked; sys.exit() is an error naming it, not edgepack's exit status.
+    (os._exit() cannot be caught: it ends the process at once.)"""
+    cwd = os.getcwd()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)   # C-level writes too
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as exc:
+        raise ExportError(f"{what} called sys.exit({exc.code!r})",
+                          "a factory must return the model, not exit; edgepack's exit status "
+                          "is its own") from None
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        with contextlib.suppress(OSError):
+            if os.getcwd() != cwd:
+                os.chdir(cwd)
 
 
 def user_location(tb: Any) -> str:
@@ -160,10 +188,12 @@ def _load_factory(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
         path = Path(left)
         if not path.is_file():
             raise ExportError(f"{path}: no such file", "pass path/to/file.py:factory")
-        namespace = _import_file(path)
+        with user_code(f"importing {path}"):
+            namespace = _import_file(path)
         files.append(path)
     else:
-        namespace = _import_module(left)
+        with user_code(f"importing {left}"):
+            namespace = _import_module(left)
         if getattr(namespace, "__file__", None):
             files.append(Path(namespace.__file__))
     target: Any = namespace
@@ -183,7 +213,8 @@ def _load_factory(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
         module = target
     elif callable(target):
         try:
-            module = target(**kwargs)
+            with user_code(f"the factory {spec}"):
+                module = target(**kwargs)
         except TypeError as exc:
             if exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
                 raise ExportError(f"calling {spec}({_args(kwargs)}) failed: {first_line(exc)}",
