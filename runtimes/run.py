@@ -36,12 +36,31 @@ RUNNER = "runner"
 RUNNER_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "errors.py", "facts.py",
                   "images.py", "infer.py", "inputs.py", "manifest.py", "metrics.py", "report.py",
                   "serve.py", "sessions.py", "tuning.py")
-EXIT_BAD_INPUT = 2   # runner/errors.py's, which is not loaded before this check
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
+
+
+def command_line():
+    """(command, --json given) from sys.argv, read without the runner's parser."""
+    args, command = sys.argv[1:], None
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") and (i == 0 or args[i - 1] != "--bundle"):
+            command = arg
+            break
+    return command, "--json" in args
 
 
 def refuse(message):
-    sys.stderr.write("error: %s/%s\n" % (RUNNER, message))
-    return EXIT_BAD_INPUT
+    """A runner/ that fails its check: `check` fails it as an integrity problem (exit 1, and
+    its report with --json), the other commands refuse the bundle (exit 2)."""
+    line = "%s/%s" % (RUNNER, message)
+    sys.stderr.write("error: %s\n" % line)
+    command, as_json = command_line()
+    if command != "check":
+        return EXIT_BAD_INPUT
+    if as_json:   # the folder beside run.py is off sys.path: this json is the standard one
+        import json
+        sys.stdout.write(json.dumps({"integrity": [line], "parts": {}, "passed": False}) + "\n")
+    return EXIT_FAILED
 
 
 def main():

@@ -7,9 +7,9 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .errors import BundleError
+from .errors import BundleError, one_line
 from .facts import device_info, gpu_facts, gpu_memory_mb, peak_rss_mb
-from .manifest import load_golden, require_intact, select_parts
+from .manifest import load_golden, regular_file, require_intact, select_parts
 from .metrics import io_binding_call, latency_stats, timed
 from .sessions import CPU, full_session, open_session, session_origin, session_settings
 from .tuning import save_tuned, tune
@@ -71,8 +71,16 @@ def roofline(bundle, manifest, args, threads):
     so.intra_op_num_threads = threads
     result = {"threads": threads, "size": n, "int8_kind": spec.get("int8_kind")}
     for kind in ("fp32", "int8"):
-        session = ort.InferenceSession(os.path.join(bundle, spec[kind]), sess_options=so,
-                                       providers=[CPU])
+        # require_intact has checked both are regular files of the file table, hashes and all
+        path = os.path.join(bundle, spec[kind])
+        if spec[kind] not in (manifest.get("files") or {}) or not regular_file(path):
+            raise BundleError("manifest: roofline.%s = %r is not a graph file of the bundle; "
+                              "rebuild it" % (kind, spec[kind][:80]))
+        try:
+            session = ort.InferenceSession(path, sess_options=so, providers=[CPU])
+        except Exception as exc:   # a file of the table that is no graph: a damaged build
+            raise BundleError("%s: onnxruntime cannot load it (%s); rebuild the bundle"
+                              % (spec[kind], one_line(exc))) from None
         times = timed(lambda s=session, f=feeds[kind]: s.run(None, f), 3, 10)
         result["%s_gops" % kind] = 2.0 * n ** 3 / (float(np.percentile(times, 50)) * 1e6)
     return result

@@ -28,7 +28,7 @@ from .images import MAX_PIXELS
 from .infer import cmd_infer
 from .manifest import load_manifest
 from .report import print_human
-from .serve import QUEUE_WAIT_S, cmd_serve
+from .serve import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S, cmd_serve
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
 from .tuning import TUNE_MARGIN, load_tuned
 
@@ -91,9 +91,15 @@ def parse_args(argv):
                            help="seconds a client may stay silent while sending its request "
                                 "(then 408 and the connection closes; default 30)")
             p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
-                           help="requests read and run at once; one more waits %g s, then gets "
-                                "503 with Retry-After (default 2 x cores, at least 4: "
+                           help="requests run at once, once read whole; one more waits %g s, "
+                                "then gets 503 with Retry-After (default 2 x cores, at least 4: "
                                 "%%(default)d here)" % QUEUE_WAIT_S)
+            p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                           help="open connections in all; one more gets 503 at once "
+                                "(default %(default)d)")
+            p.add_argument("--max-per-client", type=int, default=MAX_PER_CLIENT,
+                           help="open connections from one client address; one more gets 503 "
+                                "at once (default %(default)d)")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -106,10 +112,18 @@ def parse_args(argv):
             getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
         parser.error("--tune tries the session options itself; drop --threads, "
                      "--inter-threads, --opt-level and --execution-mode")
-    if args.command in ("infer", "serve") and not args.max_megapixels > 0:
-        parser.error("--max-megapixels must be > 0")
-    if args.command == "serve" and (not args.timeout > 0 or args.max_concurrent < 1):
-        parser.error("--timeout must be > 0 and --max-concurrent >= 1")
+    if args.command in ("infer", "serve") and not 0 < args.max_megapixels <= 10000:
+        parser.error("--max-megapixels must be a number from 0 to 10000 (got %s)"
+                     % args.max_megapixels)
+    if args.command == "serve" and not 0 <= args.port <= 65535:
+        parser.error("--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port)
+    if args.command == "serve" and not 0 < args.timeout <= 3600:
+        parser.error("--timeout must be > 0 and at most 3600 seconds")
+    if args.command == "serve" and not (
+            1 <= args.max_concurrent <= 1024 and 1 <= args.max_per_client <= 100000 and
+            1 <= args.max_connections <= 100000):
+        parser.error("--max-concurrent must be from 1 to 1024, --max-connections and "
+                     "--max-per-client from 1 to 100000")
     return args
 
 

@@ -23,29 +23,44 @@ def read_image(path, spec):
     return decode_image(np.fromfile(str(path), dtype=np.uint8), spec, path)
 
 
+# bytes per pixel OpenCV's IMREAD_UNCHANGED gives a PNG of each colour type (palette and
+# grey+alpha come out as BGRA)
+PNG_CHANNELS = {0: 1, 2: 3, 3: 4, 4: 4, 6: 4}
+BYTES_PER_PIXEL = 3   # --max-megapixels counts 8-bit colour pixels: the decoded bytes' bound
+
+
 def image_size(data):
     """(width, height) from a PNG, JPEG, BMP or WebP header in *data* (bytes-like), else None."""
+    header = image_header(data)
+    return header[:2] if header else None
+
+
+def image_header(data):
+    """(width, height, channels, bytes per sample) as decoding will give them, from a PNG,
+    JPEG, BMP or WebP header in *data* (bytes-like), else None."""
     mv = memoryview(data).cast("B")
     head = mv[:32].tobytes()
     try:
         if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
-            return struct.unpack(">II", head[16:24])
+            w, h, depth, kind = struct.unpack(">IIBB", head[16:26])
+            return w, h, PNG_CHANNELS.get(kind, 4), 2 if depth > 8 else 1
         if head.startswith(b"BM"):
             if struct.unpack("<I", head[14:18])[0] == 12:   # OS/2 core header
-                return struct.unpack("<HH", head[18:22])
-            w, h = struct.unpack("<ii", head[18:26])
-            return abs(w), abs(h)
+                w, h = struct.unpack("<HH", head[18:22])
+                return w, h, 3, 1
+            w, h, _, bits = struct.unpack("<iiHH", head[18:30])
+            return abs(w), abs(h), 4 if bits == 32 else 3, 1
         if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
             chunk = head[12:16]
             if chunk == b"VP8 ":
                 w, h = struct.unpack("<HH", head[26:30])
-                return w & 0x3FFF, h & 0x3FFF
+                return w & 0x3FFF, h & 0x3FFF, 3, 1
             if chunk == b"VP8L":
                 bits = struct.unpack("<I", head[21:25])[0]
-                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, 4, 1
             if chunk == b"VP8X":
                 return (int.from_bytes(head[24:27], "little") + 1,
-                        int.from_bytes(head[27:30], "little") + 1)
+                        int.from_bytes(head[27:30], "little") + 1, 4, 1)
             return None
         if head.startswith(b"\xff\xd8"):
             i, segments = 2, 0
@@ -64,7 +79,9 @@ def image_size(data):
                     return None
                 if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
                     h, w = struct.unpack(">HH", mv[i + 5:i + 9].tobytes())
-                    return w, h
+                    bits = mv[i + 4]
+                    channels = mv[i + 9] if i + 10 <= len(mv) else 4
+                    return w, h, max(1, min(channels, 4)), 2 if bits > 8 else 1
                 i += 2 + struct.unpack(">H", mv[i + 2:i + 4].tobytes())[0]
     except struct.error:   # a header cut short: the decoder will say it is unreadable
         return None
@@ -74,11 +91,25 @@ def image_size(data):
 def decode_image(data, spec, path, max_pixels=MAX_PIXELS):
     """Decode encoded image bytes (a uint8 array) named *path* in messages; refuse an image
     over *max_pixels* before decoding it."""
-    size = image_size(data)
-    if size is not None and size[0] * size[1] > max_pixels:
-        raise TooLarge("%s: the image is %dx%d (%.0f MP), over the %.0f MP limit; resize it, "
-                       "or raise --max-megapixels" % (path, size[0], size[1],
-                                                      size[0] * size[1] / 1e6, max_pixels / 1e6))
+    header = image_header(data)
+    color = spec.get("color", "rgb")
+    flags = None   # imported below: cv2.IMREAD_UNCHANGED
+    if header is not None:
+        w, h, channels, sample = header
+        if w * h > max_pixels:
+            raise TooLarge("%s: the image is %dx%d (%.0f MP), over the %.0f MP limit; resize "
+                           "it, or raise --max-megapixels" % (path, w, h, w * h / 1e6,
+                                                              max_pixels / 1e6))
+        if channels == 4 and sample == 1 and color != "gray":
+            channels, flags = 3, "color"   # alpha dropped by the decoder, not after it
+        decoded = w * h * channels * sample
+        if decoded > max_pixels * BYTES_PER_PIXEL:
+            raise TooLarge("%s: the image is %dx%d with %d channel(s) of %d bit(s), %.0f MB "
+                           "once decoded, over the %.0f MB that --max-megapixels %g allows "
+                           "(%d bytes a pixel); resize it or save it with 8 bits a channel"
+                           % (path, w, h, channels, 8 * sample, decoded / 1e6,
+                              max_pixels * BYTES_PER_PIXEL / 1e6, max_pixels / 1e6,
+                              BYTES_PER_PIXEL))
     try:
         import cv2
     except ImportError:
@@ -89,7 +120,8 @@ def decode_image(data, spec, path, max_pixels=MAX_PIXELS):
     elif hasattr(getattr(cv2, "utils", None), "logging"):   # OpenCV 5 moved it
         cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     try:
-        image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
+        image = cv2.imdecode(data, cv2.IMREAD_COLOR if flags == "color" else
+                             cv2.IMREAD_UNCHANGED) if data.size else None
     except cv2.error as exc:
         if "MAX_IMAGE_PIXELS" in str(exc):
             raise TooLarge("%s: the image is over the %.0f MP limit; resize it, or raise "
@@ -101,7 +133,6 @@ def decode_image(data, spec, path, max_pixels=MAX_PIXELS):
     if image.dtype != np.uint8:
         image = cv2.convertScaleAbs(image, alpha=255.0 / max(float(image.max()), 1.0))
     channels = 1 if image.ndim == 2 else image.shape[2]
-    color = spec.get("color", "rgb")
     if color == "gray":
         if channels != 1:
             raise BundleError("%s: %d channels, but the preprocessing spec says color=gray; "

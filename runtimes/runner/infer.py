@@ -1,5 +1,6 @@
 """`run.py infer`: the model run on image, .npy and .npz files."""
 
+import collections
 import os
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
@@ -13,6 +14,52 @@ from .manifest import one_part, require_intact
 from .sessions import open_session
 
 
+def printable(path):
+    """*path* as text that encodes (a non-UTF-8 file name's bytes become U+FFFD)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def result_keys(paths):
+    """A unique --out key prefix per input: its file name, or where two share one, the path
+    as given (and a #N after a file given twice), as text that encodes."""
+    names = [printable(os.path.basename(p)) for p in paths]
+    counts = collections.Counter(names)
+    keys, used = [], set()
+    for path, name in zip(paths, names):
+        key = name if counts[name] == 1 else printable(os.path.normpath(path))
+        unique, n = key, 1
+        while unique in used:
+            n += 1
+            unique = "%s#%d" % (key, n)
+        used.add(unique)
+        keys.append(unique)
+    return keys
+
+
+def save_outputs(out, arrays):
+    """Write *arrays* to the .npz *out* whole or not at all (np.savez adds .npz when missing)."""
+    import tempfile
+
+    target = out if out.endswith(".npz") else out + ".npz"
+    folder = os.path.dirname(os.path.abspath(target))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".infer-", suffix=".npz", dir=folder)
+    except OSError as exc:
+        raise BundleError("--out %s: cannot write there (%s); pass a writable path"
+                          % (printable(out), exc.strerror or one_line(exc))) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, target)
+    except OSError as exc:
+        os.remove(tmp)
+        raise BundleError("--out %s: cannot write it (%s); free some space or pass another "
+                          "path" % (printable(out), exc.strerror or one_line(exc))) from None
+    except BaseException:
+        os.remove(tmp)
+        raise
+
+
 def cmd_infer(bundle, manifest, args):
     require_intact(bundle, manifest)
     part = one_part(manifest, args.part)
@@ -21,16 +68,17 @@ def cmd_infer(bundle, manifest, args):
     names = [o.name for o in session.get_outputs()]
     results, arrays = [], {}
     max_pixels = args.max_megapixels * 1e6
-    for path in files:
+    for path, key in zip(files, result_keys(files)):
         feed = load_input_file(path, part, max_pixels)
         try:
             outputs = session.run(names, feed)
         except Exception as exc:  # e.g. a token id past the vocabulary: the input's fault
-            raise BundleError("%s: onnxruntime refused it: %s" % (path, one_line(exc))) from None
+            raise BundleError("%s: onnxruntime refused it: %s"
+                              % (printable(path), one_line(exc))) from None
         for name, value in zip(names, outputs):
-            arrays["%s/%s" % (os.path.basename(path), name)] = value
-        results.append({"file": path, "outputs": describe_outputs(
+            arrays["%s/%s" % (key, name)] = value
+        results.append({"file": printable(path), "key": key, "outputs": describe_outputs(
             names, outputs, part.get("labels"), args.top)})
     if args.out:
-        np.savez(args.out, **arrays)
+        save_outputs(args.out, arrays)
     return {"results": results, "providers": session.get_providers(), "passed": True}

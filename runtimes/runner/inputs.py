@@ -5,6 +5,8 @@ import io
 import json
 import math
 import os
+import stat
+import struct
 import zipfile
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
@@ -17,6 +19,37 @@ from .images import IMAGE_SUFFIXES, MAX_PIXELS, decode_image, preprocess
 from .metrics import looks_like_scores
 
 MAX_UNPACKED = 256 * 1024 * 1024   # bytes an .npz may inflate to
+MAX_NPZ_MEMBERS = 256              # arrays in one .npz (100,000 took 16 s of CPU to list)
+JSON_BYTES_PER_VALUE = 32          # "-0.12345678901234567, " is 22: a body over this is refused
+JSON_SLACK = 1 << 20               # ...plus this much (keys, spaces, {"inputs": ...})
+SHOWN_KEYS = 10                    # names echoed in a message about a body's keys
+
+
+def input_values(part):
+    """How many numbers *part*'s inputs hold in all."""
+    return sum(int(np.prod(spec["shape"], dtype=np.int64)) for spec in part["inputs"])
+
+
+def input_bytes(part):
+    return sum(int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+               for spec in part["inputs"])
+
+
+def json_limit(part):
+    """The largest JSON body worth parsing for *part*: its values written out, with room."""
+    return JSON_SLACK + JSON_BYTES_PER_VALUE * input_values(part)
+
+
+def npz_limit(part):
+    """The most an .npz body for *part* may unpack to: its inputs in 64-bit, with room."""
+    return min(MAX_UNPACKED, (1 << 20) + 8 * input_values(part) + 2 * input_bytes(part))
+
+
+def some_keys(keys):
+    """A few of *keys* for a message, each cut short: never every key a client sent."""
+    keys = sorted(str(k) for k in keys)
+    shown = ", ".join(k[:40] for k in keys[:SHOWN_KEYS]) or "none"
+    return shown + (" and %d more" % (len(keys) - SHOWN_KEYS) if len(keys) > SHOWN_KEYS else "")
 
 
 def check_feed(feed, part, source):
@@ -25,7 +58,7 @@ def check_feed(feed, part, source):
     for spec in part["inputs"]:
         if spec["name"] not in feed:
             raise BundleError("%s: no input named %s (has: %s)"
-                              % (source, spec["name"], ", ".join(sorted(feed)) or "none"))
+                              % (source, spec["name"], some_keys(feed)))
         arr = np.asarray(feed[spec["name"]])
         if arr.dtype.kind == "c":   # a cast would drop the imaginary part without a word
             raise BundleError("%s: input %s is %s, the model wants %s; pass real values"
@@ -77,15 +110,46 @@ def load_input_file(path, part, max_pixels=MAX_PIXELS):
     return check_feed(feed, part, path)
 
 
-def read_npz_input(source, name):
+def megabytes(count):
+    """*count* bytes in MB (2**20) for a message: '300', or '1.5' under 10."""
+    mb = count / 2.0 ** 20
+    return "%d" % mb if mb >= 10 or mb == int(mb) else "%.1f" % mb
+
+
+def zip_members(fp):
+    """The member count a zip's end record declares (fp: a seekable binary file), or None when
+    it has none (then the zip reader says what is wrong); read before the directory is."""
+    fp.seek(0, io.SEEK_END)
+    size = fp.tell()
+    fp.seek(max(0, size - (1 << 16) - 22))
+    tail = fp.read()
+    fp.seek(0)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        return None
+    return struct.unpack("<H", tail[at + 10:at + 12])[0]   # 0xFFFF: a zip64, over any bound
+
+
+def read_npz_input(source, name, max_unpacked=MAX_UNPACKED):
     """{key: array} from an .npz (a path or a file object), refusing a zip bomb unread."""
-    with np.load(source, allow_pickle=False) as f:
-        unpacked = sum(info.file_size for info in f.zip.infolist())
-        if unpacked > MAX_UNPACKED:
-            raise TooLarge("%s: the .npz unpacks to %d MB, over the %d MB limit; send the "
-                           "model's inputs only" % (name, unpacked // 2 ** 20,
-                                                    MAX_UNPACKED // 2 ** 20))
-        return {k: f[k] for k in f.files}
+    fp = open(source, "rb") if isinstance(source, str) else source
+    try:
+        members = zip_members(fp)
+        if members is None:
+            raise ValueError("not an .npz archive (no zip directory at its end)")
+        if members > MAX_NPZ_MEMBERS:
+            raise TooLarge("%s: the .npz holds %d arrays, over the %d limit; send the model's "
+                           "inputs only" % (name, members, MAX_NPZ_MEMBERS))
+        with np.load(fp, allow_pickle=False) as f:
+            unpacked = sum(info.file_size for info in f.zip.infolist())
+            if unpacked > max_unpacked:
+                raise TooLarge("%s: the .npz unpacks to %s MB, over the %s MB limit; send "
+                               "the model's inputs only" % (name, megabytes(unpacked),
+                                                            megabytes(max_unpacked)))
+            return {k: f[k] for k in f.files}
+    finally:
+        if fp is not source:
+            fp.close()
 
 
 def npy_body(body, source):
@@ -142,8 +206,12 @@ def decode_body(body, content_type, part, max_pixels=MAX_PIXELS):
         elif body.startswith(b"\x93NUMPY"):
             feed = single_input(npy_body(body, source), part, source)
         elif body.startswith(b"PK"):
-            feed = read_npz_input(io.BytesIO(body), source)
+            feed = read_npz_input(io.BytesIO(body), source, npz_limit(part))
         elif ctype == "application/json" or body.lstrip()[:1] in (b"{", b"["):
+            if len(body) > json_limit(part):
+                raise TooLarge("the JSON body is %d bytes, over the %d this model's inputs can "
+                               "take; send its inputs only, or send them as .npy/.npz"
+                               % (len(body), json_limit(part)))
             if json_depth(body) > MAX_JSON_DEPTH:
                 raise BundleError("the JSON body nests deeper than %d levels; send "
                                   "{\"inputs\": {name: nested list}}" % MAX_JSON_DEPTH)
@@ -180,9 +248,25 @@ def input_files(paths, part):
             files.extend(found)
         elif os.path.isfile(path):
             files.append(path)
+        elif os.path.lexists(path):   # a FIFO would block the read, /dev/zero never ends
+            raise BundleError("%s: not a regular file (%s); pass an image, .npy or .npz file"
+                              % (path, file_kind(path)))
         else:
             raise BundleError("%s: no such file or folder" % path)
     return files
+
+
+def file_kind(path):
+    """What *path* is, in words, when it is not a regular file or a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a link to nothing"
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what + (", through a link" if os.path.islink(path) else "")
+    return "not a file"
 
 
 def describe_outputs(names, outputs, labels, top):

@@ -4,6 +4,8 @@ import hashlib
 import importlib.machinery
 import json
 import os
+import re
+import stat
 import zipfile
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
@@ -15,6 +17,12 @@ from .errors import BundleError, one_line
 
 MANIFEST = "manifest.json"
 SUPPORTED_SCHEMA = 2
+# The bundle's name is used as a folder and archive name on hosts and devices: one safe component.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+MAX_THREADS = 4096       # a manifest's session thread counts (a device's own: at most its cores)
+OPT_LEVEL_NAMES = ("disabled", "basic", "extended", "all")
+EXECUTION_MODES = ("sequential", "parallel")
+MAX_ROOFLINE_SIZE = 4096   # bench --roofline's n x n MatMul (512 as built: 1 MB a matrix)
 
 
 def load_manifest(bundle):
@@ -70,11 +78,54 @@ class ManifestShape(object):
         return value or []
 
 
+def session_value_problem(key, value, max_threads=MAX_THREADS):
+    """What is wrong with one session option (*key*: *value*), or '': thread counts are 0
+    (onnxruntime's choice) to *max_threads*."""
+    if key in ("intra_op_threads", "inter_op_threads"):
+        if not isinstance(value, int) or isinstance(value, bool) or \
+                not 0 <= value <= max_threads:
+            return "must be a thread count from 0 to %d, got %r" % (max_threads, value)
+    elif key == "graph_optimization_level":
+        if value not in OPT_LEVEL_NAMES:
+            return "must be one of %s, got %r" % (", ".join(OPT_LEVEL_NAMES), str(value)[:40])
+    elif key == "execution_mode":
+        if value not in EXECUTION_MODES:
+            return "must be sequential or parallel, got %r" % str(value)[:40]
+    else:
+        return "is not a session option (intra_op_threads, inter_op_threads, " \
+               "graph_optimization_level, execution_mode)"
+    return ""
+
+
 def check_manifest(manifest):
     m = ManifestShape()
-    for key in ("target", "session", "budget"):
+    name = manifest.get("name")
+    if not isinstance(name, str) or not SAFE_NAME.match(name):
+        raise BundleError("%s: name %s is not one safe file name (letters, digits, '.', '_', "
+                          "'-', at most 100, not starting with '.' or '-'); rebuild the bundle "
+                          "with edgepack" % (MANIFEST, repr(name)[:60]))
+    m.table(manifest, "target", optional=False)
+    m.at("name", manifest["target"].get("name"), str, "a target name")
+    m.pop()
+    m.pop()
+    for key in ("session", "budget"):
         m.table(manifest, key)
         m.pop()
+    for key, value in sorted((manifest.get("session") or {}).items()):
+        problem = session_value_problem(key, value)
+        if problem:
+            raise BundleError("%s: session.%s %s; rebuild the bundle with edgepack"
+                              % (MANIFEST, key, problem))
+    roofline = m.table(manifest, "roofline")
+    for key in ("fp32", "int8"):
+        m.at(key, roofline.get(key), str, "a file name", optional=key not in roofline)
+        m.pop()
+    size = roofline.get("size", 512)
+    if isinstance(size, bool) or not isinstance(size, int) or \
+            not 1 <= size <= MAX_ROOFLINE_SIZE:
+        m.where.append(".size")
+        m.fail("a size from 1 to %d" % MAX_ROOFLINE_SIZE)
+    m.pop()
     for rel, digest in m.table(manifest, "files").items():
         m.at(rel, digest, str, "a sha256")
         m.pop()
@@ -227,17 +278,66 @@ def folder_entries(path):
         return []
 
 
+MAX_WALK = 10000   # entries looked at inside one folder beside run.py
+
+
+def importable_inside(folder, files):
+    """The first file under *folder* (a folder beside run.py, walked without following links)
+    that the file table does not list and whose name Python imports, or None. A folder of
+    such files is a package (with an __init__ of any suffix) or a namespace package."""
+    seen = 0
+    root = os.path.dirname(folder)
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            seen += 1
+            rel = os.path.relpath(os.path.join(top, name), root).replace(os.sep, "/")
+            if name.endswith(IMPORTABLE) and rel not in files:
+                return rel
+            if seen > MAX_WALK:
+                return None
+    return None
+
+
+def provider_path_problems(manifest):
+    """Provider options named *_path must name a place in the bundle ({bundle}/... without
+    '..', or {cache}): onnxruntime and the runner create folders there."""
+    problems = []
+    for i, entry in enumerate(manifest.get("providers") or []):
+        for key, value in sorted(((entry or {}).get("options") or {}).items()):
+            if not key.endswith("_path") or value == "{cache}":
+                continue
+            rel = value[len("{bundle}/"):] if isinstance(value, str) and \
+                value.startswith("{bundle}/") else None
+            if rel is None or not rel or rel.startswith("/") or \
+                    ".." in rel.replace("\\", "/").split("/"):
+                problems.append("manifest: providers[%d].options.%s = %r is not a folder in the "
+                                "bundle ({bundle}/NAME or {cache})" % (i, key, str(value)[:80]))
+    return problems
+
+
+def regular_file(path):
+    """Whether *path* is a regular file (a link to one counts); a FIFO or a device is not, and
+    reading one could block or never end."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def integrity_problems(bundle, manifest):
     """One line per problem: a file missing or changed, a file the manifest's table leaves out,
-    a part whose model hash disagrees with the table, a floor that is not a cosine, a stray
-    module Python would import before run.py's own. (The manifest itself is vouched for by its
-    digest, which `edgepack verify` and `deploy` record and compare.)
+    a part whose model hash disagrees with the table, a floor that is not a cosine, a roofline
+    graph or a provider path outside the bundle, a stray module Python could import in place of
+    run.py's own. (The manifest itself is vouched for by its digest, which `edgepack verify`
+    and `deploy` record and compare.)
 
     Stray: beside run.py, a file the table does not list whose name Python imports (a suffix in
-    IMPORTABLE) or a folder holding an __init__ module of any suffix; inside runner/, any entry
-    the table does not list (a .so, .pyc or __pycache__/ there would be imported in place of the
-    runner's own modules). run.py keeps this folder off sys.path, so a folder without __init__
-    (reports/, cache/) could only be a namespace package, which never shadows an installed one."""
+    IMPORTABLE: .py, .pyc, any .so, .pth) or a folder holding such a file at any depth that the
+    table does not list (a package with an __init__ of any suffix, or a namespace package);
+    inside runner/, any entry the table does not list (a .so, .pyc or __pycache__/ there would
+    be imported in place of the runner's own modules). run.py keeps this folder off sys.path
+    as well: the two rules guard each other."""
     problems = []
     files = manifest.get("files") or {}
     for rel in files:
@@ -246,6 +346,12 @@ def integrity_problems(bundle, manifest):
     for rel in manifest_files(manifest, bundle):
         if not rel or rel not in files:
             problems.append("manifest: %s is not in its file table" % rel)
+    roofline = manifest.get("roofline") or {}
+    for key in ("fp32", "int8"):
+        if key in roofline and roofline[key] not in files:
+            problems.append("manifest: roofline.%s = %r is not in its file table"
+                            % (key, str(roofline[key])[:80]))
+    problems += provider_path_problems(manifest)
     for i, part in enumerate(manifest.get("parts") or []):
         entries = [("parts[%d].model" % i, part.get("model", {}))] + [
             ("parts[%d].graphs[%d]" % (i, j), g) for j, g in enumerate(part.get("graphs", []))]
@@ -267,8 +373,10 @@ def integrity_problems(bundle, manifest):
                                 % (where, value))
     for rel, expected in sorted(files.items()):
         path = os.path.join(bundle, rel)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             problems.append("%s: missing" % rel)
+        elif not regular_file(path):
+            problems.append("%s: not a regular file (a FIFO, a device or a dangling link)" % rel)
         elif sha256(path) != expected:
             problems.append("%s: sha256 mismatch (file changed or truncated in transfer)" % rel)
     listed = set(rel.split("/")[0] for rel in files)
@@ -282,11 +390,11 @@ def integrity_problems(bundle, manifest):
         if name == MANIFEST:
             continue
         if os.path.isdir(path):
-            stray = any(entry.startswith("__init__.") and entry.endswith(IMPORTABLE)
-                        for entry in folder_entries(path))
-        else:
-            stray = name not in listed and name.endswith(IMPORTABLE)
-        if stray:
+            found = importable_inside(path, files)
+            if found:
+                problems.append("%s: not part of the bundle, and Python could import it (%s) "
+                                "in place of run.py's own modules; remove it" % (name, found))
+        elif name not in listed and name.endswith(IMPORTABLE):
             problems.append("%s: not part of the bundle, and Python would import it before "
                             "run.py's own modules; remove it" % name)
     return problems

@@ -1,7 +1,9 @@
 """`run.py serve`: a small HTTP inference endpoint, standard library only."""
 
+import io
 import json
 import re
+import signal
 import sys
 import time
 
@@ -11,12 +13,115 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
-from .inputs import decode_body, describe_outputs
+from .inputs import decode_body, describe_outputs, json_limit
 from .manifest import load_golden, require_intact, select_parts
 from .sessions import open_session
 
 MAX_BODY = 64 * 1024 * 1024
 QUEUE_WAIT_S = 2.0   # a request over --max-concurrent waits this long, then gets a 503
+BODY_RATE = 1e6      # bytes/s a body must keep up after the first --timeout seconds
+# Open connections, in all and per client address: drip-fed connections cannot use up the
+# process's file descriptors (1024 is a common limit) or every thread; one more gets a 503.
+MAX_CONNECTIONS = 256
+MAX_PER_CLIENT = 64
+REJECTERS = 16       # threads that answer 503 to connections over a cap (beyond: closed)
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket read against the handler's deadline for the whole request: a client that
+    drips its headers or body a byte at a time still runs out of time (a per-recv timeout
+    alone never would)."""
+
+    def __init__(self, sock, handler):
+        io.RawIOBase.__init__(self)
+        self.sock, self.handler = sock, handler
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        import socket
+
+        left = self.handler.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class Gate(object):
+    """Open connections counted per client address, and requests in flight (read, running or
+    being answered), which a graceful stop waits for."""
+
+    def __init__(self, total, per_client):
+        import threading
+
+        self.total, self.per_client = total, per_client
+        self.open, self.by_client, self.in_flight = 0, {}, 0
+        self.changed = threading.Condition()
+        self.stopping = None   # the signal's name, once one asks the server to stop
+
+    def admit(self, client):
+        with self.changed:
+            if self.open >= self.total or self.by_client.get(client, 0) >= self.per_client:
+                return False
+            self.open += 1
+            self.by_client[client] = self.by_client.get(client, 0) + 1
+            return True
+
+    def leave(self, client):
+        with self.changed:
+            self.open -= 1
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
+
+    def begin(self):
+        with self.changed:
+            self.in_flight += 1
+
+    def end(self):
+        with self.changed:
+            self.in_flight -= 1
+            self.changed.notify_all()
+
+    def drain(self, seconds):
+        """Wait up to *seconds* for the requests in flight; how many are left."""
+        deadline = time.monotonic() + seconds
+        with self.changed:
+            while self.in_flight and time.monotonic() < deadline:
+                self.changed.wait(max(0.01, deadline - time.monotonic()))
+            return self.in_flight
+
+
+def busy_answer(why):
+    body = json.dumps({"error": "busy: %s; retry shortly" % why}).encode("utf-8")
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body
+
+
+def reject(sock, answer, done):
+    """Answer a connection over a cap with *answer* and close it, reading what it sent first
+    (closing a socket with unread bytes resets it, and the client would never see the 503)."""
+    import socket
+
+    try:
+        sock.settimeout(1.0)
+        try:
+            sock.recv(1 << 16)
+        except socket.timeout:
+            pass
+        sock.sendall(answer)
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and sock.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+        done.release()
 
 
 def cmd_serve(bundle, manifest, args):
@@ -51,10 +156,27 @@ def cmd_serve(bundle, manifest, args):
 
     slots = threading.BoundedSemaphore(args.max_concurrent)
     max_pixels = args.max_megapixels * 1e6
+    gate = Gate(args.max_connections, args.max_per_client)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "edgepack-run"
         timeout = args.timeout   # on the socket: a stalled client lets go of its thread
+        deadline = 0.0           # for the request being read: its headers, then its body
+
+        def setup(self):
+            BaseHTTPRequestHandler.setup(self)
+            self.rfile.close()   # its socket stays open: the reader below takes its place
+            self.rfile = io.BufferedReader(DeadlineReader(self.connection, self))
+
+        def handle_one_request(self):
+            # the request line and headers within --timeout of the connection going idle
+            # (an idle keep-alive connection is closed then too)
+            self.started = time.monotonic()
+            self.deadline = self.started + args.timeout
+            if gate.stopping:
+                self.close_connection = True
+                return
+            BaseHTTPRequestHandler.handle_one_request(self)
 
         def log_message(self, fmt, *values):
             if not args.quiet:
@@ -62,6 +184,10 @@ def cmd_serve(bundle, manifest, args):
 
         def reply(self, code, obj, headers=()):
             body = json.dumps(obj).encode("utf-8")
+            self.connection.settimeout(args.timeout)   # a client that does not read: bounded
+            if gate.stopping:
+                self.close_connection = True
+                headers = list(headers) + [("Connection", "close")]
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -137,13 +263,42 @@ def cmd_serve(bundle, manifest, args):
             length = self.content_length()
             if length is None:
                 return None
-            # the bound is taken before the body is read: bodies in memory are bounded too
+            part = sessions[name][0]
+            ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if ctype == "application/json" and length > json_limit(part):
+                self.close_connection = True   # its body is not read
+                return self.reply(413, {"error": "the JSON body is %d bytes, over the %d this "
+                                                 "model's inputs can take; send its inputs "
+                                                 "only, or send them as .npy/.npz"
+                                                 % (length, json_limit(part))})
+            # the whole request by --timeout plus a second per MB of body
+            self.deadline = self.started + args.timeout + length / BODY_RATE
+            gate.begin()
+            try:
+                self.answer(sessions[name], length)
+            finally:
+                gate.end()
+
+        def answer(self, entry, length):
+            """Read the body, then run it in one of --max-concurrent slots: a slow client
+            holds its connection only, never a slot."""
+            try:
+                body = self.read_body(length)
+            except socket.timeout:
+                self.close_connection = True
+                return self.reply(408, {"error": "the body did not arrive in time (--timeout "
+                                                 "%g s for the request, plus 1 s a MB of body); "
+                                                 "send it whole" % args.timeout})
+            if len(body) < length:
+                self.close_connection = True
+                return self.reply(400, {"error": "the body ended after %d of the %d bytes its "
+                                                 "Content-Length declares" % (len(body), length)})
             if not slots.acquire(timeout=QUEUE_WAIT_S):
                 return self.reply(503, {"error": "busy: %d requests are running (--max-concurrent);"
                                                  " retry shortly" % args.max_concurrent},
                                   [("Retry-After", "1")])
             try:
-                code, answer = self.run_part(sessions[name], length)
+                code, answer = self.run_part(entry, body)
             finally:
                 slots.release()
             self.reply(code, answer)
@@ -169,13 +324,9 @@ def cmd_serve(bundle, manifest, args):
             return int(value)
 
         def read_body(self, length):
-            """The body; the client gets --timeout seconds of silence at most, and the whole
-            body must come at 1 MB/s after the first --timeout seconds."""
-            deadline = time.monotonic() + args.timeout + length / 1e6
+            """The body, by the request's deadline (the reader raises socket.timeout)."""
             chunks, got = [], 0
             while got < length:
-                if time.monotonic() > deadline:
-                    raise socket.timeout("the body is arriving too slowly")
                 chunk = self.rfile.read1(min(length - got, 1 << 20))
                 if not chunk:
                     break
@@ -183,19 +334,9 @@ def cmd_serve(bundle, manifest, args):
                 got += len(chunk)
             return b"".join(chunks)
 
-        def run_part(self, entry, length):
-            """(status, answer) for one request to the part in *entry*."""
+        def run_part(self, entry, body):
+            """(status, answer) for one request's *body* to the part in *entry*."""
             part, session, names = entry
-            try:
-                body = self.read_body(length)
-            except socket.timeout:
-                self.close_connection = True
-                return 408, {"error": "the body did not arrive in time (--timeout %g s); send "
-                                      "it whole" % args.timeout}
-            if len(body) < length:
-                self.close_connection = True
-                return 400, {"error": "the body ended after %d of the %d bytes its "
-                                      "Content-Length declares" % (len(body), length)}
             try:
                 feed = decode_body(body, self.headers.get("Content-Type", ""), part, max_pixels)
                 start = time.perf_counter()
@@ -211,9 +352,34 @@ def cmd_serve(bundle, manifest, args):
                 code = 400 if type(exc).__name__ == "InvalidArgument" else 500
                 return code, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
 
+    rejecters = threading.BoundedSemaphore(REJECTERS)
+
     class Server(ThreadingHTTPServer):
         request_queue_size = 128   # a burst of clients waits in the kernel, not reset (was 5)
         daemon_threads = True
+
+        def process_request(self, request, client_address):
+            if gate.admit(client_address[0]):
+                try:
+                    ThreadingHTTPServer.process_request(self, request, client_address)
+                except BaseException:
+                    gate.leave(client_address[0])
+                    raise
+                return
+            if not rejecters.acquire(blocking=False):   # a flood: no thread for each
+                self.shutdown_request(request)
+                return
+            why = ("%d connections are open (--max-connections)" % gate.total
+                   if gate.open >= gate.total else "%d connections from %s are open "
+                   "(--max-per-client)" % (gate.per_client, client_address[0]))
+            threading.Thread(target=reject, args=(request, busy_answer(why), rejecters),
+                             daemon=True).start()
+
+        def process_request_thread(self, request, client_address):
+            try:
+                ThreadingHTTPServer.process_request_thread(self, request, client_address)
+            finally:
+                gate.leave(client_address[0])
 
         def handle_error(self, request, client_address):
             exc = sys.exc_info()[1]
@@ -230,6 +396,15 @@ def cmd_serve(bundle, manifest, args):
         raise BundleError("cannot listen on %s:%d (%s); check --host and --port"
                           % (args.host, args.port, exc.strerror or one_line(exc))) from None
     host, port = server.server_address[:2]
+
+    def stop(signum, frame):
+        if gate.stopping is None:   # serve_forever returns once shutdown() is called elsewhere
+            gate.stopping = {signal.SIGTERM: "SIGTERM"}.get(signum, "SIGHUP")
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
     sys.stderr.write("edgepack: serving %s on http://%s:%d (POST /infer, GET /health, "
                      "GET /metadata)\n" % (manifest.get("name"), host, port))
     sys.stderr.flush()
@@ -237,4 +412,9 @@ def cmd_serve(bundle, manifest, args):
         server.serve_forever()
     finally:   # Ctrl-C: stop listening, then exit 130 (run_command)
         server.server_close()
+    # SIGTERM or SIGHUP: no new connections; the requests in flight are answered
+    left = gate.drain(args.timeout)
+    sys.stderr.write("edgepack: %s: stopped serving %s; %s\n" % (
+        gate.stopping, manifest.get("name"), "every request in flight was answered" if not left
+        else "%d request(s) still unanswered after --timeout %g s" % (left, args.timeout)))
     return None

@@ -15,6 +15,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError, ProviderMissing
+from .manifest import provider_path_problems
 from .facts import gpu_name, tensorrt_version
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -128,6 +129,9 @@ def offline_choice(part, graph, provider):
 def provider_plan(bundle, manifest, part):
     """[{name, options, graph}] in the manifest's order, CPU always last. Option values
     "{bundle}/..." become paths in the bundle; "{cache}" the graph's keyed TensorRT cache."""
+    problems = provider_path_problems(manifest)
+    if problems:
+        raise BundleError("%s; rebuild the bundle with edgepack" % problems[0])
     plan, seen = [], set()
     entries = list(manifest.get("providers") or [])
     for entry in entries + [{"name": CPU}]:
@@ -142,6 +146,11 @@ def provider_plan(bundle, manifest, part):
                 opts[key] = trt_cache_dir(bundle, part, graph)
             elif isinstance(value, str) and value.startswith("{bundle}"):
                 opts[key] = os.path.join(bundle, value[len("{bundle}/"):])
+                inside = os.path.realpath(bundle) + os.sep
+                if key.endswith("_path") and \
+                        not os.path.realpath(opts[key]).startswith(inside):
+                    raise BundleError("manifest: providers: %s = %r leads outside the bundle "
+                                      "(through a link); copy the bundle again" % (key, value))
         plan.append({"name": name, "options": opts, "graph": graph})
     return plan
 

@@ -15,9 +15,9 @@ except ImportError:
 from .check import cmd_check
 from .errors import BundleError, one_line
 from .facts import device_info
-from .manifest import load_golden, manifest_digest, select_parts
+from .manifest import load_golden, manifest_digest, select_parts, session_value_problem
 from .metrics import timed
-from .sessions import OPT_LEVELS, TUNED, describe_session, full_session, open_session, session_settings
+from .sessions import TUNED, describe_session, full_session, open_session, session_settings
 
 TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
 TUNE_LEVELS = ("basic", "extended", "all")
@@ -25,27 +25,41 @@ TUNE_ROUNDS = 3      # the winner and the current settings, timed alternately
 MODES = ("sequential", "parallel")
 
 
+TUNED_FIELDS = {"manifest": str, "onnxruntime": str, "cores": int, "session": dict,
+                "tuned": str, "device": dict, "tried": list, "speedup": (int, float)}
+REQUIRED = ("manifest", "onnxruntime", "cores", "session")
+
+
+def session_problem(session, cores):
+    """What is wrong with a session's options on a device with *cores* cores, or '': thread
+    counts from 0 (onnxruntime's choice) to *cores*, known levels and modes, nothing else.
+    (4096 threads on 2 cores kept `check` busy for minutes.)"""
+    for key, value in sorted(session.items()):
+        problem = session_value_problem(key, value, max_threads=cores)
+        if problem:
+            return "session.%s %s" % (key, problem)
+    return ""
+
+
 def tuned_problem(data):
-    """What is wrong with a session.tuned.json's content, or ''."""
+    """What is wrong with a session.tuned.json's content, or '': its thread counts are bounded
+    by its own core count, which load_tuned then compares with this device's."""
     if not isinstance(data, dict):
         return "not a JSON object"
-    for key, kind in (("manifest", str), ("onnxruntime", str), ("cores", int),
-                      ("session", dict)):
-        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-            return "%r is missing or not a %s" % (key, kind.__name__)
-    for key, value in data["session"].items():
-        if key in ("intra_op_threads", "inter_op_threads"):
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 4096:
-                return "session.%s must be a thread count, got %r" % (key, value)
-        elif key == "graph_optimization_level":
-            if value not in OPT_LEVELS:
-                return "session.%s must be one of %s" % (key, ", ".join(sorted(OPT_LEVELS)))
-        elif key == "execution_mode":
-            if value not in MODES:
-                return "session.%s must be sequential or parallel" % key
-        else:
-            return "unknown session option %r" % key
-    return ""
+    for key in sorted(data):
+        if key not in TUNED_FIELDS:
+            return "unknown field %r" % str(key)[:40]
+    for key, kind in sorted(TUNED_FIELDS.items()):
+        value = data.get(key)
+        if value is None and key not in REQUIRED:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return "%r is missing or not a %s" % (key, getattr(kind, "__name__", "number"))
+    if not data["manifest"].startswith("sha256:") or len(data["manifest"]) != 71:
+        return "'manifest' is not a sha256: digest"
+    if not 1 <= data["cores"] <= 65536:
+        return "'cores' must be a core count, got %r" % data["cores"]
+    return session_problem(data["session"], data["cores"])
 
 
 def load_tuned(bundle, manifest):
@@ -112,6 +126,23 @@ class TuneProgress(object):
 
 
 def tune(bundle, manifest, args):
+    """tune_settings's table; its `chosen` is always a session that session_problem accepts
+    on this device (`build --tune --time-on` writes it into a manifest)."""
+    result = tune_settings(bundle, manifest, args)
+    problem = session_problem(result["chosen"], result["cores"])
+    if problem:   # tune_settings only ever picks bounded settings: this would be a bug
+        raise AssertionError("bench --tune chose an invalid session: %s" % problem)
+    return result
+
+
+def within_cores(conf, cores):
+    """*conf* with thread counts above *cores* lowered to it (a target's manifest may ask for
+    more threads than this device has cores)."""
+    return dict(conf, **dict((key, min(conf[key], cores))
+                             for key in ("intra_op_threads", "inter_op_threads")))
+
+
+def tune_settings(bundle, manifest, args):
     """Time the bundle under thread counts, then optimisation levels, then the parallel
     execution mode, each step keeping the fastest so far; re-time the winner against the
     current settings alternately; keep it only when it is TUNE_MARGIN faster and still passes
@@ -121,8 +152,8 @@ def tune(bundle, manifest, args):
     for part in parts:
         inputs, _ = load_golden(bundle, part)
         feeds.append((part, {k: np.asarray(v[0]) for k, v in inputs.items()}))
-    current = full_session(session_settings(manifest, args))
     cores = os.cpu_count() or 1
+    current = within_cores(full_session(session_settings(manifest, args)), cores)
     threads = tune_threads(cores)
     progress = TuneProgress(len(threads) + len(TUNE_LEVELS) + (cores > 1) + 2 * TUNE_ROUNDS)
 
@@ -208,8 +239,17 @@ def save_tuned(bundle, manifest, tuning):
             "tuned": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device_info(),
             "tried": tuning["tried"], "speedup": tuning.get("speedup", 1.0)}
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:   # a full disk, a read-only bundle: nothing half-written stays
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise BundleError("%s: cannot write it (%s); free some space or make the bundle "
+                          "writable, or pass --no-save" % (path, exc.strerror or one_line(exc))
+                          ) from None
     return TUNED
