@@ -1,5 +1,6 @@
 """The device commands: verify, deploy, ansible-role."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -127,8 +128,6 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
         raise PackagerError(f"--{'transfer' if transfer != 'auto' else 'bwlimit'} is for "
                             "--engine ssh; Ansible copies the archive with its own settings",
                             "drop the option, or set it in ansible.cfg")
-    targets = [parse_host(h) for h in hosts] + (
-        resolve_inventory(inventory, limit, engine) if inventory else [])
     options = DeployOptions(remote_dir=remote_dir, python=remote_python, ssh_config=ssh_config,
                             port=port, identity=identity, transfer=transfer, checksum=checksum,
                             bwlimit_kbps=bwlimit,
@@ -136,8 +135,15 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                             latency_budget_ms=latency_budget_ms,
                             require_provider=require_provider, allow_fallback=allow_fallback,
                             timeout=timeout, expect_digest=expect_digest)
-    results = deploy(bundle, targets, options=options, parallel=parallel, log=log, engine=engine,
-                     rollout=plan, inventories=[inventory] if inventory else [])
+    targets = [parse_host(h) for h in hosts] + (
+        resolve_inventory(inventory, limit, engine) if inventory else [])
+    # SIGTERM ends the deploy as Ctrl-C does: every ssh, rsync and scp it started is ended too
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        results = deploy(bundle, targets, options=options, parallel=parallel, log=log,
+                         engine=engine, rollout=plan, inventories=[inventory] if inventory else [])
+    finally:
+        signal.signal(signal.SIGTERM, before)
     code = max(r.exit_code for r in results)
     stopped = next((r.skipped for r in results if r.skipped), "")
     if as_json:
@@ -151,6 +157,10 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
         click.echo(summary_table(results))
     if code:
         click.get_current_context().exit(code)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def resolve_inventory(path: Path, limit: str | None, engine: str) -> list:

@@ -1,5 +1,7 @@
 """deploy(): copy a bundle to devices over SSH, preflight them, verify there, bring reports home."""
 
+import math
+import re
 import shlex
 import tarfile
 import tempfile
@@ -13,8 +15,9 @@ from typing import Any
 
 from ..bundle.manifest import read_manifest
 from ..errors import BundleError, PackagerError, VerifyError
+from .device_answers import answer
 from .inventory import Host
-from .remote import Connection, DeviceError, have_local
+from .remote import Connection, DeviceError, check_destination, end_all, have_local
 from .rollout import HostResult, Rollout
 from .rollout import run as run_rollout
 from .verify import bundle_digest, check_tune, integrity_problems, run_checks, write_reports
@@ -22,6 +25,9 @@ from .verify import bundle_digest, check_tune, integrity_problems, run_checks, w
 Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
 EXCLUDE = ("reports/", "cache/", "session.tuned.json")
+# reads exactly the probe's bytes from stdin and runs them, leaving stdin open: `hold` waits
+# for it to close (python3 - would read stdin to its end before running anything)
+BOOT = "import sys;exec(compile(sys.stdin.buffer.read({n}),'device_probe.py','exec'))"
 
 
 @dataclass(frozen=True)
@@ -40,9 +46,89 @@ class DeployOptions:
     latency_budget_ms: float | None = None
     require_provider: str | None = None
     allow_fallback: bool = False           # run even if the target's providers are missing
-    timeout: float = 900.0
+    timeout: float = 900.0                 # seconds for each remote step, the copy included
     expect_digest: str | None = None       # refuse unless the bundle's digest is this one
     tune: bool = False                     # run.py bench --tune on each device first
+
+    def __post_init__(self) -> None:
+        """Refuse a bad value here, before anything reaches a device (exit 2)."""
+        def bad(option: str, value: Any, fix: str) -> None:
+            raise PackagerError(f"{option} {value}: {fix.split(';')[0]}", fix.split("; ", 1)[-1])
+
+        if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
+            bad("--runs", self.runs, "not a number of runs; give 1 or more")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            bad("--warmup", self.warmup, "not a number of warm-up runs; give 0 or more")
+        if not _positive(self.timeout):
+            bad("--timeout", self.timeout, "not a number of seconds; give more than 0")
+        if self.bwlimit_kbps is not None and (not isinstance(self.bwlimit_kbps, int)
+                                              or self.bwlimit_kbps < 1):
+            bad("--bwlimit", self.bwlimit_kbps, "not a bandwidth; give 1 KB/s or more")
+        if self.port is not None and not (isinstance(self.port, int)
+                                          and 1 <= self.port <= 65535):
+            bad("--port", self.port, "not a TCP port; give 1 to 65535")
+        if self.latency_budget_ms is not None and not _positive(self.latency_budget_ms):
+            bad("--latency-budget-ms", self.latency_budget_ms,
+                "not a latency; give a number of milliseconds above 0")
+        if self.transfer not in ("auto", "rsync", "scp"):
+            bad("--transfer", self.transfer, "unknown; use auto, rsync or scp")
+        if self.remote_dir is not None:
+            check_remote_dir(self.remote_dir, "--remote-dir")
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and \
+        math.isfinite(value) and value > 0
+
+
+def check_remote_dir(text: str, where: str) -> None:
+    """Refuse a remote folder the device's tools would misread: empty, a leading '-' (an
+    option to mkdir, rsync, ssh), a newline or another control character."""
+    if not isinstance(text, str) or not text.strip():
+        raise PackagerError(f"{where} {text!r}: not a folder", "name a folder on the device")
+    if text.startswith("-"):
+        raise PackagerError(f"{where} {text!r}: starts with '-', which the device's tools would "
+                            "read as an option", f"write it as ./{text}")
+    if any(ord(c) < 32 or c == "\x7f" for c in text):
+        raise PackagerError(f"{where} {text!r}: holds a newline or another control character",
+                            "choose a folder name without them")
+
+
+def check_bundle_name(manifest: dict[str, Any], bundle: Path) -> str:
+    """The manifest's name as the default remote folder's last part: one plain folder name."""
+    name = manifest.get("name")
+    if not isinstance(name, str) or name in ("", ".", "..") or name.startswith(("-", "~")) or \
+            any(c in "/\\" or ord(c) < 32 or c == "\x7f" for c in name):
+        raise BundleError(f"{bundle}: manifest.json: name {name!r} cannot be the folder "
+                          "~/edgepack/NAME (empty, '.', '..', a '/', a leading '-' or '~', or a "
+                          "control character)", "pass --remote-dir DIR, or rebuild the bundle "
+                          "with a plain name")
+    return name
+
+
+def check_target(manifest: dict[str, Any], bundle: Path) -> None:
+    """The manifest fields preflight reads, so a bundle without them is refused up front."""
+    target = manifest.get("target")
+    if not isinstance(target, dict):
+        raise BundleError(f"{bundle}: manifest.json: no 'target' table (the device it is built "
+                          "for)", "build the bundle again with this edgepack")
+    if not isinstance(target.get("runtime_package"), str) or not isinstance(
+            target.get("min_onnxruntime"), str | None) or not isinstance(
+            target.get("install"), str | None):
+        raise BundleError(f"{bundle}: manifest.json: target.runtime_package, "
+                          "target.min_onnxruntime or target.install is missing or not text",
+                          "build the bundle again with this edgepack")
+    providers = manifest.get("providers", [])
+    if not isinstance(providers, list) or not all(isinstance(p, dict) and isinstance(
+            p.get("name"), str) for p in providers):
+        raise BundleError(f"{bundle}: manifest.json: providers is not a list of "
+                          "{name: ...} tables", "build the bundle again with this edgepack")
+
+
+def report_folder(name: str) -> str:
+    """The host as one safe folder name below reports/ (never '', '.', '..' or a path)."""
+    label = re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:100]
+    return label if label.strip(".") else "_" * max(1, len(label))
 
 
 @contextmanager
@@ -81,8 +167,17 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
     if engine not in ("ssh", "ansible"):
         raise PackagerError(f"--engine {engine}: unknown", "use ssh or ansible")
     check_tune(options.tune, options.threads)
+    for h in hosts:   # before anything reaches a device
+        if h.remote_dir is not None:
+            check_remote_dir(h.remote_dir, f"{h.name}: edgepack_remote_dir")
+        if engine == "ssh":
+            check_destination(h)
     with bundle_folder(bundle) as (folder, reports):
         manifest = read_manifest(folder)
+        check_target(manifest, Path(bundle))
+        if engine == "ssh" and any(h.remote_dir is None for h in hosts) and \
+                options.remote_dir is None:
+            check_bundle_name(manifest, Path(bundle))
         problems = integrity_problems(folder, manifest, options.expect_digest)
         if problems:   # checked here with this edgepack's code, before anything is copied
             raise BundleError(f"{bundle}: refused: {problems[0]}"
@@ -96,12 +191,19 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
                 return _roll(hosts, ansible.deploy, rollout or Rollout(), log)
 
         def ssh_batch(group: list[Host]) -> list[HostResult]:
-            if len(group) == 1:
-                return [deploy_one(folder, manifest, group[0], reports, options, log)]
-            with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(group)))) as pool:
-                futures = [pool.submit(deploy_one, folder, manifest, h, reports, options, log)
-                           for h in group]
-                return [f.result() for f in futures]
+            try:
+                if len(group) == 1:
+                    return [deploy_one(folder, manifest, group[0], reports, options, log)]
+                pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(group))))
+                try:
+                    futures = [pool.submit(deploy_one, folder, manifest, h, reports, options,
+                                           log) for h in group]
+                    return [f.result() for f in futures]
+                finally:
+                    pool.shutdown(wait=False, cancel_futures=True)
+            except BaseException:   # Ctrl-C, SIGTERM: end every ssh/rsync/scp still running
+                end_all()
+                raise
 
         return _roll(hosts, ssh_batch, rollout or Rollout(), log)
 
@@ -121,6 +223,7 @@ def release_id(digest: str) -> str:
 
 def deploy_one(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
                options: DeployOptions, log: Log) -> HostResult:
+    """Deploy to one host; whatever goes wrong there is this host's result, not the fleet's."""
     start = time.monotonic()
     result = HostResult(host.name, 2)
 
@@ -129,9 +232,14 @@ def deploy_one(folder: Path, manifest: dict[str, Any], host: Host, reports: Path
 
     try:
         _deploy(folder, manifest, host, reports, options, say, result)
-    except (DeviceError, VerifyError, BundleError) as exc:
+    except PackagerError as exc:
         result.exit_code, result.error = 2, str(exc)
         say(f"error: {exc}")
+    except Exception as exc:   # a bug: this host says so (exit 3), the others keep theirs
+        result.exit_code = 3
+        result.error = (f"unexpected {type(exc).__name__}: {exc}; this is a bug in edgepack, "
+                        "please report it")
+        say(f"error: {result.error}")
     result.seconds = time.monotonic() - start
     return result
 
@@ -147,13 +255,19 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     python = host.python or options.python
     remote = host.remote_dir or options.remote_dir or f"edgepack/{manifest['name']}"
     probe = Path(device_probe.__file__).read_text()
-    quoted = shlex.quote(remote)
     python = shlex.quote(python)
+    timeout = options.timeout
+
+    def probe_step(step: str, *args: str) -> dict[str, Any]:
+        proc = conn.run(f"{python} - {shlex.join(args)}", stdin=probe, timeout=timeout,
+                        step=step)
+        return answer(proc, host.name, python, step, args[0])
 
     say("preflight: python, numpy, onnxruntime, providers, disk")
     proc = conn.run(f"command -v rsync >/dev/null 2>&1 && echo RSYNC; "
-                    f"{python} - preflight {quoted}", stdin=probe, timeout=options.timeout)
-    info = _probe_json(proc, host, python)
+                    f"{python} - preflight {shlex.quote(remote)}", stdin=probe, timeout=timeout,
+                    step="preflight")
+    info = answer(proc, host.name, python, "preflight", "preflight")
     info["rsync"] = proc.stdout.startswith("RSYNC")
     result.device = info
     problems = preflight_problems(info, manifest, _size(folder), options)
@@ -171,26 +285,50 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
                           f"{'on the device' if not info['rsync'] else 'here'}",
                           "install rsync, or use --transfer scp")
     digest = bundle_digest(folder)
-    release = f"{remote}/releases/{release_id(digest)}"
-    result.release = {"dir": remote, "release": release_id(digest)}
-    quoted_release = shlex.quote(release)
-    proc = conn.run(f"test -d {quoted_release} && echo THERE; mkdir -p {quoted_release}",
-                    timeout=options.timeout)
-    fresh = "THERE" not in proc.stdout
+    rid = release_id(digest)
+    result.release = {"dir": remote, "release": rid}
+    made = answer(conn.run(f"{python} - prepare {shlex.quote(remote)} {rid}", stdin=probe,
+                           timeout=timeout, step="prepare"), host.name, python, "prepare",
+                  "prepare")
+    if made["release"] != made["base"].rstrip("/") + "/releases/" + rid:
+        raise DeviceError(f"{host.name}: prepare: the device named {made['release']!r} as the "
+                          f"release folder, not {made['base']}/releases/{rid}",
+                          f"check that {python} on the device is a plain Python 3.8+")
+    # The release is busy from before the copy until after the switch: another deploy's
+    # clean-up leaves it alone (device_probe's docstring has the whole contract).
+    boot = BOOT.format(n=len(probe.encode()))
+    seconds = 8 * timeout + 600
+    held = conn.hold(f"{python} -c {shlex.quote(boot)} hold {shlex.quote(made['base'])} {rid} "
+                     f"{seconds:.0f}", probe, timeout=timeout, step="hold")
+    try:
+        answer(held.as_completed(), host.name, python, "hold", "hold")
+        _release(conn, folder, manifest, host, reports, options, say, result, probe_step,
+                 python, made, method, digest)
+    finally:
+        held.close()
+
+
+def _release(conn: Connection, folder: Path, manifest: dict[str, Any], host: Host,
+             reports: Path, options: DeployOptions, say: Log, result: HostResult,
+             probe_step: Callable[..., dict[str, Any]], python: str, made: dict[str, Any],
+             method: str, digest: str) -> None:
+    rid = release_id(digest)
+    base, release = made["base"], made["release"]   # absolute: `~` and relative paths resolved
+    result.release["dir"] = base
     say(f"copying with {method} to {release}/")
     # A new release takes what it shares with the one in use from the device (rsync
     # --copy-dest), matched by content: two versions' files can share size and time. Into a
     # release already there (a re-deploy, a cut-off copy) only what changed is sent.
+    fresh = not made["there"]
     copied = conn.copy(folder, release, method=method, checksum=options.checksum or fresh,
                        exclude=EXCLUDE, bwlimit_kbps=options.bwlimit_kbps,
-                       copy_dest="../../current/" if fresh else None)
+                       copy_dest="../../current/" if fresh and made["current"] else None,
+                       timeout=options.timeout)
     result.copied = copied.__dict__
     say(f"copied {copied.files} file(s), {copied.bytes_sent / 1e6:.2f} MB sent")
 
-    proc = conn.run(f"{python} - integrity {quoted_release}", stdin=probe,
-                    timeout=options.timeout)
-    probed = _probe_json(proc, host, python)
-    found = probed["problems"]
+    probed = probe_step("integrity", "integrity", release)
+    found = list(probed["problems"])
     if probed.get("manifest_sha256") and "sha256:" + probed["manifest_sha256"] != digest:
         found.insert(0, f"manifest.json differs from the one deployed ({digest})")
     if found:
@@ -201,47 +339,38 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     say(f"integrity: all {len(manifest['files'])} files match the manifest")
 
     def execute(args: list[str]) -> tuple[int, str, str]:
-        proc = conn.run(f"cd {quoted_release} && {python} run.py {shlex.join(args)}",
-                        timeout=options.timeout)
+        proc = conn.run(f"cd -- {shlex.quote(release)} && {python} run.py {shlex.join(args)}",
+                        timeout=options.timeout, step=f"run.py {args[0] if args else ''}".strip())
         return proc.returncode, proc.stdout, proc.stderr
 
-    require = options.require_provider
-    report = run_checks(manifest, execute, f"{host.name}:{release}", runs=options.runs,
-                        warmup=options.warmup, threads=options.threads,
-                        latency_budget_ms=options.latency_budget_ms,
-                        require_provider=require, progress=say, tune=options.tune)
+    try:
+        report = run_checks(manifest, execute, f"{host.name}:{release}", runs=options.runs,
+                            warmup=options.warmup, threads=options.threads,
+                            latency_budget_ms=options.latency_budget_ms,
+                            require_provider=options.require_provider, progress=say,
+                            tune=options.tune)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # run.py's answers are the device's: one that is not what run.py prints is this host's
+        # failure, not edgepack's crash
+        raise DeviceError(f"{host.name}: run.py on the device answered with something edgepack "
+                          f"cannot read ({type(exc).__name__}: {str(exc)[:120]})",
+                          "check the device's Python, numpy and onnxruntime") from None
     report["host"] = host.name
     report["digest"] = digest
-    out = reports / host.label
-    write_reports(out, report)
+    out = write_reports(reports, report, host=report_folder(host.name))
     result.report, result.reports_dir = report, str(out)
     result.exit_code = 0 if report["passed"] else 1
     if report["passed"]:   # only a release that passed its check on the device is put in use
-        proc = conn.run(f"{python} - switch {quoted} {release_id(digest)}", stdin=probe,
-                        timeout=options.timeout)
-        result.release.update(_probe_json(proc, host, python))
-        say(f"passed; {remote}/current -> releases/{release_id(digest)}"
+        result.release.update(probe_step("switch", "switch", base, rid))
+        say(f"passed; {base}/current -> releases/{rid}"
             + ("" if result.release["switched"] else " (already)") + f"; report in {out}/")
     else:
-        proc = conn.run(f"readlink {quoted}/current || true", timeout=options.timeout)
-        kept = proc.stdout.strip().rsplit("/", 1)[-1]
+        proc = conn.run(f"readlink -- {shlex.quote(base + '/current')} || true",
+                        timeout=options.timeout, step="readlink current")
+        kept = proc.stdout.strip().rsplit("/", 1)[-1][:64]
         result.release.update(current=kept, previous=kept, switched=False)
         say(f"FAILED; {'current still points at ' + kept if kept else 'nothing was in use'}"
             f"; report in {out}/")
-
-
-def _probe_json(proc, host: Host, python: str) -> dict[str, Any]:
-    import json
-
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        if proc.returncode == 127 or "not found" in proc.stderr:
-            raise DeviceError(f"{host.name}: preflight failed: '{python}' is not on the device",
-                              "install Python 3.8+ there, or pass --python PATH")
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        raise DeviceError(f"{host.name}: the device probe failed ({last})",
-                          "check that python3 runs on the device")
-    return json.loads(lines[-1])
 
 
 def preflight_needs(manifest: dict[str, Any], bundle_bytes: int, *,
