@@ -8,11 +8,14 @@ outcome (the role writes it on the controller) to produce the same reports as th
 
 import functools
 import gzip
+import hashlib
 import json
+import math
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError, PackagerError, VerifyError
-from .inventory import Host, InventoryError
+from .inventory import Host, InventoryError, check_destination, read_inventory_text
 from .rollout import HostResult
 from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, run_checks, write_reports
 
@@ -53,16 +56,12 @@ def inventory_hosts(inventories: Sequence[Path], limit: str | None = None) -> li
     inventory order, with the connection variables edgepack's SSH engine uses. Read once per
     version of the files (the CLI and the Ansible engine both ask)."""
     for path in inventories:
-        if not Path(path).exists():
-            raise InventoryError(f"--hosts {path}: no such file", "check the path")
-        try:
-            if Path(path).is_file():
-                Path(path).read_text()
-        except UnicodeDecodeError as exc:
-            raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not "
-                                 "UTF-8)", "give an Ansible inventory (INI or YAML)") from None
+        read_inventory_text(Path(path))   # no FIFO, device or huge file reaches ansible-inventory
     stamp = tuple((str(Path(p).resolve()), Path(p).stat().st_mtime_ns) for p in inventories)
     return list(_inventory_hosts(stamp, limit))
+
+
+INVENTORY_TIMEOUT = 120   # seconds for ansible-inventory (a FIFO inside an inventory folder)
 
 
 @functools.lru_cache(maxsize=8)
@@ -72,15 +71,25 @@ def _inventory_hosts(stamp: tuple[tuple[str, int], ...], limit: str | None) -> t
     for path in inventories:
         cmd += ["-i", str(path)]
     cmd += ["--limit", limit] if limit else []
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env({}))
     where = ", ".join(map(str, inventories))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env({}),
+                              stdin=subprocess.DEVNULL, timeout=INVENTORY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise InventoryError(f"--hosts {where}: ansible-inventory gave no answer in "
+                             f"{INVENTORY_TIMEOUT} s", "check that the inventory holds only "
+                             "regular files (no FIFO) and that its plugins answer") from None
     if proc.returncode != 0:
         raise InventoryError(f"--hosts {where}: ansible-inventory failed: {_last(proc.stderr)}",
                              "fix the inventory (ansible-inventory -i FILE --list shows it)")
     if "Unable to parse" in proc.stderr or "Skipping due to errors" in proc.stderr:
         raise InventoryError(f"--hosts {where}: Ansible cannot parse it: {_last(proc.stderr)}",
                              "fix the inventory (ansible-inventory -i FILE --list shows it)")
-    data = json.loads(proc.stdout or "{}")
+    try:
+        data = json.loads(proc.stdout or "{}")
+    except ValueError:
+        raise InventoryError(f"--hosts {where}: ansible-inventory printed no JSON",
+                             "run ansible-inventory -i FILE --list to see why") from None
     names: list[str] = []
 
     def walk(group: str, seen: set[str]) -> None:
@@ -99,37 +108,119 @@ def _inventory_hosts(stamp: tuple[tuple[str, int], ...], limit: str | None) -> t
                              + (f" match --limit {limit}" if limit else ""),
                              "check the inventory and the --limit pattern")
     hostvars = data.get("_meta", {}).get("hostvars", {})
-    return tuple(_host(name, hostvars.get(name, {})) for name in names)
+    return tuple(_host(name, hostvars.get(name, {}), f"--hosts {where}: host {name}")
+                 for name in names)
 
 
-def _host(name: str, hv: dict[str, Any]) -> Host:
-    address = hv.get("ansible_host") or name
-    user = hv.get("ansible_user") or hv.get("ansible_ssh_user")
-    port = hv.get("ansible_port") or hv.get("ansible_ssh_port")
-    key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
-    python = hv.get("ansible_python_interpreter")
-    options = tuple(a for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-                    for a in shlex.split(str(hv.get(k) or "")))
-    return Host(name, f"{user}@{address}" if user else str(address),
-                int(port) if port else None, Path(key).expanduser() if key else None,
-                None if not python or str(python).startswith("auto") else str(python),
-                hv.get("edgepack_remote_dir"), options)
+def _text(hv: dict[str, Any], where: str, *keys: str) -> str | None:
+    """The first of *keys* that is set, as a string; a list, mapping or number is refused."""
+    for key in keys:
+        value = hv.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise InventoryError(f"{where}: {key} is {type(value).__name__} {value!r}, not text",
+                                 f"give {key} a string value")
+        return value
+    return None
+
+
+def _host(name: str, hv: dict[str, Any], where: str) -> Host:
+    """A Host from Ansible's host variables; a value ssh would misread is a host error here."""
+    address = _text(hv, where, "ansible_host") or name
+    user = _text(hv, where, "ansible_user", "ansible_ssh_user")
+    check_destination(where, user, address)
+    port = None
+    for key in ("ansible_port", "ansible_ssh_port"):
+        value = hv.get(key)
+        if value is None or value == "":
+            continue
+        text = str(value)
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not text.isdigit() \
+                or not 1 <= int(text) <= 65535:
+            raise InventoryError(f"{where}: {key}={value!r} is not a port number",
+                                 "set a port from 1 to 65535")
+        port = int(text)
+        break
+    key = _text(hv, where, "ansible_ssh_private_key_file", "ansible_private_key_file")
+    python = _text(hv, where, "ansible_python_interpreter")
+    remote_dir = _text(hv, where, "edgepack_remote_dir")
+    options: list[str] = []
+    for arg in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        value = _text(hv, where, arg)
+        try:
+            options += shlex.split(value or "")
+        except ValueError as exc:
+            raise InventoryError(f"{where}: {arg}: {exc}", "fix the quoting") from None
+    return Host(name, f"{user}@{address}" if user else address, port,
+                Path(key).expanduser() if key else None,
+                None if not python or python.startswith("auto") else python,
+                remote_dir, tuple(options))
+
+
+# the manifest's name becomes a file and folder name (<scratch>/<name>.tar.gz, ~/edgepack/<name>)
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_name(name: Any, bundle: Path) -> str:
+    """The bundle's name when it is one plain path component; BundleError otherwise."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
+        raise BundleError(f"{bundle}: manifest.json: name {name!r} is not a plain name (letters, "
+                          "digits, '.', '_', '-', at most 100, starting with a letter or digit)",
+                          "build the bundle again with a plain name; nothing was written")
+    return name
+
+
+def outcome_name(host: str) -> str:
+    """The role's file name for a host's outcome (the same rule as in tasks/main.yml): the
+    inventory name when it is a plain file name, else a cleaned name plus a hash of it."""
+    clean = re.sub(r"[^A-Za-z0-9_.@-]", "_", host)
+    if clean == host and host not in (".", "..") and len(host) <= 100:
+        return host
+    return f"{clean[:80]}-{hashlib.sha1(host.encode()).hexdigest()[:12]}"
 
 
 def pack(folder: Path, name: str, archive: Path) -> None:
     """folder as archive/NAME/..., byte for byte the same for the same files (no gzip time, no
-    owner): the role's copy then changes nothing on a second deploy."""
-    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
-
-    with open(archive, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
-        for path in sorted(folder.rglob("*")):
-            rel = path.relative_to(folder)
-            if path.is_file() and rel.parts[0] not in EXCLUDE:
-                tar.add(path, f"{name}/{rel.as_posix()}", filter=clean)
+    owner): the role's copy then changes nothing on a second deploy. Only regular files and
+    folders, each written once (no hard links), with normal modes (0644 files, 0755 folders:
+    run.py runs as `python3 run.py`, nothing needs an execute bit), owner 0: a setuid or
+    world-writable file in the folder or its archive never reaches a device."""
+    safe_name(name, folder)
+    entries: list[tuple[str, Path | None]] = [(name, None)]
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if rel.parts[0] in EXCLUDE:
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            entries.append((f"{name}/{rel.as_posix()}", None))
+        elif stat.S_ISREG(mode):
+            entries.append((f"{name}/{rel.as_posix()}", path))
+        else:
+            kind = "a symbolic link" if stat.S_ISLNK(mode) else "a special file"
+            raise BundleError(f"{folder}: {rel.as_posix()} is {kind}; a bundle holds only files "
+                              "and folders", "build the bundle again; nothing was copied")
+    partial = archive.with_name(f".{archive.name}.partial")
+    try:
+        with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for member, path in entries:
+                info = tarfile.TarInfo(member)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                if path is None:
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+                    tar.addfile(info)
+                    continue
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    info.type, info.mode = tarfile.REGTYPE, 0o644
+                    info.size, info.mtime = st.st_size, int(st.st_mtime)
+                    tar.addfile(info, f)
+        os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def ansible_env(extra: dict[str, str]) -> dict[str, str]:
@@ -160,15 +251,19 @@ class AnsibleEngine:
     def __enter__(self) -> "AnsibleEngine":
         from .ansible_role import write_role
 
+        # checked before anything is written: the name becomes <scratch>/<name>.tar.gz
+        name = safe_name(self.manifest.get("name") or self.folder.name, self.bundle)
         self.work = Path(tempfile.mkdtemp(prefix="edgepack-ansible-"))
-        write_role(self.work / "roles")
-        (self.work / "site.yml").write_text(PLAYBOOK)
-        if self.bundle.is_file():
-            self.archive = self.bundle.resolve()
-        else:   # a bundle folder: packed as build packs it, without local results
-            name = self.manifest.get("name") or self.folder.name
+        try:
+            write_role(self.work / "roles")
+            (self.work / "site.yml").write_text(PLAYBOOK)
+            # always the folder that was checked (a .tar.gz was unpacked with tarfile's data
+            # filter), packed again: the user's archive, with its modes and owners, is never sent
             self.archive = self.work / f"{name}.tar.gz"
             pack(self.folder, name, self.archive)
+        except BaseException:
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -182,7 +277,9 @@ class AnsibleEngine:
                      "edgepack_tune": o.tune, "edgepack_latency_budget_ms": o.latency_budget_ms,
                      "edgepack_require_provider": o.require_provider or "",
                      "edgepack_allow_fallback": o.allow_fallback,
-                     "edgepack_timeout": int(o.timeout), "edgepack_reunpack": o.checksum,
+                     # at least 1: Ansible reads a task timeout of 0 as "no timeout"
+                     "edgepack_timeout": max(1, math.ceil(o.timeout)),
+                     "edgepack_reunpack": o.checksum,
                      "edgepack_default_python": o.python,
                      # run_checks' own --tune figures, so its replay asks for what the role ran
                      "edgepack_tune_runs": TUNE_RUNS, "edgepack_tune_warmup": TUNE_WARMUP}
@@ -268,7 +365,7 @@ class AnsibleEngine:
         return lines
 
     def _result(self, host: Host, outcomes: Path, output: list[str]) -> HostResult:
-        path = outcomes / f"{host.name}.json"
+        path = outcomes / f"{outcome_name(host.name)}.json"
         if not path.is_file():
             refused = next((ln for ln in output if "edgepack_bundle: " in ln), "")
             if refused:
@@ -281,7 +378,9 @@ class AnsibleEngine:
                               f" ({said[:200] or 'the host was not in the play'})",
                               engine="ansible")
         data = json.loads(path.read_text())
-        device = {k: v for k, v in data.get("device", {}).items() if k != "problems"}
+        answer = data.get("device")   # what the device said; it may be anything
+        device = {k: v for k, v in answer.items() if k != "problems"} \
+            if isinstance(answer, dict) else {}
         result = HostResult(host.name, data["exit_code"], device=device, engine="ansible",
                             release={k: data[k] for k in ("dir", "release", "current",
                                                           "previous", "switched")})

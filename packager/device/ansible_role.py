@@ -4,6 +4,7 @@ The role lives in packager/device/role/edgepack_bundle; device_probe.py (the sam
 over SSH) is added to its files/ when it is written out.
 """
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +31,12 @@ def write_role(roles_dir: Path, *, force: bool = False) -> tuple[Path, bool]:
     roles_dir = Path(roles_dir)
     dest = roles_dir / NAME
     files = role_files()
-    if dest.exists():
+    if dest.is_symlink():   # replaced by a folder with --force; what it points to is kept
+        if not force:
+            raise PackagerError(f"{dest} is a symbolic link (to {os.readlink(dest)})",
+                                "pass --force to replace the link with the role (what it points "
+                                "to is left alone), or remove the link")
+    elif dest.exists():
         have = {p.relative_to(dest).as_posix(): p.read_bytes()
                 for p in dest.rglob("*") if p.is_file()} if dest.is_dir() else {}
         if have == files:
@@ -47,8 +53,10 @@ def write_role(roles_dir: Path, *, force: bool = False) -> tuple[Path, bool]:
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        if dest.exists():
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            dest.unlink()   # never rmtree through a link
+        elif dest.exists():
+            shutil.rmtree(dest)
         staging.rename(dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

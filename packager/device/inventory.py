@@ -1,7 +1,9 @@
 """Devices to deploy to: hosts from the command line or an inventory file."""
 
+import os
 import re
 import shlex
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +30,56 @@ class Host:
         return re.sub(r"[^A-Za-z0-9_.@-]", "_", self.name)
 
 
+# an inventory is a few KB; a bound keeps --hosts /dev/zero or a huge file from filling memory
+MAX_INVENTORY_BYTES = 4 << 20
+
+
+def read_inventory_text(path: Path) -> str | None:
+    """The text of an inventory file, or None for a folder (an Ansible inventory folder).
+    Refuses FIFOs, devices and sockets without blocking on them, and files over
+    MAX_INVENTORY_BYTES, reading no more than that."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InventoryError(f"--hosts {path}: no such file", "check the path") from None
+    except IsADirectoryError:
+        return None
+    except OSError as exc:
+        raise InventoryError(f"--hosts {path}: cannot be read ({exc.strerror})",
+                             "check the path") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            return None
+        if not stat.S_ISREG(mode):
+            raise InventoryError(f"--hosts {path}: not a regular file (a FIFO, device or socket)",
+                                 "give an Ansible inventory file (INI or YAML) or folder")
+        data = f.read(MAX_INVENTORY_BYTES + 1)
+    if len(data) > MAX_INVENTORY_BYTES:
+        raise InventoryError(f"--hosts {path}: larger than {MAX_INVENTORY_BYTES >> 20} MB, which "
+                             "no inventory needs", "give an Ansible inventory (INI or YAML)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not UTF-8)",
+                             "give an Ansible inventory (INI or YAML)") from None
+
+
+def check_destination(where: str, user: str | None, address: str) -> None:
+    """Refuse a login or address that ssh would read as one of its options (`-oProxyCommand=`)
+    or that holds spaces or control characters."""
+    for key, value in (("ansible_user", user), ("ansible_host", address)):
+        if value is None:
+            continue
+        if not value or value.startswith("-") or any(c.isspace() or ord(c) < 32 or c == "\x7f"
+                                                     for c in value):
+            raise InventoryError(f"{where}: {key}={value!r} is not a "
+                                 + ("login name" if key == "ansible_user" else "host address"),
+                                 "ssh would read a value starting with '-' as an option; fix "
+                                 "the inventory")
+
+
 ANSIBLE_KEYS = {"ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
                 "ansible_python_interpreter", "edgepack_remote_dir", "ansible_ssh_common_args",
                 "ansible_ssh_extra_args"}
@@ -39,6 +91,12 @@ def parse_host(text: str) -> Host:
     match = re.fullmatch(r"ssh://(?:([^@/]+)@)?([^:/]+)(?::(\d+))?/?", text)
     if match:
         user, host, port = match.groups()
+        if (user or "").startswith("-") or host.startswith("-") or \
+                any(c.isspace() for c in user or "") or any(c.isspace() for c in host):
+            raise InventoryError(f"{text!r} is not a host (ssh would read '-...' as an option)",
+                                 "give an ssh alias, user@host, or ssh://user@host:port")
+        if port and not 1 <= int(port) <= 65535:
+            raise InventoryError(f"{text!r}: port {port} is not 1-65535", "fix the port")
         destination = f"{user}@{host}" if user else host
         return Host(text, destination, int(port) if port else None)
     if not text or any(c.isspace() for c in text) or text.startswith("-"):
@@ -56,9 +114,11 @@ def _apply(host: Host, variables: dict[str, str], where: str) -> Host:
     if "ansible_host" in variables or "ansible_user" in variables:
         address = variables.get("ansible_host", host.destination.split("@")[-1])
         user = variables.get("ansible_user")
+        check_destination(where, user, address)
         changes["destination"] = f"{user}@{address}" if user else address
     if "ansible_port" in variables:
-        if not variables["ansible_port"].isdigit():
+        if not variables["ansible_port"].isdigit() or \
+                not 1 <= int(variables["ansible_port"]) <= 65535:
             raise InventoryError(f"{where}: ansible_port={variables['ansible_port']} is not a "
                                  "number", "fix the port")
         changes["port"] = int(variables["ansible_port"])
@@ -81,17 +141,14 @@ def _apply(host: Host, variables: dict[str, str], where: str) -> Host:
 def read_inventory(path: Path) -> list[Host]:
     """One host per line, or Ansible's INI inventory (groups, host variables, [group:vars])."""
     path = Path(path)
-    if not path.is_file():
-        raise InventoryError(f"--hosts {path}: no such file", "check the path")
+    text = read_inventory_text(path)
+    if text is None:
+        raise InventoryError(f"--hosts {path}: a folder", "a folder inventory needs ansible-core "
+                             "to read it; give an INI file")
     hosts: dict[str, Host] = {}
     groups: dict[str, list[str]] = {}
     group_vars: dict[str, dict[str, str]] = {}
     section, kind = "ungrouped", "hosts"
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not UTF-8)",
-                             "one host per line, or an Ansible INI inventory") from None
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line or line.startswith(";"):
