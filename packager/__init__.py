@@ -2,6 +2,11 @@
 
 The library mirrors the CLI: one function per command.
 """
+# ruff: noqa: E402  (the SIGINT handler goes in before the heavy imports)
+
+from .errors import exit_on_early_interrupt
+
+exit_on_early_interrupt()   # before the heavy imports below: Ctrl-C there exits 130, one line
 
 from .bundle.assemble import bundle
 from .compare import compare

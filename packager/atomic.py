@@ -13,6 +13,117 @@ from .errors import BundleError
 
 BUNDLE_MARK = "manifest.json"   # a folder --force may replace holds one
 
+_held: dict[str, list] = {}   # output -> [fd, lock file, folders made, claims]
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of output *path*: `.NAME.lock` beside it."""
+    here = Path(os.path.abspath(path))
+    return here.with_name(f".{here.name}.lock")
+
+
+@contextmanager
+def output_lock(*paths: Path) -> Iterator[None]:
+    """Hold an exclusive lock on each output path for the block: a second edgepack run writing
+    the same -o fails at once ("another edgepack run is writing -o PATH") instead of racing
+    this one to replace it. Nested claims of one path in this process share the lock."""
+    taken = []
+    try:
+        for path in paths:
+            taken.append(_claim(path))
+        yield
+    finally:
+        for key in reversed(taken):
+            _release(key)
+
+
+def _claim(path: Path) -> str:
+    """Lock *path*: a `flock` on `.NAME.lock` beside it, whose folder is made if missing (and
+    removed on release if still empty). Where no lock file can be made (a read-only folder),
+    there is no lock: the write itself fails later with its own message."""
+    import fcntl
+
+    here = Path(os.path.abspath(path))
+    key = str(here)
+    if Path(path).name in ("", ".", ".."):   # check_free refuses such an -o
+        _held.setdefault(key, [None, None, [], 0])[3] += 1
+        return key
+    if key in _held:
+        _held[key][3] += 1
+        return key
+    made = []
+    parent = here.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    lock = lock_path(here)
+    while True:
+        try:
+            for folder in reversed(made):
+                folder.mkdir(exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            _remove_made(made)
+            _held[key] = [None, lock, [], 1]
+            return key
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            _remove_made(made)
+            raise BundleError(f"another edgepack run is writing -o {path} (it holds {lock})",
+                              "wait for it to finish, or pick another -o") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except OSError:
+            same = False
+        if same:   # else the holder removed the file as we opened it: lock the new one
+            break
+        os.close(fd)
+    _held[key] = [fd, lock, made, 1]
+    return key
+
+
+def _release(key: str) -> None:
+    entry = _held.get(key)
+    if entry is None:
+        return
+    entry[3] -= 1
+    if entry[3] > 0:
+        return
+    del _held[key]
+    fd, lock, made, _ = entry
+    if fd is None:
+        return
+    try:
+        lock.unlink(missing_ok=True)   # while still locked: no one is left waiting on it
+    except OSError:
+        pass
+    os.close(fd)
+    _remove_made(made)
+
+
+def _remove_made(made: Sequence[Path]) -> None:
+    for folder in made:   # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+@contextmanager
+def scratch_cwd() -> Iterator[Path]:
+    """Run a library that writes temporaries into the current folder (onnxruntime's symbolic
+    shape inference leaves `sym_shape_infer_temp.onnx` and a `<uuid>` data file there) inside a
+    temporary folder that is removed afterwards; the user's folder stays as it was."""
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="edgepack-cwd-") as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(cwd)
+
 
 def check_free(path: Path, *, force: bool, inputs: Sequence[Path | str] = ()) -> None:
     """Raise unless *path* is free to write (or *force* allows replacing it), is not one of
@@ -76,7 +187,14 @@ def atomic_file(path: Path, *, force: bool = False,
     """Yield a temporary path beside *path*; move it onto *path* only if the block succeeds.
     The file gets the mode of the file it replaces, else the umask's."""
     path = Path(path)
-    check_free(path, force=force, inputs=inputs)
+    with output_lock(path):
+        check_free(path, force=force, inputs=inputs)
+        with _atomic_file(path, force=force) as tmp:
+            yield tmp
+
+
+@contextmanager
+def _atomic_file(path: Path, *, force: bool) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
@@ -88,6 +206,9 @@ def atomic_file(path: Path, *, force: bool = False,
         yield tmp_path
         mode = path.stat().st_mode & 0o7777 if path.is_file() else _default_mode(False)
         os.chmod(tmp_path, mode)
+        if not force and (path.exists() or path.is_symlink()):
+            raise BundleError(f"{path} appeared while this run wrote it",
+                              "pass --force to replace it, or pick another -o")
         os.replace(tmp_path, path)
     except OSError as exc:
         raise write_error(exc, path) from None
@@ -102,8 +223,16 @@ def atomic_pair(directory: Path, archive: Path, *, force: bool = False,
     in place together: neither appears (nor is replaced) without the other, even when the last
     step fails or is interrupted."""
     directory, archive = Path(directory), Path(archive)
-    for path in (directory, archive):
-        check_free(path, force=force, inputs=inputs)
+    with output_lock(directory, archive):
+        for path in (directory, archive):
+            check_free(path, force=force, inputs=inputs)
+        with _atomic_pair(directory, archive, force=force) as pair:
+            yield pair
+
+
+@contextmanager
+def _atomic_pair(directory: Path, archive: Path, *, force: bool
+                 ) -> Iterator[tuple[Path, Path]]:
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".part",
@@ -120,7 +249,7 @@ def atomic_pair(directory: Path, archive: Path, *, force: bool = False,
             for name in files:
                 os.chmod(os.path.join(tree, name), _default_mode(False))
         os.chmod(tmp_file, _default_mode(False))
-        _publish([(tmp_dir, directory), (tmp_file, archive)])
+        _publish([(tmp_dir, directory), (tmp_file, archive)], force=force)
     except OSError as exc:
         raise write_error(exc, directory) from None
     finally:
@@ -135,9 +264,14 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _publish(moves: Sequence[tuple[Path, Path]]) -> None:
-    """Rename each temporary onto its final path, all or none: what they replace is set aside
-    first and put back if any rename fails or is interrupted (Ctrl-C included)."""
+def _publish(moves: Sequence[tuple[Path, Path]], *, force: bool) -> None:
+    """Rename each temporary onto its final path, all or none: what they replace (only with
+    *force*) is set aside first and put back if any rename fails or is interrupted."""
+    if not force:
+        for _, final in moves:
+            if final.exists() or final.is_symlink():
+                raise BundleError(f"{final} appeared while this run wrote it",
+                                  "pass --force to replace it, or pick another -o")
     aside: list[tuple[Path, Path]] = []
     placed: list[Path] = []
     try:

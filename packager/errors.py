@@ -72,3 +72,68 @@ class BudgetMissed(PackagerError):
     """A forced precision cannot keep the accuracy budget: the bundle would break its promise."""
 
     exit_code = 1
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+_interrupted = False
+
+
+def exit_on_early_interrupt() -> None:
+    """When this process is the edgepack program, make a Ctrl-C that lands while it is still
+    importing its libraries exit 130 with one line: nothing has been written yet, and an
+    interrupt inside a C extension's import would otherwise show a traceback or a bogus
+    ImportError. The CLI replaces this handler once a command runs (catch_interrupts)."""
+    import os
+    import signal
+    import sys
+
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if program != "edgepack" and sys.argv[:1] != ["-m"]:
+        return   # a library user's process: their signal handling is theirs
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def quit_now(signum: int, frame: object) -> None:
+        os.write(2, b"interrupted: nothing was written\n")
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, quit_now)
+
+
+def catch_interrupts() -> object:
+    """Install the command-time SIGINT handler (raise KeyboardInterrupt, and remember it: a C
+    extension may turn it into another exception); return the handler it replaced."""
+    import signal
+
+    global _interrupted
+    _interrupted = False
+
+    def interrupted(signum: int, frame: object) -> None:
+        global _interrupted
+        _interrupted = True
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, interrupted)
+    return previous
+
+
+def restore_interrupts(previous: object) -> None:
+    import signal
+
+    early = getattr(previous, "__name__", "") == "quit_now"   # output may exist by now
+    signal.signal(signal.SIGINT, signal.default_int_handler if early or previous is None
+                  else previous)
+
+
+def was_interrupted(exc: BaseException) -> bool:
+    """True when *exc* is, or came from, a Ctrl-C (pybind11 modules turn a KeyboardInterrupt
+    during their import into "ImportError: initialization failed")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return _interrupted

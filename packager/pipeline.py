@@ -10,10 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ._runtimes.runner.sessions import describe_session
-from .atomic import check_free, check_writable
+from .atomic import check_free, check_writable, output_lock
 from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bundle
 from .errors import CalibrationError, SpecError
 from .graph.execute import Sample, run_model
@@ -167,48 +165,50 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                         f"{target.providers[0].name}, which builds its own graph at load",
                         "use it for CPU targets (x86_64-cpu, rpi) only")
     output = Path(output)
-    sources = input_paths(model, calib, part_calib, export_options)
-    check_free(output, force=force, inputs=sources)
-    check_free(archive_path(output), force=force, inputs=sources)
-    # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
-    check_writable(output, need_bytes=3 * sum(_size(p) for p in sources) + 10_000_000)
-    requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
-                          labels=labels, parts=parts, part_calib=part_calib,
-                          part_quant=part_quant, export_options=export_options)
-    requests = [replace(r, consts=dict(consts)) for r in requests]
-    for req in requests:
-        if req.calib is not None:
-            list_sources(req.calib)  # fail before the slow stages when a folder is empty
-    several = len(requests) > 1
-    results, payloads = [], []
-    with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp:
+    # held from the first check to the publish: a second run to this -o fails at once
+    with output_lock(output, archive_path(output)):
+        sources = input_paths(model, calib, part_calib, export_options)
+        check_free(output, force=force, inputs=sources)
+        check_free(archive_path(output), force=force, inputs=sources)
+        # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
+        check_writable(output, need_bytes=3 * sum(_size(p) for p in sources) + 10_000_000)
+        requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
+                              labels=labels, parts=parts, part_calib=part_calib,
+                              part_quant=part_quant, export_options=export_options)
+        requests = [replace(r, consts=dict(consts)) for r in requests]
         for req in requests:
-            part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
-            payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
-                                          options=export_options, min_cosine=min_cosine,
-                                          max_drop=max_accuracy_drop, metric=metric,
-                                          timer=timer, log=part_log, progress=progress,
-                                          steps=steps,
-                                          fuse=fuse)
-            payloads.append(payload)
-            results.append(result)
-        unused = set(consts) - {k for r in results for k in r.consts}
-        if unused:
-            raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
-                            "see the inputs with `edgepack inspect MODEL`")
-        out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
-                     tune=tune, offline=offline)
-    for entry in out.manifest["parts"] if offline else ():
-        log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
-            f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
-            f"{entry['offline']['reason']}")
-    tuning = out.manifest.get("tuning")
-    if tuning:
-        log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "
-            f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
-    log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
-        "take it as --expect-digest)")
-    return BuildResult(out, results)
+            if req.calib is not None:
+                list_sources(req.calib)  # fail before the slow stages when a folder is empty
+        several = len(requests) > 1
+        results, payloads = [], []
+        with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp:
+            for req in requests:
+                part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
+                payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
+                                              options=export_options, min_cosine=min_cosine,
+                                              max_drop=max_accuracy_drop, metric=metric,
+                                              timer=timer, log=part_log, progress=progress,
+                                              steps=steps,
+                                              fuse=fuse)
+                payloads.append(payload)
+                results.append(result)
+            unused = set(consts) - {k for r in results for k in r.consts}
+            if unused:
+                raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
+                                "see the inputs with `edgepack inspect MODEL`")
+            out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
+                         tune=tune, offline=offline)
+        for entry in out.manifest["parts"] if offline else ():
+            log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
+                f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
+                f"{entry['offline']['reason']}")
+        tuning = out.manifest.get("tuning")
+        if tuning:
+            log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "
+                f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
+        log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
+            "take it as --expect-digest)")
+        return BuildResult(out, results)
 
 
 def input_paths(model: Path | str, calib: Path | None, part_calib: Mapping[str, Path],

@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from ..errors import PackagerError, SpecError
+from ..errors import (
+    PackagerError,
+    SpecError,
+    catch_interrupts,
+    restore_interrupts,
+    was_interrupted,
+)
 
 INPUT_HELP = "static input shape NAME:1x3x224x224[:dtype] (repeatable)"
 QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
@@ -15,11 +21,16 @@ QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type"
 
 
 class Command(click.Command):
-    """Notes --json in the context's meta (shared with the group) for error reporting."""
+    """Notes --json in the context's meta (shared with the group) for error reporting, and
+    holds the -o lock for the whole command: a second run to the same output fails at once."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from ..atomic import output_lock
+
         ctx.meta["edgepack.json"] = bool(ctx.params.get("as_json"))
-        return super().invoke(ctx)
+        output = ctx.params.get("output")
+        with output_lock(*([output] if isinstance(output, Path) else [])):
+            return super().invoke(ctx)
 
 
 def fail(ctx: click.Context, message: str, hint: str, code: int) -> None:
@@ -37,6 +48,7 @@ class Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug", False)
+        previous = _catch_interrupts()
         try:
             return super().invoke(ctx)
         except PackagerError as exc:
@@ -44,19 +56,77 @@ class Group(click.Group):
                 raise
             fail(ctx, exc.message, exc.hint, exc.exit_code)
         except KeyboardInterrupt:
-            note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
-                    "deploy" else "nothing was written")
-            click.echo(f"interrupted: {note}", err=True)
-            ctx.exit(130)
+            _interrupted(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # a bug, not bad input: one line unless --debug
+            if was_interrupted(exc):   # e.g. ImportError("initialization failed") from Ctrl-C
+                _interrupted(ctx)
             if debug:
                 raise
             text = " ".join(str(exc).split())[:300]
             fail(ctx, f"unexpected {type(exc).__name__}: {text}",
                  "this is a bug in edgepack: please report it with the command line "
                  "(rerun with --debug for the traceback)", 3)
+        finally:
+            if previous is not None:
+                restore_interrupts(previous)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            if _is_program():
+                import signal
+
+                # the outcome is decided and printed: a Ctrl-C while Python tears down its
+                # modules must not turn it into a death by SIGINT
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _exit_past_user_threads(exc.code)
+            raise
+
+
+def _is_program() -> bool:
+    """True when this process is the edgepack program (not a library user or a test runner)."""
+    import os
+
+    program = sys.argv[0] if sys.argv else ""
+    return os.path.basename(program) == "edgepack" or \
+        program.endswith(os.path.join("packager", "__main__.py"))
+
+
+def _catch_interrupts() -> object:
+    try:
+        return catch_interrupts()
+    except ValueError:   # not the main thread (an embedding app): leave signals alone
+        return None
+
+
+def _interrupted(ctx: click.Context) -> None:
+    note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
+            "deploy" else "nothing was written")
+    click.echo(f"interrupted: {note}", err=True)
+    ctx.exit(130)
+
+
+def _exit_past_user_threads(code: Any) -> None:
+    """End the edgepack program now when threads a factory started would keep it alive after
+    its work is done (Python waits for non-daemon threads); the edgepack program only."""
+    import os
+    import threading
+
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not left:
+        return
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    try:
+        click.echo(f"note: not waiting for {len(left)} thread(s) the model's code left running "
+                   f"({', '.join(t.name for t in left[:3])})", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)
 
 
 def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:

@@ -28,6 +28,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from ..atomic import scratch_cwd
 from .packed_attention import PACKED_ATTENTION, fuse_packed_attention
 
 # contrib ops the CPU provider implements, with the onnxruntime release that has them on the CPU
@@ -113,7 +114,9 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
     level = quiet.level
     quiet.setLevel(logging.ERROR)   # the optimizer logs each fusion it tries
     try:
-        with contextlib.redirect_stdout(io.StringIO()):   # and prints its shape inference's
+        # it prints its shape inference's output, and that inference can leave
+        # sym_shape_infer_temp.onnx in the current folder: run it in a scratch one
+        with contextlib.redirect_stdout(io.StringIO()), scratch_cwd():
             optimizer = BertOnnxModel(onnx.ModelProto.FromString(model.SerializeToString()),
                                       heads, hidden)
             optimizer.optimize(options)

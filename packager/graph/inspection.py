@@ -100,7 +100,10 @@ def estimate_flops(model: onnx.ModelProto) -> int | None:
             # shape inference knows their output shapes
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-            inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            from ..atomic import scratch_cwd
+
+            with scratch_cwd():   # an incomplete inference leaves files in the current folder
+                inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
         else:
             inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:   # shapes unknown: no estimate, not an error

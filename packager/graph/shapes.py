@@ -7,7 +7,7 @@ from typing import Any
 
 import onnx
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, scratch_cwd
 from ..errors import ShapeError
 from .inspection import dims_of, graph_inputs
 from .modelio import load_model, save_model
@@ -112,7 +112,9 @@ def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
+        with scratch_cwd():   # an incomplete inference saves sym_shape_infer_temp.onnx there
+            inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False,
+                                                           guess_output_rank=False)
         if inferred is not None:
             return inferred
     except Exception:  # the symbolic engine lacks some ops; ONNX's own inference is the fallback

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_file, check_free
+from ..atomic import atomic_file, check_free, output_lock
 from ..errors import ExportError, ExportInvalid, PackagerError
 from ..graph.compat import runtime_limits
 from ..graph.execute import Sample
@@ -69,12 +69,13 @@ def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (
     output = Path(output)
     sources = [Path(p) for p in (str(source).rsplit(":", 1)[0], str(source), weights)
                if p is not None and Path(p).exists()]
-    check_free(output, force=force, inputs=sources)
-    loaded = load_source(str(source), factory_args=factory_args, weights=weights,
-                         submodule=submodule)
-    return export_loaded(loaded, output, inputs=inputs, dynamic=dynamic, opset=opset,
-                         target=target, output_names=output_names, samples=samples,
-                         tolerance=tolerance, force=force, log=log)
+    with output_lock(output):   # from the check to the write: one run per -o at a time
+        check_free(output, force=force, inputs=sources)
+        loaded = load_source(str(source), factory_args=factory_args, weights=weights,
+                             submodule=submodule)
+        return export_loaded(loaded, output, inputs=inputs, dynamic=dynamic, opset=opset,
+                             target=target, output_names=output_names, samples=samples,
+                             tolerance=tolerance, force=force, log=log)
 
 
 def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorSpec] = (),
@@ -148,10 +149,11 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     if dynamic:
         validation["dynamic"] = _check_dynamic(proto, module, specs, dynamic, names)
     worst = validation["max_rel"]
-    log(f"validation vs PyTorch on {validation['samples']} inputs: max abs "
-        f"{validation['max_abs']:.3g}, max rel {worst:.3g}, cosine min "
-        f"{validation['cosine_min']:.6f}")
     broken = {n: e["nonfinite"] for n, e in validation["outputs"].items() if e["nonfinite"]}
+    log(f"validation vs PyTorch on {validation['samples']} inputs: " + (
+        f"{sum(broken.values())} NaN/inf output values" if broken else
+        f"max abs {validation['max_abs']:.3g}, max rel {worst:.3g}, cosine min "
+        f"{validation['cosine_min']:.6f}"))
     if broken:   # NaN == NaN is no agreement: such a model computes nothing
         name, count = next(iter(broken.items()))
         raise ExportInvalid(

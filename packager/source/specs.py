@@ -104,7 +104,6 @@ def parse_consts(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """`--const sr=16000`, `--const flags=[1,0]`, `--const state=zeros.npy` -> {name: value}."""
     import ast
 
-    import numpy as np
 
     result: dict[str, Any] = {}
     for key, text in parse_assignments(values, "--const").items():

@@ -215,6 +215,8 @@ def _load_factory(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
         try:
             with user_code(f"the factory {spec}"):
                 module = target(**kwargs)
+        except ExportError:
+            raise
         except TypeError as exc:
             if exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
                 raise ExportError(f"calling {spec}({_args(kwargs)}) failed: {first_line(exc)}",
