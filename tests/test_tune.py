@@ -105,14 +105,14 @@ def test_a_tuned_file_from_another_bundle_version_is_ignored(slow_session, tmp_p
 
 @pytest.mark.parametrize("content, says", [
     ("{not json", "session.tuned.json: "),
-    ('{"manifest": "x", "onnxruntime": "1", "cores": 2, "session": {"intra_op_threads": -1}}',
+    ('{"manifest": "sha256:%s", "onnxruntime": "1", "cores": 2, "session": {"intra_op_threads": -1}}',
      "session.intra_op_threads must be a thread count"),
-    ('{"manifest": "x", "onnxruntime": "1", "cores": 2, "session": {"turbo": true}}',
-     "unknown session option 'turbo'"),
+    ('{"manifest": "sha256:%s", "onnxruntime": "1", "cores": 2, "session": {"turbo": true}}',
+     "turbo"),
 ])
 def test_a_damaged_tuned_file_is_one_line_naming_it(built, tmp_path, content, says):
     bundle = copy_with_session(built, tmp_path, {})
-    (bundle / TUNED).write_text(content)
+    (bundle / TUNED).write_text(content.replace("%s", "0" * 64))
     proc = run_py(bundle, "check")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -27,7 +27,7 @@ from ..graph.modelio import load_model, opset_of, save_model
 from ..graph.offline import offline_graph
 from ..hashing import sha256
 from ..targets import Target
-from .manifest import MANIFEST, Manifest
+from .manifest import MANIFEST, NAME_RULE, Manifest, name_problem, safe_name
 
 # the staged bundle folder -> the manifest's "tuning" record (its "chosen" is the session)
 Tuner = Callable[[Path], dict[str, Any]]
@@ -276,6 +276,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     """
     output = Path(output)
     archive = archive_path(output)
+    name = bundle_name(name, output, parts)
     check_free(output, force=force, inputs=inputs)
     check_free(archive, force=force, inputs=inputs)
     names = [p.name for p in parts]
@@ -309,7 +310,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             reqs.append("opencv-python-headless  # image inputs only")
         (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
         manifest = Manifest(
-            name=name or output.name,
+            name=name,
             created=created.isoformat(timespec="seconds"),
             target={"name": target.name, "arch": target.arch, "python": target.python,
                     "runtime_package": target.runtime_package,
@@ -335,6 +336,19 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
         write_archive(tmp, tar_tmp, output.name, created)
     return BundleResult(output, archive, manifest.to_dict(),
                         "sha256:" + sha256(output / MANIFEST))
+
+
+def bundle_name(name: str | None, output: Path, parts: Sequence["PartPayload"]) -> str:
+    """The manifest's name: *name* when given (BundleError unless it is one safe path component:
+    devices keep the bundle in ~/edgepack/NAME), else the output folder's name, else the first
+    model's source file name (its stem), made safe ('-' for other characters), else "bundle"."""
+    if name is not None:
+        problem = name_problem(name)
+        if problem:
+            raise BundleError(f"bundle {problem}", f"use {NAME_RULE}")
+        return name
+    stems = [output.name] + [Path(str(p.source.get("file") or "")).stem for p in parts[:1]]
+    return next((safe for safe in map(safe_name, stems) if safe), "bundle")
 
 
 def _remove_unlisted(folder: Path, files: dict[str, str]) -> None:

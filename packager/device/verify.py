@@ -11,6 +11,7 @@ from typing import Any
 from .._runtimes.runner.sessions import describe_session
 from ..bundle.manifest import read_manifest
 from ..errors import VerifyError
+from .reports import write_files
 
 REPORTS = "reports"
 TUNE_RUNS = 50   # runs per session setting tried by --tune (each after its warm-up runs)
@@ -55,9 +56,12 @@ def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict
                           "rebuild or copy the bundle again")
     try:
         report = json.loads(stdout)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise VerifyError(f"run.py {args[0]} printed no JSON (exit {code}): {last}",
                           "the runner is damaged; rebuild the bundle") from None
+    if not isinstance(report, dict):
+        raise VerifyError(f"run.py {args[0]} in {where} printed JSON that is not an object "
+                          f"(exit {code})", "the runner is damaged; rebuild the bundle")
     return code, report, stderr
 
 
@@ -70,6 +74,21 @@ def bundle_digest(bundle: Path) -> str:
     return "sha256:" + sha256(str(Path(bundle) / "manifest.json"))
 
 
+DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+
+
+def parse_digest(text: str) -> str:
+    """--expect-digest as `sha256:` + 64 lower-case hex digits. Accepts the prefix in any case,
+    upper-case hex and surrounding spaces; anything else is VerifyError saying the form."""
+    match = DIGEST.fullmatch(str(text).strip().lower())
+    if not match:
+        shown = str(text) if len(str(text)) <= 80 else str(text)[:77] + "..."
+        raise VerifyError(f"--expect-digest {shown!r}: not a bundle digest",
+                          "give sha256: and the 64 hex digits `edgepack build` printed (e.g. "
+                          "sha256:1d12...; the prefix may be left out)")
+    return "sha256:" + match.group(1)
+
+
 def integrity_problems(bundle: Path, manifest: dict[str, Any],
                        expect_digest: str | None = None, digest: str | None = None) -> list[str]:
     """The host's check of *bundle* (with the host's own runner code, not the bundle's), done
@@ -78,11 +97,10 @@ def integrity_problems(bundle: Path, manifest: dict[str, Any],
     from .._runtimes.runner.manifest import check_manifest, integrity_problems
 
     problems = []
-    if expect_digest:
+    if expect_digest is not None:
+        wanted = parse_digest(expect_digest)
         digest = digest or bundle_digest(bundle)
-        wanted = expect_digest if expect_digest.startswith("sha256:") else "sha256:" + \
-            expect_digest
-        if digest != wanted.lower():
+        if digest != wanted:
             problems.append(f"manifest.json: digest {digest} is not the expected {wanted}")
     try:
         check_manifest(manifest)
@@ -111,9 +129,11 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     session.tuned.json for this machine."""
     check_tune(tune, threads)
     bundle = Path(bundle)
+    wanted = parse_digest(expect_digest) if expect_digest is not None else None
     manifest = read_manifest(bundle)
     digest = bundle_digest(bundle)
-    problems = integrity_problems(bundle, manifest, expect_digest, digest)
+    write_files(bundle, [REPORTS], {})   # a planted reports/ link is refused before any work
+    problems = integrity_problems(bundle, manifest, wanted, digest)
     if problems:
         report = refused(manifest, problems, digest)
     else:
@@ -122,7 +142,8 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
                             latency_budget_ms=latency_budget_ms,
                             require_provider=require_provider, tune=tune)
         report["digest"] = digest
-    write_reports(bundle / REPORTS, report)
+    # written for a refused bundle too (the user wants to know why), never through a link
+    write_files(bundle, [REPORTS], report_files(report))
     return report
 
 
@@ -205,11 +226,29 @@ def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
     return target_note(manifest, (check.get("providers") or [""])[0], arch)
 
 
-def write_reports(out: Path, report: dict[str, Any]) -> None:
-    """report.json and report.md into the folder *out*."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    (out / "report.md").write_text(render_markdown(report))
+def write_reports(out: Path, report: dict[str, Any], *, host: str | None = None) -> Path:
+    """report.json and report.md into the folder *out* (with *host*: into out/host), written
+    without following links (reports.write_files). The folder the user named, the bundle or
+    the archive's folder, is out's parent; `reports/` and a host's folder below it must be
+    real folders (or absent) and one plain name each. Returns the folder written to."""
+    base, folders = report_folders(Path(out), host)
+    return write_files(base, folders, report_files(report))
+
+
+def report_files(report: dict[str, Any]) -> dict[str, str]:
+    return {"report.json": json.dumps(report, indent=2, sort_keys=True) + "\n",
+            "report.md": render_markdown(report)}
+
+
+def report_folders(out: Path, host: str | None = None) -> tuple[Path, list[str]]:
+    """(the folder the user named, the folders below it) for *out*: BUNDLE/reports,
+    BUNDLE/reports/HOST or ARCHIVE.reports/HOST. Written without `host`, a host's folder name
+    is told from the parent's name (`reports`, `*.reports`), so `reports/..` is refused."""
+    if host is not None:
+        return out.parent, [out.name, host]
+    if out.parent.name == REPORTS or out.parent.name.endswith("." + REPORTS):
+        return out.parent.parent, [out.parent.name, out.name]
+    return out.parent, [out.name]
 
 
 def _result(check: dict[str, Any]) -> str:
