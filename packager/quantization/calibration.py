@@ -180,6 +180,8 @@ def _tensor_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]]) -> 
             raise CalibrationError(f"{path}: no array for input '{missing[0]}' "
                                    f"(has: {', '.join(headers) or 'nothing'})",
                                    "key the .npz arrays by the model's input names")
+        for spec in inputs:   # the dtype rules first, on an empty array of the file's dtype
+            _cast(np.empty(0, headers[spec["name"]][1]), spec["dtype"], spec["name"], path)
         per_file = {spec["name"]: _count(spec["name"], headers[spec["name"]][0], spec["shape"],
                                          path) for spec in inputs}
         if len(set(per_file.values())) != 1:
