@@ -269,11 +269,11 @@ def test_b47_b48_a_malformed_expect_digest_is_exit_2_saying_the_form(bundle, giv
 
 # -- item 12: build --tune's device answer is checked (A87) -----------------------------------
 
-def lying_python(tmp_path: Path, answer: dict) -> str:
-    """A device Python that answers `run.py bench --tune` with *answer* (and runs the real
-    Python for anything else)."""
+def lying_python(tmp_path: Path, answer: dict, when: str = "bench --tune") -> str:
+    """A device Python that answers `run.py WHEN...` with *answer* (and runs the real Python
+    for anything else)."""
     script = tmp_path / "python3"
-    script.write_text("#!/bin/sh\ncase \"$*\" in *\"bench --tune\"*) cat <<'EOF'\n"
+    script.write_text(f"#!/bin/sh\ncase \"$*\" in *\"run.py {when}\"*) cat <<'EOF'\n"
                       + json.dumps(answer) + "\nEOF\nexit 0;; esac\nexec "
                       + sys.executable + ' "$@"\n')
     script.chmod(0o755)
@@ -347,3 +347,67 @@ def test_a87_a_sound_device_answer_is_kept_as_the_session(tmp_path):
         execute = local_runner(tmp_path, python=lying_python(tmp_path, answer), timeout=TIMEOUT)
         kept = record(execute, 2, 0, "pi-07", own)
         assert kept["chosen"] == answer["tuning"]["chosen"] and kept["measured_on"] == "pi-07"
+
+
+@pytest.mark.parametrize("answer", [
+    {"parts": {"model": {"outputs": 5}}},
+    {"parts": {"model": {"min_cosine": 0.9, "outputs": {"scores": {"cosine_min": "1"}}}}},
+    {"parts": []},
+])
+def test_a31_odd_json_from_a_device_check_is_a_verify_error_not_a_crash(bundle, tmp_path,
+                                                                         answer):
+    with pytest.raises(VerifyError, match=r"run.py in .* answered JSON without the fields this "
+                                          r"edgepack reads \((TypeError|AttributeError|"
+                                          r"ValueError|KeyError)") as exc:
+        verify(bundle, python=lying_python(tmp_path, answer, "check"), runs=2, warmup=0)
+    assert exc.value.exit_code == 2
+
+
+# -- the same through real devices: deploy's per-host reports, build --tune --time-on ---------
+
+BAD_CHOICE = {"intra_op_threads": "lots", "graph_optimization_level": "bogus", "evil": "x"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two loopback devices (real sshds): d1, and `liar`, whose python3 answers
+    `run.py bench --tune` with BAD_CHOICE."""
+    from fleet import Device, Fleet, problem, require
+
+    require(problem(), "EDGEPACK_REQUIRE_SSH")
+    root = tmp_path_factory.mktemp("fleet")
+    liar = lying_python(tmp_path_factory.mktemp("liar"), device_answer(BAD_CHOICE))
+    with Fleet(root, [Device("d1"), Device("liar", python=["/bin/sh", liar])]) as f:
+        yield f
+
+
+def test_b07_deploy_never_writes_a_host_report_through_a_link(fleet, bundle, tmp_path):
+    from packager.device.deploy import DeployOptions, deploy
+    from packager.device.inventory import parse_host
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (bundle / "reports").mkdir()
+    (bundle / "reports" / "d1").symlink_to(elsewhere)
+    options = DeployOptions(ssh_config=fleet.ssh_config, remote_dir=str(fleet.remote_dir("d1")),
+                            runs=2, warmup=0, timeout=TIMEOUT)
+    [result] = deploy(bundle, [parse_host("d1")], options=options)
+    assert result.exit_code == 2 and f"{bundle / 'reports' / 'd1'}: is a symbolic link" in \
+        result.error, result.error
+    assert list(elsewhere.iterdir()) == []
+    assert not (bundle / "reports" / "report.json").exists()
+
+
+def test_a87_build_tune_time_on_a_lying_device_names_the_host_and_the_field(fleet, cnn_onnx,
+                                                                            image_dir, tmp_path):
+    from conftest import PREP_TEXT
+
+    out = tmp_path / "tl"
+    proc = edgepack("build", str(cnn_onnx), "-o", str(out), "--target", "x86_64-cpu", "--calib",
+                    str(image_dir), "--preprocess", PREP_TEXT, "--precision", "fp32", "--tune",
+                    "--time-on", "liar", "--ssh-config", str(fleet.ssh_config))
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "tuning in liar: the answer of its run.py bench --tune has " \
+           "tuning.chosen.intra_op_threads = \"lots\"" in last and "Traceback" not in proc.stderr
+    assert not out.exists() and not (tmp_path / "tl.tar.gz").exists()

@@ -153,7 +153,25 @@ def run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: 
                progress: Callable[[str], None] = lambda _: None,
                tune: bool = False) -> dict[str, Any]:
     """run.py check then bench through *execute*, judged against the bundle's budgets; with
-    *tune*, `bench --tune` first (its choice is kept on the device and used by both)."""
+    *tune*, `bench --tune` first (its choice is kept on the device and used by both). What
+    run.py answers comes from the device: JSON without the fields read here is VerifyError."""
+    try:
+        report = _run_checks(manifest, execute, where, runs=runs, warmup=warmup,
+                             threads=threads, latency_budget_ms=latency_budget_ms,
+                             require_provider=require_provider, progress=progress, tune=tune)
+        render_markdown(report)   # every field the report shows can be read
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise VerifyError(f"run.py in {where} answered JSON without the fields this edgepack "
+                          f"reads ({type(exc).__name__}: {str(exc)[:100]})",
+                          "the runner there is damaged or from another edgepack; copy the "
+                          "bundle again, or rebuild it") from None
+    return report
+
+
+def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs: int,
+                warmup: int, threads: int | None, latency_budget_ms: float | None,
+                require_provider: str | None, progress: Callable[[str], None],
+                tune: bool) -> dict[str, Any]:
     common = [] if threads is None else ["--threads", str(threads)]
     if require_provider:
         common += ["--require-provider", require_provider]
