@@ -108,6 +108,9 @@ def test_b07_a30_host_report_folders_are_plain_names_and_never_links(tmp_path):
     for host in ("..", ".", "", "a/b", "../../x"):
         with pytest.raises(BundleError, match="is not a single folder name"):
             write_reports(base / "reports", report, host=host)
+    (base / "reports" / "a").symlink_to(elsewhere)     # a label with a '/' passed as a path
+    with pytest.raises(BundleError, match=r"'a/b' is not a single folder name"):
+        write_reports(base / "reports" / "a" / "b", report)
     assert list(elsewhere.iterdir()) == [] and not (base / "report.json").exists()
     # the layouts deploy uses are written, and what is written is complete JSON
     for out in (base / "reports" / "d2", tmp_path / "b.reports" / "d1"):

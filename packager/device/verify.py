@@ -10,7 +10,7 @@ from typing import Any
 
 from .._runtimes.runner.sessions import describe_session
 from ..bundle.manifest import read_manifest
-from ..errors import VerifyError
+from ..errors import BundleError, VerifyError
 from .reports import write_files
 
 REPORTS = "reports"
@@ -260,12 +260,22 @@ def report_files(report: dict[str, Any]) -> dict[str, str]:
 
 def report_folders(out: Path, host: str | None = None) -> tuple[Path, list[str]]:
     """(the folder the user named, the folders below it) for *out*: BUNDLE/reports,
-    BUNDLE/reports/HOST or ARCHIVE.reports/HOST. Written without `host`, a host's folder name
-    is told from the parent's name (`reports`, `*.reports`), so `reports/..` is refused."""
+    BUNDLE/reports/HOST or ARCHIVE.reports/HOST. Without *host*, a host's folder is told by its
+    parent's name (`reports`, `*.reports`): `reports/..` is refused by write_files, and a host
+    label holding a '/' (reports/a/b) here."""
+    def reports_folder(path: Path) -> bool:
+        return path.name == REPORTS or path.name.endswith("." + REPORTS)
+
     if host is not None:
         return out.parent, [out.name, host]
-    if out.parent.name == REPORTS or out.parent.name.endswith("." + REPORTS):
+    if reports_folder(out.parent):
         return out.parent.parent, [out.parent.name, out.name]
+    if not reports_folder(out):
+        for above in out.parents:
+            if reports_folder(above):
+                raise BundleError(f"reports in {above}: {str(out.relative_to(above))!r} is not "
+                                  "a single folder name",
+                                  "name the host with letters, digits, '.', '_' or '-'")
     return out.parent, [out.name]
 
 
