@@ -177,6 +177,10 @@ def test_e95_verify_on_a_full_filesystem_is_one_line_and_leaves_no_empty_report(
     (lambda m: m.update(name=7), r"name 7 is not"),
     (lambda m: m.update(parts=[]), r"parts is empty"),
     (lambda m: m["parts"][0]["precision"].update(decision=5), r"parts\[0\]\.precision\.decision"),
+    (lambda m: m["parts"][0]["precision"].update(decision={
+        "chosen": "int8", "reason": "r", "candidates": [{"precision": "int8"}]}),
+     r"parts\[0\]\.precision\.decision"),
+    (lambda m: m["budget"].update(latency_p90_ms="fast"), r"budget\.latency_p90_ms is not"),
 ])
 def test_b37_a_manifest_missing_a_field_is_exit_2_naming_it_in_verify_and_deploy(
         bundle, edit, field):

@@ -111,13 +111,29 @@ def shape_problem(data: dict[str, Any]) -> str | None:
         return "target.name is missing or not a string"
     if not data["parts"]:
         return "parts is empty"
+    for key in ("latency_p90_ms", "min_cosine"):
+        value = (data.get("budget") or {}).get(key)
+        if value is not None and not _number(value):
+            return f"budget.{key} is not a number"
     for i, part in enumerate(data["parts"]):
         decision = (part.get("precision") or {}).get("decision")
         if decision is not None and not (
                 isinstance(decision, dict) and isinstance(decision.get("chosen"), str)
                 and isinstance(decision.get("reason"), str)
                 and isinstance(decision.get("candidates"), list)
-                and all(isinstance(c, dict) for c in decision["candidates"])):
+                and all(_candidate(c) for c in decision["candidates"])):
             return (f"parts[{i}].precision.decision is not an object with chosen, reason and "
-                    "candidates")
+                    "candidates (precision, meets_budget, cosine_min, bytes, p50_ms, p90_ms)")
     return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _candidate(c: Any) -> bool:
+    """One row of the precision decision's table, as verify's report shows it."""
+    return (isinstance(c, dict) and isinstance(c.get("precision"), str)
+            and isinstance(c.get("label", ""), str) and isinstance(c.get("meets_budget"), bool)
+            and all(c.get(k) is None or _number(c[k])
+                    for k in ("cosine_min", "bytes", "p50_ms", "p90_ms")))
