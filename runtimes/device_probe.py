@@ -154,6 +154,29 @@ IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".py
                                                                       ".pth"}))
 
 
+MAX_WALK = 10000   # unlisted entries looked at inside one folder beside run.py
+
+
+def importable_inside(folder, files):
+    """The first file under *folder* (walked without following links) that the file table
+    does not list and whose name Python imports, or None: a package (an __init__ of any
+    suffix) or a namespace package. The runner's rule (runner/manifest.py), restated."""
+    seen = 0
+    root = os.path.dirname(folder)
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(top, name), root).replace(os.sep, "/")
+            if rel in files:
+                continue
+            if name.endswith(IMPORTABLE):
+                return rel
+            seen += 1
+            if seen > MAX_WALK:
+                return "more than %d files the manifest does not list" % MAX_WALK
+    return None
+
+
 def integrity(remote_dir):
     root = os.path.expanduser(remote_dir)
     try:
@@ -180,10 +203,10 @@ def integrity(remote_dir):
             problems += ["runner/%s: not part of the runner" % entry
                          for entry in entries(path) if "runner/" + entry not in files]
         elif os.path.isdir(path):
-            # a package: __init__ with any suffix Python imports (.py, .pyc, .so, ...)
-            if any(e.startswith("__init__.") and e.endswith(IMPORTABLE) for e in entries(path)):
-                problems.append("%s: not part of the bundle, and Python would import it before "
-                                "run.py's own modules" % name)
+            found = importable_inside(path, files)
+            if found:
+                problems.append("%s: not part of the bundle, and Python could import it (%s) "
+                                "in place of run.py's own modules" % (name, found))
         elif name not in listed and name.endswith(IMPORTABLE):
             problems.append("%s: not part of the bundle, and Python would import it before "
                             "run.py's own modules" % name)

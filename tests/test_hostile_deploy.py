@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -242,6 +243,35 @@ def test_a36_a_stalled_copy_ends_at_the_deadline_with_its_processes(devices, ver
     assert not (base / "current").exists()
 
 
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])
+def test_a36_ctrl_c_or_sigterm_mid_copy_leaves_no_rsync_behind(devices, versions, tmp_path, sig,
+                                                                code):
+    """Ctrl-C (SIGINT to edgepack alone, as a terminal sends it to the foreground group) or
+    SIGTERM while the copy waits on the device: edgepack exits 130 / 143 and ends its rsync,
+    rsync's ssh and the hold, which run in process groups of their own."""
+    stall = devices.device_dir("d2") / "bin" / "rsync"
+    stall.write_text("#!/bin/sh\nexec sleep 40\n")
+    stall.chmod(0o755)
+    base = tmp_path / f"killed-{uuid.uuid4().hex[:6]}"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(versions[0]),
+                                 "d2", "--ssh-config", str(devices.ssh_config), "--remote-dir",
+                                 str(base), "--timeout", "120"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not [c for c in ours_running(str(base)) if c.startswith("rsync")]:
+            assert time.monotonic() < deadline and proc.poll() is None, "no copy started"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stall.unlink()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert not wait_until_gone(str(base), 15), "a process of the deploy outlived it"
+
+
 # -- 20, 24, 27, 28: input refused or handled before anything reaches a device ---------------
 
 
@@ -414,13 +444,15 @@ def test_a30_a_host_named_dotdot_gets_a_reports_folder_of_its_own(devices, versi
 
 
 STRAYS = ["numpy/__init__.pyc", "json/__init__.cpython-311-x86_64-linux-gnu.so", "evil.pth",
-          "onnxruntime/__init__.abi3.so", "runner/__init__.pyc", "runner/__pycache__/x.pyc"]
+          "onnxruntime/__init__.abi3.so", "cv2/data/evil.so", "golden/evil.py",
+          "runner/__init__.pyc", "runner/__pycache__/x.pyc"]
 
 
 def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, tmp_path):
-    """The A01 reproduction end to end: a planted package whose __init__ is .pyc or .so (or a
-    .pth, or anything extra in runner/) in the release on the device is refused by the
-    device's own integrity check, and nothing runs; the bundle with it is refused here first."""
+    """The A01 reproduction end to end: a planted package whose __init__ is .pyc or .so, a
+    namespace package, a module in a bundle folder, a .pth, or anything extra in runner/, in
+    the release on the device, is refused by the device's own integrity check (rsync leaves
+    extra files in place) and nothing runs; the bundle with it is refused here first."""
     base = tmp_path / "a01"
     [first] = deploy(versions[0], [parse_host("d1")], options=opts(devices, base))
     assert first.exit_code == 0, first.error
@@ -438,8 +470,10 @@ def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, 
         named = "/".join(parts[:2]) if parts[0] == "runner" else parts[0]
         assert named + ": not part of the" in r.error, (rel, r.error)
         assert not r.report and not proof.exists()
-        planted = release / named
-        shutil.rmtree(planted) if planted.is_dir() else planted.unlink()
+        path.unlink()
+        while path.parent != release and not any(path.parent.iterdir()):
+            path = path.parent
+            path.rmdir()
     planted = variant(versions[0], tmp_path / "planted", name="cnn-a")
     (planted / "numpy").mkdir()
     (planted / "numpy" / "__init__.pyc").write_text(code)
