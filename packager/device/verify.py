@@ -132,7 +132,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     wanted = parse_digest(expect_digest) if expect_digest is not None else None
     manifest = read_manifest(bundle)
     digest = bundle_digest(bundle)
-    write_files(bundle, [REPORTS], {})   # a planted reports/ link is refused before any work
+    prepare_reports(bundle / REPORTS)
     problems = integrity_problems(bundle, manifest, wanted, digest)
     if problems:
         report = refused(manifest, problems, digest)
@@ -251,6 +251,13 @@ def write_reports(out: Path, report: dict[str, Any], *, host: str | None = None)
     real folders (or absent) and one plain name each. Returns the folder written to."""
     base, folders = report_folders(Path(out), host)
     return write_files(base, folders, report_files(report))
+
+
+def prepare_reports(reports: Path) -> Path:
+    """Create (or check) BUNDLE/reports (or ARCHIVE.reports) before any work is done, so a
+    planted link or file there is refused (BundleError) before anything runs or is copied."""
+    reports = Path(reports)
+    return write_files(reports.parent, [reports.name], {})
 
 
 def report_files(report: dict[str, Any]) -> dict[str, str]:
