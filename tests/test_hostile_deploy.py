@@ -480,3 +480,31 @@ def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, 
     with pytest.raises(BundleError, match="numpy: not part of the bundle"):
         deploy(planted, [parse_host("d1")], options=opts(devices, tmp_path / "never"))
     assert not (tmp_path / "never").exists() and not proof.exists()
+
+
+# -- build --time-on: the device's timings are untrusted input too ---------------------------
+
+
+@pytest.mark.parametrize("answer", ['{"timings": {}}', '{"timings": {"m.onnx": {"p50": -1, '
+                                    '"p90": "x"}}, "device": {}}', "not json"])
+def test_time_on_a_device_answering_junk_names_the_host(devices, cnn_onnx, tmp_path, answer):
+    """build --time-on: a device whose python prints timings that are not time_models.py's
+    (missing, negative, text) fails with one line naming the host; the scratch folder goes."""
+    from dataclasses import replace
+
+    from packager.device.remote import DeviceError
+    from packager.device.remote_timing import remote_timer
+
+    liar = tmp_path / "python3"
+    liar.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    liar.chmod(0o755)
+    device = replace(parse_host("d1"), python=str(liar))
+    timer = remote_timer(device, ssh_config=devices.ssh_config, python=str(liar), timeout=60)
+    before = set(Path.home().glob("edgepack/.auto-*"))
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(cnn_onnx, model)
+    feed = {"image": __import__("numpy").zeros((1, 3, 32, 32), "float32")}
+    with pytest.raises(DeviceError, match=r"d1: time-on: the device's answer is not what "
+                                          r"time_models.py prints"):
+        timer([model], feed, 1, 1, 1)
+    assert set(Path.home().glob("edgepack/.auto-*")) == before
