@@ -570,3 +570,22 @@ def test_s26_s27_sigterm_and_sighup_stop_gracefully(built, tmp_path, case, sig):
         f"edgepack: {name}: stopped serving {built.bundle.directory.name}; every request in "
         "flight was answered")
     assert "Traceback" not in log
+
+
+def test_s24_s49_bodies_read_before_a_slot_still_have_a_memory_bound(built, tmp_path):
+    """Bodies are read before a slot is taken (S24); the bytes held at once keep the bound that
+    taking the slot first gave: --max-concurrent x 64 MB, then 503 (S49)."""
+    proc, url = start_server(built.bundle.directory, tmp_path / "log", "--quiet", "--timeout",
+                             "5", "--max-concurrent", "1")
+    holder = connect(url)
+    holder.sendall(post(bytes(40 << 20), "Content-Length: %d" % (50 << 20)))   # 40 of 50 MB
+    time.sleep(0.5)
+    status, headers, body = answer(url, bytes(30 << 20), "Content-Type: application/octet-stream")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert body["error"] == "busy: 64 MB of request bodies are being read; retry shortly"
+    holder.close()   # its 40 MB are let go: the next body is read and answered
+    time.sleep(0.5)
+    status, _, body = answer(url, bytes(30 << 20), "Content-Type: application/octet-stream")
+    assert status == 400 and "unsupported body" in body["error"]
+    proc.terminate()
+    proc.wait(timeout=30)

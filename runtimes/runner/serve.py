@@ -53,11 +53,11 @@ class Gate(object):
     """Open connections counted per client address, and requests in flight (read, running or
     being answered), which a graceful stop waits for."""
 
-    def __init__(self, total, per_client):
+    def __init__(self, total, per_client, budget):
         import threading
 
-        self.total, self.per_client = total, per_client
-        self.open, self.by_client, self.in_flight = 0, {}, 0
+        self.total, self.per_client, self.budget = total, per_client, budget
+        self.open, self.by_client, self.in_flight, self.buffered = 0, {}, 0, 0
         self.changed = threading.Condition()
         self.stopping = None   # the signal's name, once one asks the server to stop
 
@@ -75,6 +75,18 @@ class Gate(object):
             self.by_client[client] -= 1
             if not self.by_client[client]:
                 del self.by_client[client]
+
+    def take(self, count):
+        """Count *count* more bytes of bodies held in memory; False when over the budget."""
+        with self.changed:
+            if self.buffered + count > self.budget:
+                return False
+            self.buffered += count
+            return True
+
+    def give(self, count):
+        with self.changed:
+            self.buffered -= count
 
     def begin(self):
         with self.changed:
@@ -156,7 +168,9 @@ def cmd_serve(bundle, manifest, args):
 
     slots = threading.BoundedSemaphore(args.max_concurrent)
     max_pixels = args.max_megapixels * 1e6
-    gate = Gate(args.max_connections, args.max_per_client)
+    # bodies are read before a slot is taken: the bytes held at once keep the bound that
+    # taking the slot first gave (--max-concurrent bodies of MAX_BODY)
+    gate = Gate(args.max_connections, args.max_per_client, args.max_concurrent * MAX_BODY)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "edgepack-run"
@@ -282,25 +296,39 @@ def cmd_serve(bundle, manifest, args):
         def answer(self, entry, length):
             """Read the body, then run it in one of --max-concurrent slots: a slow client
             holds its connection only, never a slot."""
+            held = []
             try:
-                body = self.read_body(length)
+                body = self.read_body(length, held)
+            except MemoryError:   # the budget of bodies in memory: the client may retry
+                self.close_connection = True
+                gate.give(sum(held))
+                return self.reply(503, {"error": "busy: %d MB of request bodies are being read; "
+                                                 "retry shortly" % (gate.budget // 2 ** 20)},
+                                  [("Retry-After", "1")])
             except socket.timeout:
+                gate.give(sum(held))
                 self.close_connection = True
                 return self.reply(408, {"error": "the body did not arrive in time (--timeout "
                                                  "%g s for the request, plus 1 s a MB of body); "
                                                  "send it whole" % args.timeout})
-            if len(body) < length:
-                self.close_connection = True
-                return self.reply(400, {"error": "the body ended after %d of the %d bytes its "
-                                                 "Content-Length declares" % (len(body), length)})
-            if not slots.acquire(timeout=QUEUE_WAIT_S):
-                return self.reply(503, {"error": "busy: %d requests are running (--max-concurrent);"
-                                                 " retry shortly" % args.max_concurrent},
-                                  [("Retry-After", "1")])
             try:
-                code, answer = self.run_part(entry, body)
+                if len(body) < length:
+                    self.close_connection = True
+                    return self.reply(400, {"error": "the body ended after %d of the %d bytes "
+                                                     "its Content-Length declares"
+                                                     % (len(body), length)})
+                if not slots.acquire(timeout=QUEUE_WAIT_S):
+                    return self.reply(503, {"error": "busy: %d requests are running "
+                                                     "(--max-concurrent); retry shortly"
+                                                     % args.max_concurrent},
+                                      [("Retry-After", "1")])
+                try:
+                    code, answer = self.run_part(entry, body)
+                finally:
+                    slots.release()
+                del body
             finally:
-                slots.release()
+                gate.give(sum(held))
             self.reply(code, answer)
 
         def content_length(self):
@@ -323,13 +351,17 @@ def cmd_serve(bundle, manifest, args):
                 return None
             return int(value)
 
-        def read_body(self, length):
-            """The body, by the request's deadline (the reader raises socket.timeout)."""
+        def read_body(self, length, held):
+            """The body, by the request's deadline (the reader raises socket.timeout), its
+            bytes counted in *held* against the budget of bodies in memory (MemoryError)."""
             chunks, got = [], 0
             while got < length:
                 chunk = self.rfile.read1(min(length - got, 1 << 20))
                 if not chunk:
                     break
+                if not gate.take(len(chunk)):
+                    raise MemoryError("bodies over the budget")
+                held.append(len(chunk))
                 chunks.append(chunk)
                 got += len(chunk)
             return b"".join(chunks)
@@ -374,6 +406,22 @@ def cmd_serve(bundle, manifest, args):
                    "(--max-per-client)" % (gate.per_client, client_address[0]))
             threading.Thread(target=reject, args=(request, busy_answer(why), rejecters),
                              daemon=True).start()
+
+        def shutdown_request(self, request):
+            """Close after reading what the client still sends (at most 1 s, 8 MB): closing
+            with unread bytes resets the connection, and the client would lose its 4xx/503."""
+            try:
+                request.shutdown(socket.SHUT_WR)
+                deadline, got = time.monotonic() + 1.0, 0
+                while got < (8 << 20) and time.monotonic() < deadline:
+                    request.settimeout(max(0.01, deadline - time.monotonic()))
+                    data = request.recv(1 << 16)
+                    if not data:
+                        break
+                    got += len(data)
+            except OSError:
+                pass
+            self.close_request(request)
 
         def process_request_thread(self, request, client_address):
             try:
