@@ -246,9 +246,10 @@ def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
 
 def write_reports(out: Path, report: dict[str, Any], *, host: str | None = None) -> Path:
     """report.json and report.md into the folder *out* (with *host*: into out/host), written
-    without following links (reports.write_files). The folder the user named, the bundle or
-    the archive's folder, is out's parent; `reports/` and a host's folder below it must be
-    real folders (or absent) and one plain name each. Returns the folder written to."""
+    without following links (reports.write_files): `reports/` (or `ARCHIVE.reports/`) and a
+    host's folder in it must be real folders (or absent) and one plain name each; only the
+    folder above them, the bundle's or the archive's, may be reached through a link. Returns
+    the folder written to."""
     base, folders = report_folders(Path(out), host)
     return write_files(base, folders, report_files(report))
 
