@@ -284,7 +284,8 @@ def test_a35_a33_a32_hung_or_lying_devices_are_host_errors_within_the_timeout(re
             assert not (f.remote_dir(name) / "current").exists()
         assert "preflight failed: the device probe's answer is not what device_probe.py " \
                "prints ({})" in hosts["d2"]["error"]
-        assert "The device's answer" in hosts["d3"]["error"]
+        assert "preflight failed: the device probe's answer is not JSON ({\"garbage)" \
+            in hosts["d3"]["error"]
         assert "Preflight" in hosts["d4"]["error"] and "no answer in 8 s" in hosts["d4"]["error"]
         assert took < 150, took
 
@@ -364,3 +365,65 @@ def test_a101_ansible_role_over_a_symlink_never_deletes_through_it(tmp_path):
     assert not dest.is_symlink() and (dest / "tasks" / "main.yml").is_file()
     assert [p.name for p in theirs.iterdir()] == ["keep.txt"]
     assert write_role(roles) == (dest, False)
+
+
+# -- two deploys at once (item 5, through the role) -------------------------------------------
+
+def test_a40_a39_two_ansible_deploys_to_one_folder_both_pass_and_current_never_dangles(
+        ready, built, tmp_path):
+    """Two `deploy --engine ansible` runs to one device folder at once: the first is slowed in
+    its bench (its python sleeps 8 s before `run.py bench`), the second switches meanwhile. The
+    role's hold keeps the first's release from the second's clean-up, so both pass, `current`
+    is the last switched release and `previous` the other, both on disk; afterwards no hold is
+    left (both busy locks can be taken) and no hold file remains."""
+    import fcntl
+
+    other = tmp_path / "cnn2"
+    shutil.copytree(built.bundle.directory, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["name"] = "cnn2"   # another digest: another release in the same folder
+    (other / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    slow, fast = (digest_of(b).split(":")[1][:12] for b in (built.bundle.directory, other))
+    with Fleet(tmp_path / "fleet", [Device("d1")]) as f:
+        py = f.device_dir("d1") / "bin" / "slowpy"
+        py.write_text('#!/bin/sh\ncase " $* " in *" bench "*) sleep 8;; esac\nexec python3 "$@"\n')
+        py.chmod(0o755)
+        base = tmp_path / "shared"
+        common = ["d1", "--engine", "ansible", "--ssh-config", f.ssh_config, "--remote-dir",
+                  base, "--runs", 1, "--warmup", 0]
+
+        def start(bundle, *extra):
+            return subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundle),
+                                     *map(str, common), *extra], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+
+        first = start(built.bundle.directory, "--python", "slowpy")
+        time.sleep(1.5)
+        second = start(other)
+        try:
+            outs = [p.communicate(timeout=240) for p in (second, first)]
+        finally:
+            for p in (first, second):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        assert second.returncode == 0, outs[0][1][-3000:]
+        assert first.returncode == 0, outs[1][1][-3000:]
+        assert os.readlink(base / "current") == f"releases/{slow}"
+        assert os.readlink(base / "previous") == f"releases/{fast}"
+        assert (base / "current" / "manifest.json").is_file()
+        assert (base / "previous" / "manifest.json").is_file()
+        assert not list(base.glob(".edgepack-hold-*"))
+        deadline = time.monotonic() + 10
+        for rid in (slow, fast):
+            fd = os.open(base / ".edgepack-busy" / f"{rid}.lock", os.O_RDWR)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except OSError:
+                        assert time.monotonic() < deadline, f"{rid} is still held"
+                        time.sleep(0.2)
+            finally:
+                os.close(fd)
