@@ -116,6 +116,17 @@ def test_b01_control_the_planted_pyc_would_run_if_imported(tmp_path):
     assert proof.exists()
 
 
+def test_b01_folders_no_import_can_name_are_not_strays(built, tmp_path):
+    """A virtualenv or a data folder beside run.py ('.venv', 'my-data') holds .py files that no
+    import statement can reach: the bundle stays intact."""
+    bundle = copy_bundle(built, tmp_path / "b")
+    for rel in (".venv/lib/python3.11/site-packages/numpy/__init__.py", "my-data/x.py"):
+        (bundle / rel).parent.mkdir(parents=True)
+        (bundle / rel).write_text("raise SystemExit('imported')\n")
+    r = run_py(bundle, "check", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["integrity"] == [], r.stdout[-500:]
+
+
 # --- manifest paths, name and target -------------------------------------------------------
 
 def test_b34_roofline_outside_the_bundle_is_refused(built, tmp_path):
@@ -324,6 +335,8 @@ def test_r06_r07_a_fifo_or_dev_zero_is_not_a_regular_file(built, tmp_path, case)
     ("S85", ["--port", "-1"], "--port must be from 0 to 65535"),
     ("S93", ["--max-megapixels", "inf"], "--max-megapixels must be a number from 0 to 10000"),
     ("S93-nan", ["--max-megapixels", "nan"], "--max-megapixels must be a number from 0 to"),
+    ("S93-timeout", ["--timeout", "inf"], "--timeout must be > 0 and at most 3600 seconds"),
+    ("top", ["--top", "-1"], "--top must be from 1 to 100000"),
 ])
 def test_s84_s85_s93_serve_options_out_of_range_exit_2(built, case, option, message):
     r = run_py(built.bundle.directory, "serve", *option)
@@ -434,6 +447,7 @@ def test_s24_slow_bodies_hold_no_slot_and_run_out_of_time(guarded):
 def test_s23_drip_fed_headers_are_capped_per_client_and_closed_at_the_deadline(guarded):
     url, _ = guarded
     start = time.monotonic()
+    idle = connect(url, "127.0.0.5")   # sends nothing at all
     drippers = [connect(url, "127.0.0.2") for _ in range(8)]   # --max-per-client 8
     for s in drippers:
         s.sendall(b"POST /infer HTTP/1.1\r\nX-")
@@ -475,6 +489,9 @@ def test_s23_drip_fed_headers_are_capped_per_client_and_closed_at_the_deadline(g
                 closed += 1
         time.sleep(0.5)
     assert closed == len(drippers), "drip-fed connections still open after the deadline"
+    idle.settimeout(5)
+    assert idle.recv(1 << 16) == b""   # an idle connection is closed by the deadline too
+    idle.close()
     for s in drippers + others:
         s.close()
     time.sleep(0.5)

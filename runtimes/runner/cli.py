@@ -115,6 +115,8 @@ def parse_args(argv):
     if args.command in ("infer", "serve") and not 0 < args.max_megapixels <= 10000:
         parser.error("--max-megapixels must be a number from 0 to 10000 (got %s)"
                      % args.max_megapixels)
+    if args.command in ("infer", "serve") and not 1 <= args.top <= 100000:
+        parser.error("--top must be from 1 to 100000, got %d" % args.top)
     if args.command == "serve" and not 0 <= args.port <= 65535:
         parser.error("--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port)
     if args.command == "serve" and not 0 < args.timeout <= 3600:

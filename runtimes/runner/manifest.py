@@ -333,8 +333,9 @@ def integrity_problems(bundle, manifest):
     and `deploy` record and compare.)
 
     Stray: beside run.py, a file the table does not list whose name Python imports (a suffix in
-    IMPORTABLE: .py, .pyc, any .so, .pth) or a folder holding such a file at any depth that the
-    table does not list (a package with an __init__ of any suffix, or a namespace package);
+    IMPORTABLE: .py, .pyc, any .so, .pth) or a folder named like a module holding such a file
+    at any depth that the table does not list (a package with an __init__ of any suffix, or a
+    namespace package);
     inside runner/, any entry the table does not list (a .so, .pyc or __pycache__/ there would
     be imported in place of the runner's own modules). run.py keeps this folder off sys.path
     as well: the two rules guard each other."""
@@ -390,7 +391,8 @@ def integrity_problems(bundle, manifest):
         if name == MANIFEST:
             continue
         if os.path.isdir(path):
-            found = importable_inside(path, files)
+            # only a folder named like a module can be imported (.venv/, my-data/ cannot)
+            found = importable_inside(path, files) if name.isidentifier() else None
             if found:
                 problems.append("%s: not part of the bundle, and Python could import it (%s) "
                                 "in place of run.py's own modules; remove it" % (name, found))
