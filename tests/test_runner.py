@@ -372,6 +372,24 @@ def test_image_size_is_read_from_the_header():
     assert r.image_size(np.frombuffer(b"\xff\xd8\xff\xe0\x00", np.uint8)) is None
 
 
+def test_s70_image_header_gives_channels_and_bytes_per_sample():
+    """What decoding will allocate, read from the header (hostile case S70): channels as
+    OpenCV decodes them and 2 bytes a sample for 16-bit PNGs."""
+    import cv2
+
+    r = load_runner()
+    for image, ext, expected in [
+        (np.zeros((37, 53, 3), np.uint16), ".png", (53, 37, 3, 2)),
+        (np.zeros((37, 53, 4), np.uint16), ".png", (53, 37, 4, 2)),
+        (np.zeros((37, 53, 4), np.uint8), ".png", (53, 37, 4, 1)),
+        (np.zeros((37, 53), np.uint8), ".png", (53, 37, 1, 1)),
+        (np.zeros((37, 53, 3), np.uint8), ".jpg", (53, 37, 3, 1)),
+        (np.zeros((37, 53), np.uint8), ".jpg", (53, 37, 1, 1)),
+        (np.zeros((37, 53, 4), np.uint8), ".bmp", (53, 37, 4, 1)),
+    ]:
+        assert r.image_header(cv2.imencode(ext, image)[1]) == expected, (ext, image.shape)
+
+
 def python_without(tmp_path: Path, *, numpy: bool) -> str:
     """A real Python with neither onnxruntime nor (unless *numpy*) numpy: a fresh venv, numpy
     linked in from this one."""
