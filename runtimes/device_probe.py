@@ -3,7 +3,7 @@
     python3 - preflight REMOTE_DIR [NEEDS] < device_probe.py   # Python, numpy, onnxruntime, disk
     python3 - prepare BASE RELEASE < device_probe.py           # make BASE/releases/RELEASE
     python3 - integrity REMOTE_DIR < device_probe.py           # every file against the manifest
-    python3 - switch BASE RELEASE < device_probe.py            # BASE/current -> releases/RELEASE
+    python3 - switch BASE RELEASE [WAIT] < device_probe.py     # BASE/current -> releases/RELEASE
     python3 -c "$READ_N_BYTES_AND_EXEC" hold BASE RELEASE [SECONDS]   # mark RELEASE busy
 
 NEEDS (JSON, see `problems`) adds "problems": one line per thing the device lacks for the
@@ -23,8 +23,8 @@ The release contract (the SSH engine and the Ansible role both keep it):
 - BASE/current and BASE/previous are symbolic links to releases/ID. A `current` or `previous`
   that is anything else (a real folder, a file) is the user's: switch refuses and changes nothing.
   A BASE/releases that is a symbolic link or not a folder is refused the same way.
-- `switch` takes an exclusive flock on BASE/.edgepack.lock (waiting up to LOCK_WAIT seconds,
-  then failing "another deploy holds the lock on ..."), checks under that lock that RELEASE is
+- `switch` takes an exclusive flock on BASE/.edgepack.lock (waiting up to WAIT seconds, by
+  default LOCK_WAIT, then failing "another deploy holds the lock on ..."), checks under that lock that RELEASE is
   still a release, points `previous` at the old `current` and `current` at RELEASE (each an
   atomic rename of a new link), then cleans up, still under the lock.
 - Clean-up removes a release (and its archive releases/ID.tar.gz, a regular file, which the role
@@ -429,7 +429,7 @@ def main(argv):
     elif mode == "prepare":
         result = prepare(directory, argv[3])
     elif mode == "switch":
-        result = switch(directory, argv[3])
+        result = switch(directory, argv[3], float(argv[4]) if len(argv) > 4 else LOCK_WAIT)
     elif mode == "hold":
         return hold(directory, argv[3], float(argv[4]) if len(argv) > 4 else HOLD_SECONDS)
     else:

@@ -508,3 +508,28 @@ def test_time_on_a_device_answering_junk_names_the_host(devices, cnn_onnx, tmp_p
                                           r"time_models.py prints"):
         timer([model], feed, 1, 1, 1)
     assert set(Path.home().glob("edgepack/.auto-*")) == before
+
+
+def test_a39_a_switch_waits_for_the_lock_then_says_who_holds_it(tmp_path):
+    """device_probe switch while another deploy holds BASE/.edgepack.lock: it waits WAIT
+    seconds, then fails with one line naming the lock, and changes nothing."""
+    import fcntl
+
+    base = tmp_path / "app"
+    text = json.dumps({"files": {}})
+    name = hashlib.sha256(text.encode()).hexdigest()[:12]
+    (base / "releases" / name).mkdir(parents=True)
+    (base / "releases" / name / "manifest.json").write_text(text)
+    with open(base / ".edgepack.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, str(PROBE), "switch", str(base), name, "1"],
+                              capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - start
+    assert proc.returncode == 1 and 1 <= took < 30
+    assert json.loads(proc.stdout)["error"].startswith(
+        f"another deploy holds the lock on {base}/.edgepack.lock for more than 1 s")
+    assert not (base / "current").exists()
+    proc = subprocess.run([sys.executable, str(PROBE), "switch", str(base), name, "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and os.readlink(base / "current") == f"releases/{name}"

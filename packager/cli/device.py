@@ -58,7 +58,8 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: 
 @click.option("--port", type=int, help="ssh port (default: ssh's, or ~/.ssh/config)")
 @click.option("--identity", type=click.Path(path_type=Path), help="private key for ssh -i")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config file")
-@click.option("--remote-dir", help="where the bundle goes (default ~/edgepack/NAME)")
+@click.option("--remote-dir", help="where the bundle goes (default ~/edgepack/NAME; ~ is the "
+              "login's home)")
 @click.option("--python", "remote_python", default="python3", show_default=True,
               help="the device's Python")
 @click.option("--transfer", type=click.Choice(["auto", "rsync", "scp"]), default="auto",
@@ -79,7 +80,7 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: 
 @click.option("--parallel", type=int, default=4, show_default=True,
               help="devices deployed at once (Ansible's forks)")
 @click.option("--timeout", type=float, default=900.0, show_default=True,
-              help="seconds per remote step")
+              help="seconds per remote step, the copy included")
 @click.option("--expect-digest", metavar="SHA256",
               help="refuse unless the bundle's digest (printed by build) is this one")
 @click.option("--engine", type=click.Choice(["ssh", "ansible"]), default="ssh", show_default=True,

@@ -361,7 +361,9 @@ def _release(conn: Connection, folder: Path, manifest: dict[str, Any], host: Hos
     result.report, result.reports_dir = report, str(out)
     result.exit_code = 0 if report["passed"] else 1
     if report["passed"]:   # only a release that passed its check on the device is put in use
-        result.release.update(probe_step("switch", "switch", base, rid))
+        # waits for another deploy's switch, well within this step's own deadline
+        wait = f"{max(1.0, min(60.0, options.timeout * 0.8)):g}"
+        result.release.update(probe_step("switch", "switch", base, rid, wait))
         say(f"passed; {base}/current -> releases/{rid}"
             + ("" if result.release["switched"] else " (already)") + f"; report in {out}/")
     else:
