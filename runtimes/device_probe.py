@@ -24,9 +24,9 @@ The release contract (the SSH engine and the Ansible role both keep it):
   that is anything else (a real folder, a file) is the user's: switch refuses and changes nothing.
   A BASE/releases that is a symbolic link or not a folder is refused the same way.
 - `switch` takes an exclusive flock on BASE/.edgepack.lock (waiting up to WAIT seconds, by
-  default LOCK_WAIT, then failing "another deploy holds the lock on ..."), checks under that lock that RELEASE is
-  still a release, points `previous` at the old `current` and `current` at RELEASE (each an
-  atomic rename of a new link), then cleans up, still under the lock.
+  default LOCK_WAIT, then failing "another deploy holds the lock on ..."), checks under that
+  lock that RELEASE is still a release, points `previous` at the old `current` and `current`
+  at RELEASE (each an atomic rename of a new link), then cleans up, still under the lock.
 - Clean-up removes a release (and its archive releases/ID.tar.gz, a regular file, which the role
   copies) unless it is RELEASE, the target of `current` or `previous`, or busy. Links are never
   followed.
@@ -281,7 +281,7 @@ def lock(path, mode, wait, what):
             if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
                 os.close(fd)
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    raise ProbeError(what)
+                    raise ProbeError(what) from None
                 raise
         time.sleep(0.1)
 

@@ -127,12 +127,12 @@ def test_a40_a39_two_deploys_at_once_never_leave_current_dangling(devices, versi
         base = devices.remote_dir("d1") / f"conc{round_}"
         results: dict[str, object] = {}
 
-        def run(bundle: Path, runs: int) -> None:
+        def run(bundle: Path, runs: int, base: Path, results: dict) -> None:
             results[bundle.name] = deploy(bundle, [parse_host("d1")],
                                           options=opts(devices, base, runs=runs))[0]
 
-        threads = [threading.Thread(target=run, args=(fast, 2)),
-                   threading.Thread(target=run, args=(slow, 150))]
+        threads = [threading.Thread(target=run, args=(fast, 2, base, results)),
+                   threading.Thread(target=run, args=(slow, 150, base, results))]
         for t in threads:
             t.start()
         for t in threads:

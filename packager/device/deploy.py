@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle.manifest import read_manifest
-from ..errors import BundleError, PackagerError, VerifyError
+from ..errors import BundleError, PackagerError
 from .device_answers import answer
 from .inventory import Host
 from .remote import Connection, DeviceError, check_destination, end_all, have_local

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
