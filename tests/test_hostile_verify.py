@@ -410,9 +410,12 @@ def test_a87_build_tune_time_on_a_lying_device_names_the_host_and_the_field(flee
     from conftest import PREP_TEXT
 
     out = tmp_path / "tl"
+    scratch = Path.home() / "edgepack"        # the devices' login home is this user's
+    before = set(scratch.glob(".tune-*"))
     proc = edgepack("build", str(cnn_onnx), "-o", str(out), "--target", "x86_64-cpu", "--calib",
                     str(image_dir), "--preprocess", PREP_TEXT, "--precision", "fp32", "--tune",
                     "--time-on", "liar", "--ssh-config", str(fleet.ssh_config))
+    assert set(scratch.glob(".tune-*")) == before     # the scratch copy was removed
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "tuning in liar: the answer of its run.py bench --tune has " \
