@@ -279,6 +279,8 @@ class AnsibleEngine:
                      "edgepack_allow_fallback": o.allow_fallback,
                      # at least 1: Ansible reads a task timeout of 0 as "no timeout"
                      "edgepack_timeout": max(1, math.ceil(o.timeout)),
+                     # --timeout bounds every remote step, the copy included (as --engine ssh)
+                     "edgepack_copy_timeout": max(1, math.ceil(o.timeout)),
                      "edgepack_reunpack": o.checksum,
                      "edgepack_default_python": o.python,
                      # run_checks' own --tune figures, so its replay asks for what the role ran
