@@ -186,8 +186,8 @@ def test_over_max_concurrent_gets_503_with_retry_after(built, tmp_path):
     assert request(url + "/health")[0] == 200   # GETs need no slot
     # 49 MP images take a while to decode in the one slot: those queued over 2 s get a 503
     slow = post(big_png(7000, 7000), "Content-Type: image/png")
-    with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(lambda _: raw_http(url, slow, timeout=120), range(10)))
+    with ThreadPoolExecutor(16) as pool:   # 16 x ~0.3 s of decoding: well over the 2 s wait
+        answers = list(pool.map(lambda _: raw_http(url, slow, timeout=120), range(16)))
     codes = [status for status, _, _ in answers]
     assert set(codes) == {200, 503}, codes
     for status, headers, body in answers:
