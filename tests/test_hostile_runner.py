@@ -99,12 +99,15 @@ def test_b01_b03_b04_planted_code_is_refused_by_verify_and_check_and_never_runs(
     assert not integrity["passed"] and top in integrity["detail"], integrity
     assert "nothing from the bundle was run" in integrity["detail"]
 
-    r = run_py(bundle, "check", "--json")
-    assert r.returncode == 1, r.stderr
-    problems = json.loads(r.stdout)["integrity"]
-    assert any(top in p for p in problems), problems
-    assert "Traceback" not in r.stderr
-    assert not proof.exists(), proof.read_text()
+    for isolated in (True, False):   # `python3 run.py` puts the bundle first on sys.path
+        r = run_py(bundle, "check", "--json") if isolated else subprocess.run(
+            [sys.executable, "run.py", "check", "--json"], cwd=bundle, capture_output=True,
+            text=True, timeout=300)
+        assert r.returncode == 1, r.stderr
+        problems = json.loads(r.stdout)["integrity"]
+        assert any(top in p for p in problems), problems
+        assert "Traceback" not in r.stderr
+        assert not proof.exists(), proof.read_text()
 
 
 def test_b01_control_the_planted_pyc_would_run_if_imported(tmp_path):
