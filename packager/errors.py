@@ -1,5 +1,7 @@
 """Errors the packager raises; the CLI turns each into one line and a non-zero exit."""
 
+from typing import Any
+
 
 class PackagerError(Exception):
     """A problem the user can fix: what went wrong, and the fix."""
@@ -102,21 +104,43 @@ def exit_on_early_interrupt() -> None:
 
 
 def catch_interrupts() -> object:
-    """Install the command-time SIGINT handler (raise KeyboardInterrupt, and remember it: a C
-    extension may turn it into another exception); return the handler it replaced."""
+    """Install the command-time SIGINT handler and return the handler it replaced. It raises
+    KeyboardInterrupt (and remembers it: a C extension may turn it into another exception),
+    except while a module is being imported: an exception thrown into a C extension's import
+    can abort the process (torch's pybind11 code calls std::terminate), so there the interrupt
+    is re-sent every 50 ms until the import is done."""
+    import _thread
     import signal
+    import threading
+    import time
 
     global _interrupted
     _interrupted = False
 
-    def interrupted(signum: int, frame: object) -> None:
+    def resend() -> None:
+        time.sleep(0.05)
+        if signal.getsignal(signal.SIGINT) is interrupted:   # still this command's
+            _thread.interrupt_main(signal.SIGINT)
+
+    def interrupted(signum: int, frame: Any) -> None:
         global _interrupted
         _interrupted = True
+        if _importing(frame):
+            threading.Thread(target=resend, daemon=True).start()
+            return
         raise KeyboardInterrupt
 
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, interrupted)
     return previous
+
+
+def _importing(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def restore_interrupts(previous: object) -> None:
