@@ -287,9 +287,7 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     digest = bundle_digest(folder)
     rid = release_id(digest)
     result.release = {"dir": remote, "release": rid}
-    made = answer(conn.run(f"{python} - prepare {shlex.quote(remote)} {rid}", stdin=probe,
-                           timeout=timeout, step="prepare"), host.name, python, "prepare",
-                  "prepare")
+    made = probe_step("prepare", "prepare", remote, rid)   # refuses what edgepack did not make
     if made["release"] != made["base"].rstrip("/") + "/releases/" + rid:
         raise DeviceError(f"{host.name}: prepare: the device named {made['release']!r} as the "
                           f"release folder, not {made['base']}/releases/{rid}",
