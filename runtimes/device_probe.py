@@ -331,17 +331,24 @@ def hold(base, release, seconds=HOLD_SECONDS):
     return None
 
 
-def point(base, name, target):
-    """BASE/NAME -> TARGET, replaced atomically (a reader sees the old link or the new one)."""
-    tmp = os.path.join(base, ".%s.%d" % (name, os.getpid()))
-    if os.path.lexists(tmp):
-        os.remove(tmp)
+def point(base, links):
+    """BASE/NAME -> TARGET for each (NAME, TARGET) in *links*, each replaced atomically (a reader
+    sees the old link or the new one). Every new link is made before any is renamed into
+    place, so a full disk (no inode for a link) changes nothing and leaves no .NAME.PID."""
+    made = []
     try:
-        os.symlink(target, tmp)
-        os.replace(tmp, os.path.join(base, name))
+        for name, target in links:
+            tmp = os.path.join(base, ".%s.%d" % (name, os.getpid()))
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            os.symlink(target, tmp)
+            made.append((tmp, os.path.join(base, name)))
+        for tmp, path in made:
+            os.replace(tmp, path)
     finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
+        for tmp, _ in made:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
 
 
 def switch(base, release, wait=LOCK_WAIT):
@@ -378,9 +385,7 @@ def _switch(base, where, release):
     before = target("current")
     switched = before != wanted
     if switched:
-        if before:
-            point(base, "previous", before)
-        point(base, "current", wanted)
+        point(base, ([("previous", before)] if before else []) + [("current", wanted)])
     keep = {release, os.path.basename(target("current")), os.path.basename(target("previous"))}
     removed = []
     for name in entries(where):

@@ -395,6 +395,7 @@ def test_a49_out_of_inodes_at_the_switch_keeps_current_and_says_so(small_fs):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "no space left on the device" in json.loads(proc.stdout)["error"]
     assert os.readlink(base / "current") == f"releases/{first}"
+    assert not (base / "previous").exists()     # both links as they were
     assert not list(base.glob(".current.*")) and not list(base.glob(".previous.*"))
 
 

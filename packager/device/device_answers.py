@@ -58,12 +58,13 @@ def answer(proc: subprocess.CompletedProcess, host: str, python: str, step: str,
         except ValueError:
             data = None
     if isinstance(data, dict) and isinstance(data.get("error"), str) and len(data) == 1:
-        raise DeviceError(f"{host}: {step}: {data['error'][:500]}", "nothing was changed there")
+        said = " ".join(data["error"].split())[:500]   # one line, whatever the device sent
+        raise DeviceError(f"{host}: {step}: {said}", "the release in use there is kept")
     if proc.returncode != 0 and data is None:
         if proc.returncode == 127 or "not found" in proc.stderr:
             raise DeviceError(f"{host}: {step} failed: '{python}' is not on the device",
                               "install Python 3.8+ there, or pass --python PATH")
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        last = " ".join((proc.stderr.strip().splitlines() or ["no output"])[-1].split())[:200]
         raise DeviceError(f"{host}: {step}: the device probe failed ({last})",
                           f"check that {python} runs on the device and is Python 3.8+")
     if not isinstance(data, dict):
