@@ -243,6 +243,23 @@ def test_a36_a_stalled_copy_ends_at_the_deadline_with_its_processes(devices, ver
     assert not (base / "current").exists()
 
 
+def test_a36_a_hold_that_never_answers_ends_at_the_deadline(devices, versions, tmp_path):
+    """The device's python hangs when started for the hold (python3 -c ...): the host fails at
+    --timeout naming the hold step, before anything is copied, and the hold's ssh is ended."""
+    wrapper = devices.device_dir("d2") / "bin" / "python3"
+    original = wrapper.read_text()
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exec sleep 30; fi\n'
+                       f'exec {sys.executable} "$@"\n')
+    base = tmp_path / f"hung-hold-{uuid.uuid4().hex[:6]}"
+    try:
+        [r] = deploy(versions[0], [parse_host("d2")], options=opts(devices, base, timeout=10))
+    finally:
+        wrapper.write_text(original)
+    assert r.exit_code == 2 and "d2: hold: no answer in 10 s; ended it" in r.error
+    assert not r.copied and not list((base / "releases").rglob("*.onnx"))
+    assert not wait_until_gone(str(base), 15), "the hold's ssh outlived the deploy"
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["ctrl-c", "sigterm"])
 def test_a36_ctrl_c_or_sigterm_mid_copy_leaves_no_rsync_behind(devices, versions, tmp_path, sig,

@@ -151,11 +151,11 @@ class Connection:
         try:
             line = held.first_line(script, timeout)
         except subprocess.TimeoutExpired:
-            held.close()
+            held.end()
             raise DeviceError(f"{self.host.name}: {step}: no answer in {timeout:g} s; ended it",
                               "check the device, or raise --timeout") from None
         except BaseException:
-            held.close()
+            held.end()
             raise
         if not line:
             err = held.close()
@@ -241,8 +241,11 @@ class Held:
 
     def first_line(self, script: str, timeout: float) -> str:
         assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(script)
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(script)
+            self.proc.stdin.flush()
+        except BrokenPipeError:   # ssh ended already: its exit status and stderr say why
+            return ""
         got: list[str] = []
         reader = threading.Thread(target=lambda: got.append(self.proc.stdout.readline()),
                                   daemon=True)
@@ -257,6 +260,11 @@ class Held:
         code = 0 if self.line else (self.proc.returncode if self.proc.returncode is not None
                                     else 1)
         return subprocess.CompletedProcess(self.proc.args, code, self.line, self.stderr)
+
+    def end(self) -> None:
+        """End the remote command now (its process group here)."""
+        end_group(self.proc)
+        finished(self.proc)
 
     def close(self) -> str:
         """Let the remote command end (its stdin closes), or end it; its stderr."""
