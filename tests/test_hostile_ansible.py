@@ -258,18 +258,23 @@ def test_a10_a11_role_refuses_hostile_archive_and_cleans_a_failed_unpack(ready, 
 
 # -- hangs and lying devices, one host error each (items 9, 8) --------------------------------
 
-def test_a35_a33_a32_hung_or_lying_devices_are_host_errors_within_the_timeout(ready, built,
-                                                                               tmp_path):
-    """--engine ansible --timeout 8 over four devices: d2's python3 prints `{}` (A33), d3's
-    prints `{"garbage` (A32), d4's hangs (A35). d1 passes and is switched; the other three are
-    one host error each (exit 2, no "bug"), the hung one names the step and its limit, and the
-    whole deploy ends well within 240 s."""
+def test_a35_a33_a32_a44_hung_or_lying_devices_are_host_errors_within_the_timeout(
+        ready, built, tmp_path):
+    """--engine ansible --timeout 8 over five devices: d2's python3 prints `{}` (A33), d3's
+    prints `{"garbage` (A32), d4's hangs (A35), d5's releases/ is a link to a photos folder
+    (A44 through the role). d1 passes and is switched; the other four are one host error each
+    (exit 2, no "bug"), the hung one names the step and its limit, nothing is copied into the
+    photos, and the whole deploy ends well within 240 s."""
     lies = {"d2": 'echo "{}"', "d3": "echo '{\"garbage'", "d4": "exec sleep 120"}
-    with Fleet(tmp_path / "fleet", [Device(n) for n in ("d1", "d2", "d3", "d4")]) as f:
+    with Fleet(tmp_path / "fleet", [Device(n) for n in ("d1", "d2", "d3", "d4", "d5")]) as f:
         inventory = f.write_inventory(tmp_path / "hosts.ini")
         for name, body in lies.items():
             (f.device_dir(name) / "bin" / "python3").write_text(
                 f"#!/bin/sh\ncat >/dev/null &\n{body}\n")
+        photos = tmp_path / "photos"
+        (photos / "2024").mkdir(parents=True)
+        (photos / "2024" / "a.jpg").write_text("x")
+        (f.remote_dir("d5") / "releases").symlink_to(photos)
         start = time.monotonic()
         r = cli("deploy", built.bundle.directory, "--hosts", inventory, "--engine", "ansible",
                 "--timeout", 8, "--runs", 1, "--warmup", 0, "--json", timeout=240)
@@ -279,9 +284,12 @@ def test_a35_a33_a32_hung_or_lying_devices_are_host_errors_within_the_timeout(re
         hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
         assert hosts["d1"]["status"] == "pass"
         assert f.remote_dir("d1").joinpath("current").is_symlink()
-        for name in lies:
+        for name in [*lies, "d5"]:
             assert hosts[name]["status"] == "error"
             assert not (f.remote_dir(name) / "current").exists()
+        assert "is a symbolic link" in hosts["d5"]["error"]
+        assert "nothing was copied" in hosts["d5"]["error"]
+        assert sorted(p.name for p in photos.rglob("*")) == ["2024", "a.jpg"]
         assert "preflight failed: the device probe's answer is not what device_probe.py " \
                "prints ({})" in hosts["d2"]["error"]
         assert "preflight failed: the device probe's answer is not JSON ({\"garbage)" \
