@@ -74,3 +74,26 @@ def test_npz_with_wrong_shape_or_dtype(tmp_path):
     np.savez(tmp_path / "b.npz", ids=np.zeros((1, 12), np.float32))
     with pytest.raises(CalibrationError, match="float32 values.*int64"):
         load_samples(tmp_path / "b.npz", inputs=inputs)
+
+
+def test_e72_labels_of_a_capped_image_folder_follow_the_same_picks(tmp_path):
+    """600 images (class folder a: white, b: black) are thinned to MAX_SAMPLES; the metric's
+    labels for the held-out samples must be those of the very images held out."""
+    import cv2
+
+    from packager.quantization.calibration import MAX_SAMPLES, sample_labels
+    from packager.quantization.preprocessing import parse_preprocess
+
+    for i in range(600):
+        folder = tmp_path / ("a" if i % 2 else "b")
+        folder.mkdir(exist_ok=True)
+        cv2.imwrite(str(folder / f"{i:04d}.png"), np.full((8, 8, 3), 255 if i % 2 else 0,
+                                                          np.uint8))
+    samples = load_samples(tmp_path, inputs=[{"name": "image", "shape": [1, 3, 8, 8],
+                                              "dtype": "float32"}],
+                           preprocess=parse_preprocess("size=8x8,scale=1/255"))
+    assert len(samples) == MAX_SAMPLES
+    _, held = split_holdout(samples, fraction=0.2)
+    labels = sample_labels(tmp_path, len(samples), 0.2)
+    assert labels is not None and len(labels) == len(held)
+    assert [("a" if float(h["image"].mean()) > 0.5 else "b") for h in held] == labels
