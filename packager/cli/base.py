@@ -29,8 +29,24 @@ class Command(click.Command):
 
         ctx.meta["edgepack.json"] = bool(ctx.params.get("as_json"))
         output = ctx.params.get("output")
-        with output_lock(*([output] if isinstance(output, Path) else [])):
+        if not isinstance(output, Path):
             return super().invoke(ctx)
+        before = _stamp(output)
+        with output_lock(output):
+            try:
+                return super().invoke(ctx)
+            except KeyboardInterrupt:
+                if _stamp(output) != before:   # published just before the Ctrl-C landed
+                    ctx.meta["edgepack.written"] = str(output)
+                raise
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns
 
 
 def fail(ctx: click.Context, message: str, hint: str, code: int) -> None:
@@ -103,8 +119,10 @@ def _catch_interrupts() -> object:
 
 
 def _interrupted(ctx: click.Context) -> None:
-    note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand ==
-            "deploy" else "nothing was written")
+    written = ctx.meta.get("edgepack.written")
+    note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand == "deploy"
+            else f"{written} was already written in full" if written else
+            "nothing was written")
     click.echo(f"interrupted: {note}", err=True)
     ctx.exit(130)
 
