@@ -91,7 +91,10 @@ def exit_on_early_interrupt() -> None:
     import sys
 
     program = os.path.basename(sys.argv[0]) if sys.argv else ""
-    if program != "edgepack" and sys.argv[:1] != ["-m"]:
+    orig = list(getattr(sys, "orig_argv", []))
+    module = orig[orig.index("-m") + 1] if "-m" in orig[:-1] else ""
+    if program != "edgepack" and not (sys.argv[:1] == ["-m"] and
+                                      module.split(".")[0] == "packager"):
         return   # a library user's process: their signal handling is theirs
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
