@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
 from packager.errors import SpecError
-from packager.graph.freeze import freeze_inputs
+from packager.graph.freeze import exact_array, freeze_inputs
 from packager.graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from packager.pipeline import build
 
@@ -134,3 +134,23 @@ def test_const_cli_mistakes_leave_nothing(vad, tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and message in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("value, dtype, expected", [
+    (16000, "int64", 16000), (16000.0, "int64", 16000), (True, "int64", 1),
+    (0.1, "float32", np.float32(0.1)),   # rounding to the nearest float is what a float does
+    (255, "uint8", 255), (0, "bool", False),
+])
+def test_e13_e14_const_values_a_dtype_holds_are_kept(value, dtype, expected):
+    assert exact_array("c", value, np.dtype(dtype)).tolist() == np.asarray(expected).tolist()
+
+
+@pytest.mark.parametrize("value, dtype, match", [
+    (1e999, "int64", "NaN or infinity"), (16000.5, "int64", "would hold 16000"),
+    (2 ** 63, "int64", "fits int64"), (10 ** 26, "int64", "not a int64 value"),
+    (300, "uint8", "would hold 44"), (-1, "uint8", "would hold 255"), (2, "bool", "fits bool"),
+    (1e300, "float32", "not a finite float32"), (1 + 2j, "float32", "complex values"),
+])
+def test_e13_e14_e15_e16_const_values_a_dtype_cannot_hold_are_refused(value, dtype, match):
+    with pytest.raises(SpecError, match=match):
+        exact_array("c", value, np.dtype(dtype))

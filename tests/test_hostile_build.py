@@ -361,6 +361,15 @@ def test_e107_e112_ctrl_c_in_the_first_second_exits_130_in_one_line(cnn_onnx, im
         assert not left, left
 
 
+def test_e107_importing_packager_elsewhere_leaves_sigint_alone():
+    """The early Ctrl-C handler is edgepack's own: a process that imports the library keeps
+    Python's KeyboardInterrupt."""
+    r = subprocess.run([sys.executable, "-c", "import signal, packager; print(signal.getsignal("
+                        "signal.SIGINT) is signal.default_int_handler)"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.strip() == "True", r.stderr
+
+
 # --------------------------------------------------------------------------- one run per -o
 
 
