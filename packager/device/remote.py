@@ -182,8 +182,9 @@ class Connection:
                bwlimit_kbps: int | None, copy_dest: str | None, timeout: float,
                resumes: bool) -> Copied:
         # --partial keeps what arrived when a copy is cut off; the next run sends only the rest.
-        # --timeout: rsync's own I/O deadline, so a stalled device ends it from the inside too.
-        io_timeout = max(1, int(min(timeout, 300)))
+        # --timeout: rsync's own I/O deadline (a stall late in a long copy ends it from the
+        # inside, and the copy resumes); a little after ours, so a short --timeout is ours.
+        io_timeout = int(min(timeout + 10, 300))
         cmd = ["rsync", "-rt", "--partial", "--stats", f"--timeout={io_timeout}",
                "-e", shlex.join(self.ssh_args())]
         cmd += [f"--copy-dest={copy_dest}"] if copy_dest else []
