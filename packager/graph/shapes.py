@@ -220,6 +220,7 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
             dim.Clear()
             dim.dim_value = size
     del model.graph.value_info[:]
+    declared = [onnx.TypeProto.FromString(o.type.SerializeToString()) for o in model.graph.output]
     for out in model.graph.output:
         out.type.tensor_type.ClearField("shape")
     inferred = infer_static(onnx.ModelProto.FromString(model.SerializeToString()))
@@ -227,8 +228,11 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     # merges the branches' shapes into ones that break onnxruntime's own type inference
     # (silero VAD: "LSTM: First input tensor must have rank 3")
     model.graph.value_info.extend(inferred.graph.value_info)
-    for out, known in zip(model.graph.output, inferred.graph.output, strict=True):
-        out.type.CopyFrom(known.type)
+    for out, known, before in zip(model.graph.output, inferred.graph.output, declared,
+                                  strict=True):
+        # an output inference cannot follow (a com.microsoft op of a QOperator model) keeps
+        # its declared shape: an output with no shape at all is an invalid model
+        out.type.CopyFrom(known.type if known.type.tensor_type.HasField("shape") else before)
     dynamic = dynamic_tensors(model)
     if dynamic and strict:
         name, producer, dims = dynamic[0]

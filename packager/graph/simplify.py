@@ -133,7 +133,8 @@ def simplify_proto(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto,
         onnx.checker.check_model(simplified)
     except Exception as exc:
         raise ModelError(f"{path}: the simplified model is invalid ({str(exc)[:200]})",
-                         "report this model; try --no-simplify") from None
+                         "this is a bug in edgepack's simplification: please report it with "
+                         "the model") from None
     return simplified, simplifier, reason
 
 
