@@ -251,6 +251,7 @@ def test_a10_a11_role_refuses_hostile_archive_and_cleans_a_failed_unpack(ready, 
         assert [p.name for p in releases.iterdir()] == [
             digest_of(built.bundle.directory).split(":")[1][:12] + ".tar.gz"]
         assert not (base / "current").exists()
+        assert not list(base.glob(".edgepack-hold-*"))   # the hold ended with the play
         r = play(built.bundle.archive)   # the same archive unpacks once tar works
         assert r.returncode == 0, r.stdout[-3000:]
         assert loose_modes((base / "current").resolve()) == []
