@@ -423,6 +423,9 @@ def test_a40_a39_two_ansible_deploys_to_one_folder_both_pass_and_current_never_d
         assert (base / "current" / "manifest.json").is_file()
         assert (base / "previous" / "manifest.json").is_file()
         assert not list(base.glob(".edgepack-hold-*"))
+        jobs = Path.home() / ".ansible_async"   # the holds' async job files are removed
+        assert not [j for j in (jobs.iterdir() if jobs.is_dir() else [])
+                    if str(base).encode() in j.read_bytes()]
         deadline = time.monotonic() + 10
         for rid in (slow, fast):
             fd = os.open(base / ".edgepack-busy" / f"{rid}.lock", os.O_RDWR)
