@@ -120,7 +120,7 @@ def _apply(host: Host, variables: dict[str, str], where: str) -> Host:
         if not variables["ansible_port"].isdigit() or \
                 not 1 <= int(variables["ansible_port"]) <= 65535:
             raise InventoryError(f"{where}: ansible_port={variables['ansible_port']} is not a "
-                                 "number", "fix the port")
+                                 "number from 1 to 65535", "fix the port")
         changes["port"] = int(variables["ansible_port"])
     if "ansible_ssh_private_key_file" in variables:
         changes["identity"] = Path(variables["ansible_ssh_private_key_file"]).expanduser()
