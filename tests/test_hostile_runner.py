@@ -315,7 +315,7 @@ def test_r01_r05_infer_out_keeps_every_result_even_with_odd_names(built, tmp_pat
 
 
 def result_of(keys, values, part):
-    return next(v for k, v in zip(keys, values) if part in k)
+    return next(v for k, v in zip(keys, values, strict=True) if part in k)
 
 
 @pytest.mark.parametrize("case", ["R06", "R07"])
@@ -598,7 +598,7 @@ def test_s24_s49_bodies_read_before_a_slot_still_have_a_memory_bound(built, tmp_
     proc, url = start_server(built.bundle.directory, tmp_path / "log", "--quiet", "--timeout",
                              "5", "--max-concurrent", "1")
     holder = connect(url)
-    holder.sendall(post(bytes(40 << 20), "Content-Length: %d" % (50 << 20)))   # 40 of 50 MB
+    holder.sendall(post(bytes(40 << 20), f"Content-Length: {50 << 20}"))   # 40 of 50 MB
     time.sleep(0.5)
     status, headers, body = answer(url, bytes(30 << 20), "Content-Type: application/octet-stream")
     assert status == 503 and headers["Retry-After"] == "1"

@@ -107,9 +107,9 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
     it passed its check there; DIR/previous keeps the one before (a host that fails keeps the
     release it had). Deploys to one DIR at once take turns to switch (DIR/.edgepack.lock); the
     last switch wins, and no release another deploy still uses is removed. Only releases
-    edgepack made are ever removed from DIR/releases/. Uses your OpenSSH client and ~/.ssh/config, or with --engine ansible your
-    inventory and ansible.cfg; host keys are checked strictly and no password is ever used.
-    Reports land in BUNDLE/reports/HOST/.
+    edgepack made are ever removed from DIR/releases/. Uses your OpenSSH client and
+    ~/.ssh/config, or with --engine ansible your inventory and ansible.cfg; host keys are
+    checked strictly and no password is ever used. Reports land in BUNDLE/reports/HOST/.
     Exit 0 all passed, 1 a check failed, 2 bad input, or a device was unreachable, failed
     preflight or gave no answer within --timeout; 130 on Ctrl-C (every ssh, rsync and scp
     started is ended).

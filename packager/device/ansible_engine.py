@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError, check_destination, read_inventory_text
 from .rollout import HostResult
-from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, run_checks, write_reports
+from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, report_folder, run_checks, write_reports
 
 INSTALL = "pip install -e '.[fleet]' in the edgepack checkout (ansible-core from PyPI)"
 EXCLUDE = {"reports", "cache", "session.tuned.json"}
@@ -409,8 +409,11 @@ class AnsibleEngine:
             result.exit_code, result.error = 2, f"{host.name}: {exc}"
             return result
         report["host"], report["digest"] = host.name, self.digest
-        out = self.reports / host.label
-        write_reports(out, report)
+        try:
+            out = write_reports(self.reports, report, host=report_folder(host.name))
+        except PackagerError as exc:   # a planted link in reports/HOST fails this host only
+            result.exit_code, result.error = 2, f"{host.name}: {exc}"
+            return result
         result.report, result.reports_dir = report, str(out)
         if report["passed"] != (data["exit_code"] == 0):   # the role and edgepack judge alike
             result.exit_code = 1

@@ -1,7 +1,6 @@
 """deploy(): copy a bundle to devices over SSH, preflight them, verify there, bring reports home."""
 
 import math
-import re
 import shlex
 import tarfile
 import tempfile
@@ -20,7 +19,7 @@ from .inventory import Host
 from .remote import Connection, DeviceError, check_destination, end_all, have_local
 from .rollout import HostResult, Rollout
 from .rollout import run as run_rollout
-from .verify import bundle_digest, check_tune, integrity_problems, run_checks, write_reports
+from .verify import bundle_digest, check_tune, integrity_problems, report_folder, run_checks, write_reports
 
 Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
@@ -123,12 +122,6 @@ def check_target(manifest: dict[str, Any], bundle: Path) -> None:
             p.get("name"), str) for p in providers):
         raise BundleError(f"{bundle}: manifest.json: providers is not a list of "
                           "{name: ...} tables", "build the bundle again with this edgepack")
-
-
-def report_folder(name: str) -> str:
-    """The host as one safe folder name below reports/ (never '', '.', '..' or a path)."""
-    label = re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:100]
-    return label if label.strip(".") else "_" * max(1, len(label))
 
 
 @contextmanager

@@ -244,6 +244,13 @@ def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
     return target_note(manifest, (check.get("providers") or [""])[0], arch)
 
 
+def report_folder(name: str) -> str:
+    """A host as one safe folder name below reports/ (never '', '.', '..' or a path): both
+    deploy engines write reports/HOST with it."""
+    label = re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:100]
+    return label if label.strip(".") else "_" * max(1, len(label))
+
+
 def write_reports(out: Path, report: dict[str, Any], *, host: str | None = None) -> Path:
     """report.json and report.md into the folder *out* (with *host*: into out/host), written
     without following links (reports.write_files): `reports/` (or `ARCHIVE.reports/`) and a

@@ -15,8 +15,8 @@ except ImportError:
     np = None
 
 from .errors import BundleError, ProviderMissing
-from .manifest import provider_path_problems
 from .facts import gpu_name, tensorrt_version
+from .manifest import provider_path_problems
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
