@@ -469,8 +469,9 @@ STRAYS = ["numpy/__init__.pyc", "json/__init__.cpython-311-x86_64-linux-gnu.so",
 def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, tmp_path):
     """The A01 reproduction end to end: a planted package whose __init__ is .pyc or .so, a
     namespace package, a module in a bundle folder, a .pth, or anything extra in runner/, in
-    the release on the device, is refused by the device's own integrity check (rsync leaves
-    extra files in place) and nothing runs; the bundle with it is refused here first."""
+    the release on the device, is refused by the device's own integrity check (scp leaves
+    extra files in place; rsync removes them, see the next test) and nothing runs; the bundle
+    with it is refused here first."""
     base = tmp_path / "a01"
     [first] = deploy(versions[0], [parse_host("d1")], options=opts(devices, base))
     assert first.exit_code == 0, first.error
@@ -482,7 +483,7 @@ def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(code)
         [r] = deploy(versions[0], [parse_host("d1")], options=opts(
-            devices, base, expect_digest=bundle_digest(versions[0])))
+            devices, base, expect_digest=bundle_digest(versions[0]), transfer="scp"))
         assert r.exit_code == 2 and "on the device" in r.error and "nothing was run" in r.error
         parts = rel.split("/")
         named = "/".join(parts[:2]) if parts[0] == "runner" else parts[0]
@@ -498,6 +499,25 @@ def test_a01_stray_modules_planted_on_the_device_are_refused(devices, versions, 
     with pytest.raises(BundleError, match="numpy: not part of the bundle"):
         deploy(planted, [parse_host("d1")], options=opts(devices, tmp_path / "never"))
     assert not (tmp_path / "never").exists() and not proof.exists()
+
+
+def test_n1_a_redeploy_with_rsync_removes_what_was_planted_in_the_release(devices, versions,
+                                                                         tmp_path):
+    """A release folder holding a planted package (left by a refused copy, or put there by
+    someone on the device): the next rsync deploy of the genuine bundle removes it (--delete,
+    the device's reports and tuning protected) and passes, instead of being refused forever."""
+    base = tmp_path / "n1"
+    [first] = deploy(versions[0], [parse_host("d1")], options=opts(devices, base))
+    assert first.exit_code == 0, first.error
+    release = base / "releases" / rid(versions[0])
+    (release / "numpy").mkdir()
+    (release / "numpy" / "__init__.pyc").write_text("raise SystemExit('planted')\n")
+    (release / "cache").mkdir()
+    (release / "cache" / "engine.bin").write_text("x")   # the device's own: excluded, kept
+    [again] = deploy(versions[0], [parse_host("d1")], options=opts(devices, base))
+    assert again.exit_code == 0, again.error
+    assert not (release / "numpy").exists()
+    assert (release / "cache" / "engine.bin").read_text() == "x"
 
 
 # -- build --time-on: the device's timings are untrusted input too ---------------------------

@@ -396,11 +396,16 @@ def test_b07_deploy_never_writes_a_host_report_through_a_link(fleet, bundle, tmp
     elsewhere.mkdir()
     (bundle / "reports").mkdir()
     (bundle / "reports" / "d1").symlink_to(elsewhere)
-    options = DeployOptions(ssh_config=fleet.ssh_config, remote_dir=str(fleet.remote_dir("d1")),
+    target = fleet.remote_dir("d1") / "b07"
+    options = DeployOptions(ssh_config=fleet.ssh_config, remote_dir=str(target),
                             runs=2, warmup=0, timeout=TIMEOUT)
-    [result] = deploy(bundle, [parse_host("d1")], options=options)
-    assert result.exit_code == 2 and f"{bundle / 'reports' / 'd1'}: is a symbolic link" in \
-        result.error, result.error
+    from packager.errors import BundleError
+
+    with pytest.raises(BundleError) as refused:   # before anything reaches the device
+        deploy(bundle, [parse_host("d1")], options=options)
+    assert f"{bundle / 'reports' / 'd1'}: is a symbolic link" in str(refused.value)
+    assert "nothing was copied" in str(refused.value)
+    assert not target.exists()
     assert list(elsewhere.iterdir()) == []
     assert not (bundle / "reports" / "report.json").exists()
 

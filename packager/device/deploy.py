@@ -1,6 +1,7 @@
 """deploy(): copy a bundle to devices over SSH, preflight them, verify there, bring reports home."""
 
 import math
+import os
 import shlex
 import tarfile
 import tempfile
@@ -176,6 +177,8 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
             raise BundleError(f"{bundle}: refused: {problems[0]}"
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                               + "; nothing was copied", "build the bundle again")
+        for h in hosts:   # a planted link where a host's report goes: refused before any copy
+            check_report_folder(reports, report_folder(h.name))
         if engine == "ansible":
             from .ansible_engine import AnsibleEngine
 
@@ -199,6 +202,16 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
                 raise
 
         return _roll(hosts, ssh_batch, rollout or Rollout(), log)
+
+
+def check_report_folder(reports: Path, host: str) -> None:
+    """Refuse (BundleError) a reports/ or reports/HOST that exists as anything but a real
+    folder: the report could not be written there, so nothing is deployed."""
+    for path in (reports, reports / host):
+        if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+            raise BundleError(f"{path}: is a symbolic link or not a folder, so the host's report "
+                              "cannot be written there; nothing was copied",
+                              "remove it (reports are written only into real folders)")
 
 
 def _roll(hosts: Sequence[Host], deploy_batch: Callable[[list[Host]], list[HostResult]],

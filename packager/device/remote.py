@@ -185,7 +185,10 @@ class Connection:
         # --timeout: rsync's own I/O deadline (a stall late in a long copy ends it from the
         # inside, and the copy resumes); a little after ours, so a short --timeout is ours.
         io_timeout = int(min(timeout + 10, 300))
-        cmd = ["rsync", "-rt", "--partial", "--stats", f"--timeout={io_timeout}",
+        # --delete: the folder holds the bundle and nothing else (what a refused or older copy
+        # left there, a planted module, goes); what *exclude* names (the device's own reports,
+        # caches, tuning) is protected from it
+        cmd = ["rsync", "-rt", "--partial", "--delete", "--stats", f"--timeout={io_timeout}",
                "-e", shlex.join(self.ssh_args())]
         cmd += [f"--copy-dest={copy_dest}"] if copy_dest else []
         cmd += ["--checksum"] if checksum else []

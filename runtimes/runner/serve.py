@@ -24,7 +24,8 @@ BODY_RATE = 1e6      # bytes/s a body must keep up after the first --timeout sec
 # process's file descriptors (1024 is a common limit) or every thread; one more gets a 503.
 MAX_CONNECTIONS = 256
 MAX_PER_CLIENT = 64
-REJECTERS = 16       # threads that answer 503 to connections over a cap (beyond: closed)
+REJECTERS = 64       # threads that answer 503 to connections over a cap; one more waits
+REJECT_WAIT_S = 1.0  # that long for one of them, then gets its 503 from the accept loop
 
 
 class DeadlineReader(io.RawIOBase):
@@ -61,13 +62,26 @@ class Gate(object):
         self.changed = threading.Condition()
         self.stopping = None   # the signal's name, once one asks the server to stop
 
-    def admit(self, client):
+    def admit(self, client, wait=0.0):
+        """Count a new connection from *client*; False over a cap. Over --max-connections
+        alone it waits up to *wait* seconds for a place (a burst of clients, not one client
+        holding many: that one is refused at once, so it cannot hold up everyone's accept)."""
+        deadline = time.monotonic() + wait
         with self.changed:
+            while (self.open >= self.total and self.by_client.get(client, 0) < self.per_client
+                   and time.monotonic() < deadline and not self.stopping):
+                self.changed.wait(max(0.01, deadline - time.monotonic()))
             if self.open >= self.total or self.by_client.get(client, 0) >= self.per_client:
                 return False
             self.open += 1
             self.by_client[client] = self.by_client.get(client, 0) + 1
             return True
+
+    def crowded(self, client):
+        """Half the connections are open, in all or from *client*."""
+        with self.changed:
+            return (2 * self.open >= self.total
+                    or 2 * self.by_client.get(client, 0) >= self.per_client)
 
     def leave(self, client):
         with self.changed:
@@ -75,6 +89,7 @@ class Gate(object):
             self.by_client[client] -= 1
             if not self.by_client[client]:
                 del self.by_client[client]
+            self.changed.notify_all()
 
     def take(self, count):
         """Count *count* more bytes of bodies held in memory; False when over the budget."""
@@ -116,24 +131,38 @@ def busy_answer(why):
 def reject(sock, answer, done):
     """Answer a connection over a cap with *answer* and close it, reading what it sent first
     (closing a socket with unread bytes resets it, and the client would never see the 503)."""
+
+    try:
+        answer_and_close(sock, answer, 2.0)
+    finally:
+        done.release()
+
+
+def answer_and_close(sock, answer, seconds):
+    """Send *answer* on a connection we will not serve, then close it gracefully: read what
+    the client sent (at most *seconds* before and after, 8 MB), since closing with unread bytes
+    resets the connection and the client would lose the answer."""
     import socket
 
     try:
-        sock.settimeout(1.0)
+        sock.settimeout(min(seconds, 0.5))
         try:
             sock.recv(1 << 16)
         except socket.timeout:
             pass
         sock.sendall(answer)
         sock.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and sock.recv(1 << 16):
-            pass
+        deadline, got = time.monotonic() + seconds, 0
+        while got < (8 << 20) and time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            got += len(data)
     except OSError:
         pass
     finally:
         sock.close()
-        done.release()
 
 
 def cmd_serve(bundle, manifest, args):
@@ -199,7 +228,9 @@ def cmd_serve(bundle, manifest, args):
         def reply(self, code, obj, headers=()):
             body = json.dumps(obj).encode("utf-8")
             self.connection.settimeout(args.timeout)   # a client that does not read: bounded
-            if gate.stopping:
+            if gate.stopping or gate.crowded(self.client_address[0]):
+                # stopping, or half the connections (in all or this client's) are open: no
+                # keep-alive, so idle connections do not hold the places a burst needs
                 self.close_connection = True
                 headers = list(headers) + [("Connection", "close")]
             self.send_response(code)
@@ -387,23 +418,23 @@ def cmd_serve(bundle, manifest, args):
     rejecters = threading.BoundedSemaphore(REJECTERS)
 
     class Server(ThreadingHTTPServer):
-        request_queue_size = 128   # a burst of clients waits in the kernel, not reset (was 5)
+        request_queue_size = 1024  # a burst of clients waits in the kernel, not reset (was 5)
         daemon_threads = True
 
         def process_request(self, request, client_address):
-            if gate.admit(client_address[0]):
+            if gate.admit(client_address[0], wait=QUEUE_WAIT_S):
                 try:
                     ThreadingHTTPServer.process_request(self, request, client_address)
                 except BaseException:
                     gate.leave(client_address[0])
                     raise
                 return
-            if not rejecters.acquire(blocking=False):   # a flood: no thread for each
-                self.shutdown_request(request)
-                return
             why = ("%d connections are open (--max-connections)" % gate.total
                    if gate.open >= gate.total else "%d connections from %s are open "
                    "(--max-per-client)" % (gate.per_client, client_address[0]))
+            if not rejecters.acquire(timeout=REJECT_WAIT_S):   # a flood: answered here,
+                answer_and_close(request, busy_answer(why), 0.2)   # briefly, one at a time
+                return
             threading.Thread(target=reject, args=(request, busy_answer(why), rejecters),
                              daemon=True).start()
 
