@@ -17,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,6 +288,37 @@ class Held:
         finally:
             finished(self.proc)
         return err
+
+
+@contextmanager
+def device_scratch(conn: Connection, local: Path, what: str, prefix: str, *, timeout: float,
+                   copy_timeout: float) -> Iterator[str]:
+    """Copy the folder *local* into a new scratch folder on the device (~/edgepack/.PREFIX-ID,
+    rsync where both ends have it, else scp) and yield its path there; it is removed whatever
+    happens (a clean-up of at most 120 s). *what* names the steps in errors ("tune",
+    "time-on")."""
+    import uuid
+
+    remote = f"edgepack/.{prefix}-{uuid.uuid4().hex[:8]}"
+    quoted = shlex.quote(remote)
+    made = conn.run(f"mkdir -p -- {quoted} && echo MADE; "
+                    "command -v rsync >/dev/null 2>&1 && echo RSYNC",
+                    timeout=copy_timeout, step=f"{what}: scratch folder")
+    if "MADE" not in made.stdout:
+        raise DeviceError(f"{conn.host.name}: {what}: cannot make ~/{remote} on the device "
+                          f"({_last(made.stderr) or 'no output'})",
+                          "check the login's home there (free space, permissions)")
+    try:
+        rsync = "RSYNC" in made.stdout and have_local("rsync")
+        conn.copy(local, remote, method="rsync" if rsync else "scp", timeout=copy_timeout,
+                  resumes=False)
+        yield remote
+    finally:
+        try:
+            conn.run(f"rm -rf -- {quoted}", timeout=min(timeout, 120.0),
+                     step=f"{what}: clean-up")
+        except DeviceError:
+            pass
 
 
 def have_local(tool: str) -> bool:

@@ -21,16 +21,14 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
     import shlex
     import shutil
     import tempfile
-    import uuid
 
     import numpy as np
 
     from .._runtimes import time_models
-    from .remote import Connection, DeviceError, have_local
+    from .remote import Connection, DeviceError, device_scratch
 
     def timer(paths, feed, threads, rounds, block):
         conn = Connection(host, ssh_config=ssh_config)
-        remote = f"edgepack/.auto-{uuid.uuid4().hex[:8]}"
         with tempfile.TemporaryDirectory(prefix="edgepack-auto-") as tmp:
             folder = Path(tmp)
             for p in paths:
@@ -39,29 +37,14 @@ def remote_timer(host: Any, *, ssh_config: Path | None = None, python: str = "py
             shutil.copyfile(time_models.__file__, folder / "time_models.py")
             chain = [[p.name, p.options] for p in providers]
             (folder / "providers.json").write_text(json.dumps(chain))
-            made = conn.run(f"mkdir -p -- {shlex.quote(remote)} && echo MADE; "
-                            "command -v rsync >/dev/null 2>&1 && echo RSYNC",
-                            timeout=timeout, step="time-on: scratch folder")
-            if "MADE" not in made.stdout:
-                raise DeviceError(f"{host.name}: time-on: cannot make ~/{remote} on the device "
-                                  f"({_last(made.stderr)})", "check the login's home there "
-                                  "(free space, permissions)")
-            rsync = "RSYNC" in made.stdout and have_local("rsync")
-            method = "rsync" if rsync else "scp"
             log(f"precision auto: timing {len(paths)} candidates on {host.name}")
-            try:
-                conn.copy(folder, remote, method=method, timeout=timeout, resumes=False)
+            with device_scratch(conn, folder, "time-on", "auto", timeout=timeout,
+                                copy_timeout=timeout) as remote:
                 names = " ".join(shlex.quote(p.name) for p in paths)
                 proc = conn.run(f"cd -- {shlex.quote(remote)} && {shlex.quote(python)} "
                                 f"time_models.py feed.npz {threads} {rounds} {block} "
                                 f"{'--providers providers.json ' if chain else ''}{names}",
                                 timeout=timeout, step="time-on: timing the candidates")
-            finally:   # the scratch folder goes whatever happened (a bounded clean-up)
-                try:
-                    conn.run(f"rm -rf -- {shlex.quote(remote)}", timeout=min(timeout, 120),
-                             step="time-on: clean-up")
-                except DeviceError:
-                    pass
         if proc.returncode != 0:
             raise DeviceError(f"{host.name}: timing the candidates failed "
                               f"({_last(proc.stderr) or 'no output'})",

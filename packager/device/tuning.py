@@ -8,7 +8,6 @@ import json
 import math
 import shlex
 import sys
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,38 +40,20 @@ def remote_tuner(host: Any, *, ssh_config: Path | None = None, python: str = "py
     by its own run.py before anything runs) and removed after. Every remote step has a
     deadline (the copy and the clean-up at most 900 s and 120 s, the tuning *timeout*) and a
     name in its error."""
-    from .remote import Connection, DeviceError, have_local
+    from .remote import Connection, device_scratch
 
     def tune(folder: Path) -> dict[str, Any]:
         conn = Connection(host, ssh_config=ssh_config)
-        remote = f"edgepack/.tune-{uuid.uuid4().hex[:8]}"
-        quoted = shlex.quote(remote)
-        made = conn.run(f"mkdir -p -- {quoted} && echo MADE; "
-                        "command -v rsync >/dev/null 2>&1 && echo RSYNC",
-                        timeout=min(timeout, 900.0), step="tune: scratch folder")
-        if "MADE" not in made.stdout:
-            last = (made.stderr.strip().splitlines() or ["no output"])[-1]
-            raise DeviceError(f"{host.name}: tune: cannot make ~/{remote} on the device "
-                              f"({last})", "check the login's home there (free space, "
-                              "permissions)")
-        try:
-            rsync = "RSYNC" in made.stdout and have_local("rsync")
-            conn.copy(folder, remote, method="rsync" if rsync else "scp",
-                      timeout=min(timeout, 900.0), resumes=False)
+        with device_scratch(conn, folder, "tune", "tune", timeout=timeout,
+                            copy_timeout=min(timeout, 900.0)) as remote:
             log(f"tune: timing session options on {host.name}, {runs} runs each")
 
             def execute(args: list[str]) -> tuple[int, str, str]:
-                proc = conn.run(f"cd -- {quoted} && {shlex.quote(python)} run.py "
+                proc = conn.run(f"cd -- {shlex.quote(remote)} && {shlex.quote(python)} run.py "
                                 f"{shlex.join(args)}", timeout=timeout,
                                 step="tune: run.py bench --tune")
                 return proc.returncode, proc.stdout, proc.stderr
             return record(execute, runs, warmup, host.name, _own_session(folder))
-        finally:   # the scratch folder goes whatever happened (a bounded clean-up)
-            try:
-                conn.run(f"rm -rf -- {quoted}", timeout=min(timeout, 120.0),
-                         step="tune: clean-up")
-            except DeviceError:
-                pass
     return tune
 
 
