@@ -145,6 +145,20 @@ def start_server(bundle: Path, log: Path, *options: str) -> tuple[subprocess.Pop
     raise AssertionError("the server did not start: " + log.read_text())
 
 
+def read_to_end(sock) -> bytes:
+    """Everything the server sends on *sock* until it closes (a reset ends it too)."""
+    answer = b""
+    try:
+        while True:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
 def raw_http(url: str, data: bytes, *, half_close: bool = False, timeout: float = 10.0,
              pause: float = 0.0, rest: bytes = b"") -> tuple[int | None, dict, bytes]:
     """Send *data* (then, after *pause* s, *rest*) to the server at *url* over a plain socket;
@@ -166,15 +180,7 @@ def raw_http(url: str, data: bytes, *, half_close: bool = False, timeout: float 
         except OSError as exc:   # it answered early and closed (EPIPE, ECONNRESET, ENOTCONN)
             if isinstance(exc, TimeoutError):
                 raise
-        answer = b""
-        try:
-            while True:
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    break
-                answer += chunk
-        except ConnectionResetError:
-            pass
+        answer = read_to_end(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     if not lines[0].startswith("HTTP/"):

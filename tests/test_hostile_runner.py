@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import raw_http, run_py, start_server
+from conftest import raw_http, read_to_end, run_py, start_server
 
 EDGEPACK = str(Path(sys.executable).with_name("edgepack"))
 
@@ -387,12 +387,7 @@ def legit(url, source="127.0.0.1"):
     with socket.create_connection((host, int(port)), timeout=20,
                                   source_address=(source, 0)) as sock:
         sock.sendall(post(image, "Content-Type: image/png", "Connection: close"))
-        data = b""
-        while True:
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            data += chunk
+        data = read_to_end(sock)
     return int(data.split()[1]) if data.startswith(b"HTTP/") else None, time.monotonic() - start
 
 
@@ -578,12 +573,7 @@ def test_s26_s27_sigterm_and_sighup_stop_gracefully(built, tmp_path, case, sig):
     with pytest.raises(ConnectionRefusedError):   # no longer accepting
         socket.create_connection((host, int(port)), timeout=5)
     in_flight.sendall(image[10:])   # the request in flight is still answered
-    data = b""
-    while True:
-        chunk = in_flight.recv(1 << 16)
-        if not chunk:
-            break
-        data += chunk
+    data = read_to_end(in_flight)
     in_flight.close()
     assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200"), data[:200]
     assert b"Connection: close" in data

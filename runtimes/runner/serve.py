@@ -139,9 +139,8 @@ def reject(sock, answer, done):
 
 
 def answer_and_close(sock, answer, seconds):
-    """Send *answer* on a connection we will not serve, then close it gracefully: read what
-    the client sent (at most *seconds* before and after, 8 MB), since closing with unread bytes
-    resets the connection and the client would lose the answer."""
+    """Send *answer* on a connection we will not serve, then close it gracefully (what the
+    client sent first is read for at most 0.5 s)."""
     import socket
 
     try:
@@ -151,6 +150,18 @@ def answer_and_close(sock, answer, seconds):
         except socket.timeout:
             pass
         sock.sendall(answer)
+    except OSError:
+        pass
+    drain(sock, seconds)
+    sock.close()
+
+
+def drain(sock, seconds):
+    """Half-close *sock* and read what the client still sends (at most *seconds*, 8 MB):
+    closing with unread bytes resets the connection, and the client would lose its answer."""
+    import socket
+
+    try:
         sock.shutdown(socket.SHUT_WR)
         deadline, got = time.monotonic() + seconds, 0
         while got < (8 << 20) and time.monotonic() < deadline:
@@ -161,8 +172,6 @@ def answer_and_close(sock, answer, seconds):
             got += len(data)
     except OSError:
         pass
-    finally:
-        sock.close()
 
 
 def cmd_serve(bundle, manifest, args):
@@ -439,19 +448,8 @@ def cmd_serve(bundle, manifest, args):
                              daemon=True).start()
 
         def shutdown_request(self, request):
-            """Close after reading what the client still sends (at most 1 s, 8 MB): closing
-            with unread bytes resets the connection, and the client would lose its 4xx/503."""
-            try:
-                request.shutdown(socket.SHUT_WR)
-                deadline, got = time.monotonic() + 1.0, 0
-                while got < (8 << 20) and time.monotonic() < deadline:
-                    request.settimeout(max(0.01, deadline - time.monotonic()))
-                    data = request.recv(1 << 16)
-                    if not data:
-                        break
-                    got += len(data)
-            except OSError:
-                pass
+            """Close after reading what the client still sends (at most 1 s)."""
+            drain(request, 1.0)
             self.close_request(request)
 
         def process_request_thread(self, request, client_address):
