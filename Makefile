@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-fleet zoo fuzz lint clean
+.PHONY: install openvino demo test bench bench-fleet zoo fuzz lint clean
 
 install: $(STAMP)
 
@@ -15,6 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[torch,test]'
 	touch $(STAMP)
+
+# onnxruntime-openvino replaces the onnxruntime package, so it gets a venv of its own: build
+# times the OpenVINO execution provider there (packager/engines.py) when it exists.
+OV_VENV := .venv-openvino
+OV_STAMP := $(OV_VENV)/.installed
+openvino: $(OV_STAMP)
+$(OV_STAMP):
+	$(PYTHON) -m venv $(OV_VENV)
+	$(OV_VENV)/bin/python -m pip install --quiet 'onnxruntime-openvino==1.24.1' numpy
+	touch $(OV_STAMP)
 
 demo: install
 	$(VENV)/bin/edgepack demo -o build/demo

@@ -1,12 +1,18 @@
 """Time candidate models on a device for `edgepack build --precision auto --time-on HOST`.
 
     python3 time_models.py FEED.npz THREADS ROUNDS BLOCK [--providers P.json] model1.onnx ...
+    python3 time_models.py FEED.npz THREADS ROUNDS BLOCK --plan PLAN.json
+    python3 time_models.py --outputs SAMPLES.npz OUT.npz THREADS --plan PLAN.json
 
 Runs the models interleaved in blocks (untimed calls after every switch), prints one JSON object
 with p50/p90 per model, the provider each ran on, and the device. P.json lists the target's
 providers ([[name, options], ...], in order); each model runs on the first that starts, as the
-bundle's runner would (default: the CPU). Python 3.8+, stdlib + numpy + onnxruntime; installs
-nothing.
+bundle's runner would (default: the CPU). PLAN.json lists [key, model path, providers] rows
+instead: one model may be timed under several providers in the same blocks (edgepack times a
+graph under onnxruntime's CPU and OpenVINO providers side by side this way), and the JSON is
+keyed by *key*. --outputs runs each plan row on every sample of SAMPLES.npz (arrays "i/input",
+sample i) and saves its outputs as OUT.npz ("key/i/output") instead of timing. Python 3.8+,
+stdlib + numpy + onnxruntime; installs nothing.
 """
 
 import json
@@ -41,9 +47,50 @@ def open_first(ort, path, so, providers):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
+def read_plan(path):
+    """[(key, model path, [(provider, options), ...]), ...] from a PLAN.json."""
+    with open(path) as f:
+        return [(key, model, [(name, options) for name, options in chain])
+                for key, model, chain in json.load(f)]
+
+
+def open_plan(ort, plan, threads):
+    sessions = {}
+    for key, path, providers in plan:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sessions[key] = open_first(ort, path, so, providers)
+    return sessions
+
+
+def save_outputs(argv):
+    """--outputs SAMPLES.npz OUT.npz THREADS --plan PLAN.json: every row's outputs per sample."""
+    import onnxruntime as ort
+
+    samples_path, out_path, threads = argv[0], argv[1], int(argv[2])
+    sessions = open_plan(ort, read_plan(argv[4]), threads)
+    with np.load(samples_path) as f:
+        arrays = {k: f[k] for k in f.files}
+    count = len(set(k.split("/", 1)[0] for k in arrays))
+    saved = {}
+    for key, session in sessions.items():
+        names = [o.name for o in session.get_outputs()]
+        for i in range(count):
+            feed = dict((k.split("/", 1)[1], v) for k, v in arrays.items()
+                        if k.split("/", 1)[0] == str(i))
+            for name, value in zip(names, session.run(names, feed)):
+                saved["%s/%d/%s" % (key, i, name)] = value
+    np.savez(out_path, **saved)
+    print(json.dumps({"providers": dict((k, s.get_providers()[0])
+                                        for k, s in sessions.items())}))
+
+
 def main(argv):
     import onnxruntime as ort
 
+    if argv[:1] == ["--outputs"]:
+        return save_outputs(argv[1:])
     feed_path, threads, rounds, block = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     models = argv[4:]
     providers = [("CPUExecutionProvider", {})]
@@ -53,12 +100,10 @@ def main(argv):
         models = models[2:]
     with np.load(feed_path) as f:
         feed = {k: f[k] for k in f.files}
-    sessions = {}
-    for path in models:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sessions[path] = open_first(ort, path, so, providers)
+    if models[:1] == ["--plan"]:
+        sessions = open_plan(ort, read_plan(models[1]), threads)
+    else:
+        sessions = open_plan(ort, [(path, path, providers) for path in models], threads)
     times = dict((path, []) for path in sessions)
     for session in sessions.values():
         for _ in range(5):
