@@ -41,6 +41,7 @@ from .quantization.calibration import (
 )
 from .quantization.decision import decide
 from .quantization.preprocessing import check_fits, spec_shape
+from .quantization.engine_choice import choose_engine, engine_graph, with_engine
 from .quantization.provider_graphs import provider_graphs
 from .quantization.quantize import QuantConfig, check_exclude
 from .quantization.sensitivity import name_nodes
@@ -81,13 +82,22 @@ class PartResult:
     calibration_samples: int
     export: dict[str, Any] | None
     consts: tuple[str, ...] = ()
+    engine: Any = None   # engine_choice.EngineChoice: a faster provider listed first
+
+    def headline(self) -> str:
+        """What ships: the precision, and the faster provider's graph where the build chose one."""
+        if self.engine is None:
+            return self.config.describe()
+        name = self.engine.provider.name.replace("ExecutionProvider", "")
+        return (f"{self.engine.candidate.config.describe()} on {name} (the CPU provider, where "
+                f"{name} is not installed: {self.config.describe()})")
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "nodes_before": self.nodes_before,
                 "nodes_after": self.nodes_after, "simplifier": self.simplifier,
                 "family": self.family, "precision": self.config.describe(),
                 "accuracy": self.accuracy, "calibration_samples": self.calibration_samples,
-                "export": self.export}
+                "export": self.export, "ships": self.headline()}
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           timer: Any = None, log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None, fuse: bool = True,
           tune: Tuner | None = None, steps: Progress | None = None,
-          offline: bool = False) -> BuildResult:
+          offline: bool = False, openvino: str = "auto") -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -155,7 +165,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
     times session options with the finished bundle's runner; the manifest keeps the fastest.
     *offline* ships each part also optimised offline by this onnxruntime where that loads
-    faster (CPU targets; see offline.py).
+    faster (CPU targets; see offline.py). *openvino*: "auto" lists the target's faster provider
+    (OpenVINO on x86) first where it measures faster here, "yes" wherever its graph keeps the
+    budget, "no" never (quantization/engine_choice.py).
     """
     check_holdout(holdout)
     check_golden(golden)
@@ -189,9 +201,10 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                               max_drop=max_accuracy_drop, metric=metric,
                                               timer=timer, log=part_log, progress=progress,
                                               steps=steps,
-                                              fuse=fuse)
+                                              fuse=fuse, openvino=openvino)
                 payloads.append(payload)
                 results.append(result)
+            target, payloads = with_engine(target, results, payloads, log)
             unused = set(consts) - {k for r in results for k in r.consts}
             if unused:
                 raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
@@ -283,7 +296,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                 options: ExportOptions, min_cosine: float | None, max_drop: float | None,
                 metric: tuple[Any, str] | None, timer: Any, log: Log,
                 progress: Callable[[int, int], None] | None,
-                fuse: bool = True, steps: Progress | None = None
+                fuse: bool = True, steps: Progress | None = None, openvino: str = "auto"
                 ) -> tuple[PartPayload, PartResult]:
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
@@ -440,11 +453,14 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         precision["calibration"] = calibration_record(calib_set, config.calibration_method)
     graphs = provider_graphs(target, config, fp32, folder, held_out, guard, labels_held,
                              fp32_outputs, log, decision.candidates)
+    engine = choose_engine(decision, target, fp32, held_out, guard, labels_held, fp32_outputs,
+                           timer=timer, log=log, wanted=openvino)
+    graphs += engine_graph(engine, decision)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source, graphs)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
-                        tuple(consts))
+                        tuple(consts), engine)
     return payload, result
 
 

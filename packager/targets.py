@@ -2,7 +2,7 @@
 
 import importlib.resources
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")
 METHODS = ("minmax", "entropy", "percentile", "auto")
 OPT_LEVELS = ("disabled", "basic", "extended", "all")
+WHEN = ("always", "faster")
+FASTER = ("OpenVINOExecutionProvider",)   # providers packager/engines.py can time here
 FAMILIES = ("transformer",)   # model families a profile can give their own preset
 
 
@@ -29,6 +31,9 @@ class Provider:
     # the precision of the graph this provider runs when the bundle is INT8 (None: the INT8
     # graph itself). Under CUDA a QDQ graph runs 2x slower than FP32 (a Memcpy per weight).
     instead_of_int8: str | None = None
+    # "always": the bundle lists it; "faster": the build times the candidates under it too
+    # (packager/engines.py runs it) and the bundle lists it, first, only where it measured faster
+    when: str = "always"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,13 @@ class Target:
     path: Path
     family_quantization: dict[str, QuantPreset] = field(default_factory=dict)
     max_accuracy_drop: float | None = None
+    faster: tuple[Provider, ...] = ()   # providers with when = "faster"
+
+    def with_provider(self, provider: Provider, package: str, install: str) -> "Target":
+        """This target with *provider* tried first (a "faster" one the build chose); its
+        package named for the device, the CPU provider still the fallback."""
+        return replace(self, providers=(provider,) + self.providers, runtime_package=package,
+                       install=install)
 
     def preset_for(self, family: str) -> QuantPreset:
         """The preset for a model family ('transformer', ...), else the default preset."""
@@ -157,13 +169,21 @@ def _parse(data: dict, path: Path) -> Target:
         where = f"{f}: providers[{i}]"
         if not isinstance(entry, dict):
             raise TargetError(f"{where}: must be a table", "use [[providers]] with name = ...")
-        _unknown(entry, {"name", "options", "instead_of_int8"}, where)
+        _unknown(entry, {"name", "options", "instead_of_int8", "when"}, where)
         name = _get(entry, "name", str, where)
         if name not in PROVIDERS:
             raise TargetError(f"{where}: unknown provider '{name}'",
                               f"use one of: {', '.join(PROVIDERS)}")
         instead = _choice(entry, "instead_of_int8", ("fp16", "fp32"), where, None)
-        providers.append(Provider(name, dict(_get(entry, "options", dict, where, {})), instead))
+        when = _choice(entry, "when", WHEN, where, "always")
+        if when == "faster" and name not in FASTER:
+            raise TargetError(f"{where}: when = 'faster' is for {', '.join(FASTER)}",
+                              "the build can time only those on this host; list the "
+                              "provider without 'when'")
+        providers.append(Provider(name, dict(_get(entry, "options", dict, where, {})), instead,
+                                  when))
+    faster = tuple(p for p in providers if p.when == "faster")
+    providers = [p for p in providers if p.when != "faster"]
     if not providers:
         raise TargetError(f"{f}: providers is empty", "list at least CPUExecutionProvider")
     session = _get(data, "session", dict, f, {})
@@ -204,5 +224,5 @@ def _parse(data: dict, path: Path) -> Target:
         providers=tuple(providers), session=dict(session), quantization=preset,
         family_quantization=families,
         latency_p90_ms=latency, min_cosine=min_cosine, path=path,
-        max_accuracy_drop=drop,
+        max_accuracy_drop=drop, faster=faster,
     )

@@ -97,6 +97,13 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               help="CPU targets: also ship the graph optimised offline by this onnxruntime "
                    "(.onnx or ORT format, whichever loads faster) for a faster start; devices "
                    "with the same onnxruntime version family load it")
+@click.option("--openvino", type=click.Choice(["auto", "yes", "no"]), default="auto",
+              show_default=True,
+              help="x86: also run the candidates under onnxruntime-openvino's OpenVINO provider "
+                   "(from .venv-openvino, `make openvino`, or $EDGEPACK_OPENVINO_PYTHON) and list "
+                   "it first where it measures faster at the same budget (auto), wherever a graph "
+                   "keeps the budget under it (yes), or never (no); devices without it run the "
+                   "CPU provider")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -107,8 +114,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
-              device_python: str, fuse: bool, tune: bool, offline: bool, force: bool,
-              as_json: bool, **kw: Any) -> None:
+              device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
+              force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -149,11 +156,11 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               **budget_kwargs(kw),
               labels=read_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
               fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
-              steps=step_line("build", as_json), offline=offline)
+              steps=step_line("build", as_json), offline=offline, openvino=openvino)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(
-             (f"{p.name} " if len(r.parts) > 1 else "") + p.config.describe() for p in r.parts))
+             (f"{p.name} " if len(r.parts) > 1 else "") + p.headline() for p in r.parts))
 
 
 @main.command("compare")

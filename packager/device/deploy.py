@@ -385,7 +385,9 @@ def preflight_needs(manifest: dict[str, Any], bundle_bytes: int, *,
     target = manifest["target"]
     return {"runtime_package": target["runtime_package"],
             "min_onnxruntime": target["min_onnxruntime"], "install": target.get("install"),
-            "providers": [p["name"] for p in manifest.get("providers", [])],
+            # a provider the build chose for speed (OpenVINO) is not needed: the next one runs
+            "providers": [p["name"] for p in manifest.get("providers", [])
+                          if p.get("when") != "faster"],
             "allow_fallback": allow_fallback, "need_mb": 2 * bundle_bytes / 1e6 + 50}
 
 

@@ -64,14 +64,17 @@ class AccuracyBudget:
 
     def evaluate(self, candidate: Path, fp32: Path, held: Sequence[Sample],
                  labels: Sequence[Any] | None = None,
-                 reference: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                 reference: dict[str, np.ndarray] | None = None,
+                 outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """measure_accuracy plus the drop and whether the budget holds (*reference*: FP32's
-        outputs on *held*, when already computed)."""
+        outputs on *held*, when already computed; *outputs*: the candidate's, when it ran
+        elsewhere, e.g. under another execution provider)."""
         reference = run_model(fp32, held) if reference is None else reference
-        acc = measure_accuracy(candidate, fp32, held, reference)
+        acc = measure_accuracy(candidate, fp32, held, reference, outputs)
         if self.metric is not None:
             reference = self.score(reference, labels, "the FP32 model's")
-            score = self.score(run_model(candidate, held), labels, "the quantized model's")
+            score = self.score(run_model(candidate, held) if outputs is None else outputs,
+                               labels, "the quantized model's")
             acc.update({"metric": self.metric_name, "metric_fp32": reference,
                         "metric_quantized": score})
             drop = reference - score
@@ -199,12 +202,15 @@ def worst_samples(fp32: Path, candidate: Path, held: Sequence[Sample], count: in
 
 
 def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample],
-                     reference_outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                     reference_outputs: dict[str, np.ndarray] | None = None,
+                     candidate_outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Accuracy of *candidate* against *reference* on held-out *samples* (the reference's
-    outputs may be given, computed once for many candidates)."""
+    outputs may be given, computed once for many candidates; the candidate's too)."""
     if reference_outputs is None:
         reference_outputs = run_model(reference, samples)
-    outputs = compare_outputs(run_model(candidate, samples), reference_outputs)
+    if candidate_outputs is None:
+        candidate_outputs = run_model(candidate, samples)
+    outputs = compare_outputs(candidate_outputs, reference_outputs)
     summary = {"samples": len(samples), "outputs": outputs,
                "cosine_min": min(o["cosine_min"] for o in outputs.values()),
                "cosine_mean": float(np.mean([o["cosine_mean"] for o in outputs.values()])),

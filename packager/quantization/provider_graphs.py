@@ -28,6 +28,7 @@ class ProviderGraph:
     providers: tuple[str, ...]
     accuracy: dict[str, Any]        # against FP32 on the held-out samples, as the INT8 graph's
     note: str = ""                  # why it is not the precision the target asked for
+    why: str = "a QDQ INT8 graph runs slower than float there"   # why the provider has its own
 
 
 def provider_graphs(target: Target, config: QuantConfig, fp32: Path, folder: Path,

@@ -70,7 +70,12 @@ def target_note(manifest, running, arch=None):
     """'' on the target's arch and first provider, else what differs: a pass elsewhere says
     nothing of the target's kernels. *arch*: the machine's (default: this one's; '' unknown)."""
     target = manifest.get("target", {})
-    wanted = [p["name"] for p in manifest.get("providers", [])]
+    # a provider the build listed only because it measured faster (OpenVINO) is optional: the
+    # next one is the target's own
+    listed = manifest.get("providers", [])
+    optional = [p["name"] for p in listed if p.get("when") == "faster"]
+    wanted = [p["name"] for p in listed if p.get("when") != "faster"] if running not in optional \
+        else [p["name"] for p in listed]
     arch = platform.machine() if arch is None else arch
     differs = []
     if target.get("arch") and arch and arch != target["arch"]:

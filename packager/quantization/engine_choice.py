@@ -1,0 +1,189 @@
+"""A faster engine as a candidate: the OpenVINO execution provider on x86.
+
+A target lists such a provider with `when = "faster"` (targets/x86_64-cpu.toml). After the
+precision decision has picked the CPU provider's graph, the graphs it measured within budget
+(FP32 and INT8) run once more under that provider, in a Python whose onnxruntime has it
+(packager/engines.py): their accuracy on the held-out samples, then their latency, interleaved in
+the same blocks as the CPU provider's choice. The provider is shipped, first in the bundle's list,
+only when its fastest graph within budget is MIN_GAIN faster than the CPU provider's choice in
+that same run; the CPU provider keeps its own graph as the fallback, so a device without the
+provider runs exactly what it would have run without it.
+"""
+
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import engines
+from ..errors import SpecError
+from ..graph.execute import Sample
+from ..targets import Provider, Target
+from .budget import AccuracyBudget
+from .decision import MIN_GAIN, SAME_SPEED, Decision, plan_timing
+from .provider_graphs import ProviderGraph
+from .search import Candidate
+
+Log = Callable[[str], None]
+WANTED = ("auto", "yes", "no")
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The provider to list first, and the graph it runs (the decision's own graph, or another
+    candidate: then shipped beside it as that provider's graph)."""
+
+    provider: Provider
+    candidate: Candidate
+    accuracy: dict[str, Any]
+    package: str
+    install: str
+
+
+def _label(provider: Provider) -> str:
+    return provider.name.replace("ExecutionProvider", "")
+
+
+def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence[Sample],
+                  budget: AccuracyBudget, labels: Sequence[Any] | None,
+                  fp32_outputs: dict[str, Any], *, timer: Any = None,
+                  log: Log = lambda _: None, wanted: str = "auto") -> EngineChoice | None:
+    """The faster provider and its graph, or None; the decision's record gets an "engine"
+    entry either way (what was tried, the figures, why). *wanted*: "auto" (measure), "yes"
+    (list it whatever the timing, when a graph keeps the budget under it), "no"."""
+    if wanted not in WANTED:
+        raise SpecError(f"--openvino {wanted}: not one of {', '.join(WANTED)}",
+                        "use auto (measure), yes or no")
+    if not target.faster:
+        if wanted == "yes":
+            raise SpecError(f"--openvino yes: {target.name} lists no provider the build can "
+                            "choose for speed", "use it with x86_64-cpu, or drop it")
+        return None
+    if wanted == "no":
+        decision.record["engine"] = {"provider": target.faster[0].name, "chosen": False,
+                                     "reason": "--openvino no"}
+        return None
+    provider = target.faster[0]
+    name = _label(provider)
+    record: dict[str, Any] = {"provider": provider.name, "chosen": False}
+    decision.record["engine"] = record
+
+    def skip(why: str) -> None:
+        record["reason"] = why
+        log(f"engine: {name} not measured: {why}")
+
+    if wanted == "yes" and (timer is not None or target.arch != platform.machine()
+                            or engines.openvino_python() is None):
+        raise SpecError(f"--openvino yes: cannot run {name} here to measure its accuracy ("
+                        + ("timed on the device" if timer is not None else
+                           engines.why_no_openvino()) + ")", "drop --openvino yes, or run "
+                        "`make openvino` (or set EDGEPACK_OPENVINO_PYTHON)")
+    if timer is not None:
+        return skip("the candidates were timed on the device (--time-on); the build measures "
+                    f"{name} on this host only")
+    if target.arch != platform.machine():
+        return skip(f"{target.name} is {target.arch} and this host {platform.machine()}")
+    if len(held) < 2:
+        return skip("too few held-out samples to measure its accuracy")
+    python = engines.openvino_python()
+    if python is None:
+        return skip(engines.why_no_openvino())
+    chosen = decision.candidate
+    forced = decision.record.get("mode") not in (None, "auto")
+    graphs = [chosen] if forced else _graphs(decision)
+    threads = int(target.session.get("intra_op_threads", 0))
+    chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
+    keys = {f"g{i}": c for i, c in enumerate(graphs)}
+    try:
+        outputs, ran = engines.outputs_plan(python, [(k, c.path, chain)
+                                                     for k, c in keys.items()], held, threads)
+    except engines.EngineError as exc:
+        return skip(exc.message)
+    within: dict[str, tuple[Candidate, dict[str, Any]]] = {}
+    tried: dict[str, dict[str, Any]] = {}
+    for key, cand in keys.items():
+        if ran.get(key) != provider.name:
+            tried[key] = {"label": cand.label, "error": f"{name} did not start for it"}
+            continue
+        acc = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs, outputs[key])
+        tried[key] = {"label": cand.label, "precision": cand.config.describe(),
+                      "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"]}
+        if acc["budget"]["passed"]:
+            within[key] = (cand, acc)
+    record["tried"] = list(tried.values())
+    if not within:
+        return skip(f"no graph kept the budget under {name}")
+    rounds, block = plan_timing(fp32, held[0], threads)
+    rows = [("cpu", chosen.path, engines.cpu_chain())] + [
+        (k, within[k][0].path, chain) for k in within]
+    try:
+        times, ran, device = engines.time_plan(python, rows, held[0], threads, rounds, block)
+    except engines.EngineError as exc:
+        return skip(exc.message)
+    for key in within:
+        tried[key]["p50_ms"] = round(times[key]["p50"], 4)
+    cpu_ms = times["cpu"]["p50"]
+    fastest = min(times[k]["p50"] for k in within)
+    best = min((k for k in within if times[k]["p50"] <= fastest * SAME_SPEED),
+               key=lambda k: (within[k][0].boundaries, times[k]["p50"]))
+    cand, acc = within[best]
+    best_ms = times[best]["p50"]
+    record.update({"cpu_p50_ms": round(cpu_ms, 4), "p50_ms": round(best_ms, 4),
+                   "graph": cand.label, "measured_on": device,
+                   "cpu_graph": chosen.label})
+    gain = cpu_ms / best_ms
+    if gain < MIN_GAIN and wanted != "yes":
+        record["reason"] = (f"{name}'s fastest graph within budget ({cand.label}, {best_ms:.3f} "
+                            f"ms p50) is not {100 * (MIN_GAIN - 1):.0f}% faster than the CPU "
+                            f"provider's {chosen.label} ({cpu_ms:.3f} ms) in the same run")
+        log(f"engine: {record['reason']}")
+        return None
+    record.update(chosen=True, gain=round(gain, 3), reason=(
+        ("--openvino yes: " if wanted == "yes" else "") + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "
+        f"({best_ms:.3f} vs {cpu_ms:.3f} ms p50, one run, onnxruntime "
+        f"{device.get('onnxruntime', '?')}) at cosine {acc['cosine_min']:.4f}; devices "
+        f"without {engines.OPENVINO_PACKAGE} run the CPU provider"))
+    log(f"engine: {record['reason']}")
+    return EngineChoice(provider, cand, acc, engines.OPENVINO_PACKAGE, engines.OPENVINO_INSTALL)
+
+
+def _graphs(decision: Decision) -> list[Candidate]:
+    """The decision's choice, FP32, and the most quantized graphs within budget (at most 4)."""
+    cands = list(decision.candidates)
+    reference = cands[0]
+    passing = sorted((c for c in cands[1:] if c.passed and c.config.precision == "int8"),
+                     key=lambda c: (-c.int8_nodes, c.boundaries))
+    found: list[Candidate] = []
+    for c in [decision.candidate, reference] + passing:
+        if c.path not in {f.path for f in found} and len(found) < 4:
+            found.append(c)
+    return found
+
+
+def engine_graph(engine: EngineChoice | None, decision: Decision) -> tuple[ProviderGraph, ...]:
+    """The chosen provider's own graph, when it is not the one the CPU provider runs."""
+    if engine is None or engine.candidate.path == decision.candidate.path:
+        return ()
+    precision = engine.candidate.config.precision
+    return (ProviderGraph(precision, engine.candidate.path, (engine.provider.name,),
+                          engine.accuracy, why=f"{_label(engine.provider)} runs it faster than "
+                          f"the {decision.candidate.label} graph the CPU provider runs"),)
+
+
+def with_engine(target: Target, results: Sequence[Any], payloads: Sequence[Any],
+                log: Log) -> tuple[Target, list[Any]]:
+    """The target the bundle is written for: the faster provider first when every part chose
+    it; else without it, and no part ships a graph for it (*results*: PartResult, *payloads*:
+    PartPayload, one per part)."""
+    chosen = [r.engine for r in results]
+    if chosen and all(chosen):
+        engine = chosen[0]
+        return target.with_provider(engine.provider, engine.package, engine.install), \
+            list(payloads)
+    names = {e.provider.name for e in chosen if e is not None}
+    if names:
+        log(f"engine: {', '.join(sorted(names))} not listed: only some parts run faster under "
+            "it")
+    return target, [replace(p, graphs=tuple(g for g in p.graphs
+                                            if not set(g.providers) & names)) for p in payloads]

@@ -1,0 +1,157 @@
+"""The OpenVINO execution provider as a build candidate (packager/engines.py, engine_choice.py).
+
+Real parts: onnxruntime-openvino in a Python of its own (`make openvino`: .venv-openvino), the
+same bundle checked by that Python (OpenVINO runs) and by the test venv's plain onnxruntime (the
+CPU provider runs, and says why). Without that Python these tests skip with the reason; in CI
+(EDGEPACK_REQUIRE_OPENVINO=1, set by .ci/run, which runs `make openvino`) they fail instead.
+Which provider is faster is timing, which these tests never assert: `--openvino yes` lists it
+whatever the timing, and `auto` is checked for a consistent record and bundle either way.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import OPENVINO_PYTHON, PREP, run_py
+
+from packager import engines
+from packager.cli import main
+from packager.device.deploy import preflight_needs
+from packager.errors import TargetError
+from packager.pipeline import build
+from packager.targets import load_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python() -> Path | None:
+    for candidate in (OPENVINO_PYTHON, str(ROOT / ".venv-openvino" / "bin" / "python")):
+        if candidate and Path(candidate).is_file() and engines._has_openvino(candidate):
+            return Path(candidate)
+    return None
+
+
+OV = _python()
+
+
+@pytest.fixture
+def openvino(monkeypatch) -> Path:
+    if OV is None:
+        reason = "no Python with onnxruntime-openvino (run `make openvino`)"
+        if os.environ.get("EDGEPACK_REQUIRE_OPENVINO") == "1":
+            pytest.fail(f"required here (EDGEPACK_REQUIRE_OPENVINO=1): {reason}")
+        pytest.skip(reason)
+    monkeypatch.setenv(engines.ENV, str(OV))
+    return OV
+
+
+def test_target_lists_openvino_only_as_a_faster_candidate(tmp_path):
+    target = load_target("x86_64-cpu")
+    assert [p.name for p in target.providers] == ["CPUExecutionProvider"]
+    assert [(p.name, p.when) for p in target.faster] == [("OpenVINOExecutionProvider", "faster")]
+    text = (ROOT / "targets" / "x86_64-cpu.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('name = "OpenVINOExecutionProvider"',
+                                'name = "CUDAExecutionProvider"'))
+    with pytest.raises(TargetError, match="when = 'faster' is for OpenVINOExecutionProvider"):
+        load_target(bad)
+    bad.write_text(text.replace('when = "faster"', 'when = "sometimes"'))
+    with pytest.raises(TargetError, match="when = 'sometimes' is not one of always, faster"):
+        load_target(bad)
+
+
+def test_one_graph_timed_under_both_providers_in_one_run(openvino, cnn_onnx, tmp_path):
+    from packager.graph.shapes import fix_shapes_proto
+    from packager.graph.modelio import load_model, save_model
+
+    fixed = tmp_path / "cnn.onnx"
+    save_model(fix_shapes_proto(load_model(cnn_onnx), {"image": [1, 3, 32, 32]}), fixed)
+    feed = {"image": np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)}
+    rows = [("cpu", fixed, engines.cpu_chain()), ("ov", fixed, engines.openvino_chain())]
+    times, ran, device = engines.time_plan(openvino, rows, feed, 2, 2, 3)
+    assert ran == {"cpu": "CPUExecutionProvider", "ov": "OpenVINOExecutionProvider"}
+    assert all(0 < times[k]["p50"] <= times[k]["p90"] for k in ("cpu", "ov"))
+    assert device["onnxruntime"]
+    outputs, ran = engines.outputs_plan(openvino, rows, [feed, feed, feed], 2)
+    assert outputs["ov"]["scores"].shape == (3, 1, 10)
+    # FP32 under OpenVINO computes what the CPU provider does, to float rounding
+    np.testing.assert_allclose(outputs["ov"]["scores"], outputs["cpu"]["scores"], atol=1e-4)
+
+
+def _checks(bundle: Path, python: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-I", "run.py", "check"], cwd=bundle,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_openvino_yes_ships_it_first_and_plain_onnxruntime_falls_back(openvino, cnn_onnx,
+                                                                       image_dir, tmp_path):
+    out = tmp_path / "cnn"
+    logs: list[str] = []
+    result = build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                   openvino="yes", log=logs.append)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["name"] for p in manifest["providers"]] == ["OpenVINOExecutionProvider",
+                                                          "CPUExecutionProvider"]
+    assert manifest["providers"][0]["when"] == "faster"
+    assert manifest["target"]["runtime_package"] == "onnxruntime-openvino"
+    assert (out / "requirements.txt").read_text().startswith("onnxruntime-openvino>=")
+    engine = manifest["parts"][0]["precision"]["decision"]["engine"]
+    assert engine["chosen"] and engine["reason"].startswith("--openvino yes: OpenVINO runs")
+    assert engine["cpu_p50_ms"] > 0 and engine["p50_ms"] > 0
+    assert all(t["meets_budget"] for t in engine["tried"] if t["label"] == engine["graph"])
+    assert "on OpenVINO (the CPU provider" in result.parts[0].headline()
+    assert any(line.startswith("engine: --openvino yes: OpenVINO runs") for line in logs)
+    # a device without onnxruntime-openvino is not refused by deploy's preflight ...
+    assert preflight_needs(manifest, 1000)["providers"] == ["CPUExecutionProvider"]
+    # ... runs the CPU provider, says why, and passes on the target (the fallback is the target's)
+    plain = run_py(out, "check")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "requested but not running here: OpenVINOExecutionProvider" in plain.stderr
+    assert "not on the target" not in plain.stdout
+    ov = _checks(out, openvino)
+    assert ov.returncode == 0, ov.stdout + ov.stderr
+    assert "running on OpenVINOExecutionProvider" in ov.stderr
+
+
+def test_openvino_auto_record_and_bundle_agree(openvino, cnn_onnx, image_dir, tmp_path):
+    out = tmp_path / "cnn"
+    build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP)
+    manifest = json.loads((out / "manifest.json").read_text())
+    engine = manifest["parts"][0]["precision"]["decision"]["engine"]
+    assert engine["provider"] == "OpenVINOExecutionProvider"
+    assert engine["tried"] and all("cosine_min" in t for t in engine["tried"])
+    first = manifest["providers"][0]["name"]
+    assert first == ("OpenVINOExecutionProvider" if engine["chosen"] else "CPUExecutionProvider")
+    if engine["chosen"]:
+        assert engine["gain"] >= 1.05 and engine["p50_ms"] < engine["cpu_p50_ms"]
+    else:
+        assert "not 5% faster" in engine["reason"]
+
+
+def test_openvino_no_and_no_python(cnn_onnx, image_dir, tmp_path, monkeypatch):
+    out = tmp_path / "cnn"
+    build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, openvino="no")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["name"] for p in manifest["providers"]] == ["CPUExecutionProvider"]
+    assert manifest["parts"][0]["precision"]["decision"]["engine"]["reason"] == "--openvino no"
+    # auto without a Python that has it: measured nothing, says why, ships the CPU provider
+    monkeypatch.setenv(engines.ENV, str(tmp_path / "no-such-python"))
+    out2 = tmp_path / "cnn2"
+    build(cnn_onnx, out2, target="x86_64-cpu", calib=image_dir, preprocess=PREP)
+    engine = json.loads((out2 / "manifest.json").read_text())["parts"][0]["precision"][
+        "decision"]["engine"]
+    assert not engine["chosen"] and "has no onnxruntime with the OpenVINO provider" in \
+        engine["reason"]
+    # yes without it: a one-line error, exit 2, nothing written
+    out3 = tmp_path / "cnn3"
+    res = CliRunner().invoke(main, ["build", str(cnn_onnx), "--target", "x86_64-cpu",
+                                    "--calib", str(image_dir), "--openvino", "yes",
+                                    "--preprocess", "size=32x32,layout=nchw,scale=1/255",
+                                    "-o", str(out3)])
+    assert res.exit_code == 2, res.output
+    assert "--openvino yes: cannot run OpenVINO here" in res.output
+    assert "Traceback" not in res.output and not out3.exists()
