@@ -34,7 +34,8 @@ RUNNER = "runner"
 # The runner package's files (runner/manifest.py's RUNNER_FILES less run.py): anything else in
 # runner/ (a .so, a .pyc, __pycache__/, another .py) could be imported in place of one of them.
 RUNNER_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "errors.py", "facts.py",
-                  "images.py", "infer.py", "inputs.py", "manifest.py", "metrics.py", "report.py",
+                  "images.py", "infer.py", "inputs.py", "manifest.py", "metrics.py", "profile.py",
+                  "report.py",
                   "serve.py", "sessions.py", "tuning.py")
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 

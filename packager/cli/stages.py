@@ -232,18 +232,25 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
 @click.option("--top", type=int, default=20, show_default=True, help="rows shown")
 @click.option("--damage", type=float, default=0.01, show_default=True,
               help="cosine a node may lose before it is a candidate for FP32")
+@click.option("--profile", is_flag=True,
+              help="also time both graphs under onnxruntime's profiler: where INT8 loses time")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="intra-op threads for --profile (the target's; 0 = onnxruntime's choice)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | None,
-                    samples: int, top: int, damage: float, as_json: bool) -> None:
+                    samples: int, top: int, damage: float, profile: bool, threads: int,
+                    as_json: bool) -> None:
     """Per-layer error of QUANTIZED against FP32, worst first, and the nodes to keep in FP32.
 
     Every intermediate tensor of both graphs is compared on the same inputs (cosine, SQNR);
-    a node's damage is the cosine it loses between its inputs and its output.
+    a node's damage is the cosine it loses between its inputs and its output. With --profile,
+    onnxruntime's profiler times both graphs per op type: where the INT8 graph loses its time
+    (Q/DQ, float islands between integer ops, kernels slower than FP32's).
 
     \b
     Example:
         edgepack debug-quant model.static.onnx model.int8.onnx --calib images/ \\
-            --preprocess prep.toml
+            --preprocess prep.toml --profile --threads 2
     """
     from ..quantization.calibration import samples_for_model
     from ..quantization.sensitivity import check_pair, layer_errors, suggest
@@ -264,6 +271,12 @@ def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | 
     lines.append("")
     lines.append("would keep in FP32: " + ("; ".join(f"{n} ({why})" for n, why in picks)
                                            if picks else f"nothing (no node loses {damage})"))
+    if profile:
+        from ..quantization.profile import profile_pair, profile_rows, table
+
+        pair = profile_pair(fp32, quantized, loaded[0], threads=threads)
+        result["profile"] = profile_rows(*pair)
+        lines += ["", table(*pair)]
     emit(result, as_json, "\n".join(lines))
 
 

@@ -27,6 +27,7 @@ from .errors import (
 from .images import MAX_PIXELS
 from .infer import cmd_infer
 from .manifest import load_manifest
+from .profile import cmd_profile
 from .report import print_human
 from .serve import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S, cmd_serve
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
@@ -71,6 +72,9 @@ def parse_args(argv):
                                                                           TUNED))
             p.add_argument("--no-save", action="store_true",
                            help="with --tune: report only, write nothing")
+            p.add_argument("--profile", action="store_true",
+                           help="also run onnxruntime's profiler and print each op type's "
+                                "kernel time on this device (CPU provider)")
             p.add_argument("--io-binding", action="store_true",
                            help="also time runs with inputs and outputs bound on the provider's "
                                 "device (no host copies per call), as an application would")
@@ -177,6 +181,8 @@ def run_command(args, json_out=None):
             # limit, which it reads once, when it first decodes
             os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(int(args.max_megapixels * 1e6))
         report = commands[args.command](args.bundle, manifest, args)
+        if args.command == "bench" and args.profile:
+            report = cmd_profile(args.bundle, manifest, args, report)
     except KeyboardInterrupt:   # Ctrl-C; serve has closed its socket by now
         sys.stderr.write("interrupted%s\n" % (": the server is closed"
                                               if args.command == "serve" else ""))

@@ -238,6 +238,7 @@ RUNNER_DIR = "runner"
 RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
                 "runner/cli.py", "runner/errors.py", "runner/facts.py", "runner/images.py",
                 "runner/infer.py", "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
+                "runner/profile.py",
                 "runner/report.py", "runner/serve.py", "runner/sessions.py", "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.

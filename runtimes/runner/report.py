@@ -41,6 +41,19 @@ def print_tuning(tuning):
         "; nothing saved" if tuning.get("saved") is None else ""))
 
 
+def print_profile(part, prof, top=12):
+    """Per-op-type kernel time (onnxruntime's profiler), the costliest first."""
+    print("%s: per-op profile of %s under %s, %d runs: %.3f ms in kernels per call%s" % (
+        part, prof["graph"], prof["provider"], prof["runs"], prof["kernel_ms"],
+        ", Q/DQ %.3f ms" % prof["qdq_ms"] if prof["qdq_ms"] else ""))
+    for row in prof["ops"][:top]:
+        print("  %-28s %8.3f ms  %5.1f%%  x%d" % (row["op"], row["ms"], 100 * row["share"],
+                                                 row["nodes"]))
+    if len(prof["ops"]) > top:
+        rest = sum(r["ms"] for r in prof["ops"][top:])
+        print("  %-28s %8.3f ms" % ("(%d more op types)" % (len(prof["ops"]) - top), rest))
+
+
 def print_human(command, report):
     if command == "check":
         for line in report.get("integrity", []):
@@ -87,6 +100,8 @@ def print_human(command, report):
                 print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
                     part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
                     bound["throughput_per_s"]))
+            if entry.get("profile"):
+                print_profile(part, entry["profile"])
             if entry.get("gpu_memory_mb") is not None:
                 print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
         ceiling = report.get("roofline")
