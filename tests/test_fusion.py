@@ -219,3 +219,122 @@ def test_fused_attention_counts_the_operations_it_replaced(tmp_path):
                                  inputs=TOKENS).path))
     fused = fuse_transformer(model, "1.17").model
     assert estimate_flops(fused) == estimate_flops(model) > 0
+
+
+STAND_IN = Path(__file__).parent / "zoo_minilm.py"
+
+
+def stand_in_feeds(seq: int = 32, seed: int = 2) -> list[dict]:
+    """Padded sentences, one of them with no padding, one with token type 1 after a cut."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for length in (seq, 9, 20):
+        mask = (np.arange(seq) < length).astype(np.int64)[None]
+        types = (np.arange(seq) >= length // 2).astype(np.int64)[None] * mask
+        feeds.append({"input_ids": rng.integers(0, 1000, (1, seq)).astype(np.int64) * mask,
+                      "attention_mask": mask, "token_type_ids": types})
+    return feeds
+
+
+def stand_in(tmp_path, seq: int = 32):
+    """zoo_minilm's stand-in for all-MiniLM-L6-v2, as exported and as onnxsim leaves it."""
+    inputs = [parse_input(f"{n}:1x{seq}:int64")
+              for n in ("input_ids", "attention_mask", "token_type_ids")]
+    out = export(f"{STAND_IN}:stand_in", tmp_path / "m.onnx", inputs=inputs)
+    model = onnx.load(str(out.path))
+    return model, simplify_proto(model, out.path)[0]
+
+
+def cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_the_real_minilm_export_fuses_attention_residual_norms_and_gelus(tmp_path):
+    """The export of today's transformers BertModel with mean pooling and F.normalize: a
+    boolean mask with an IsNaN guard (our attention rewrite), and a ReduceL2 whose axes are an
+    input, which onnxruntime's symbolic shape inference cannot type, so that its own
+    SkipLayerNormalization fusion does nothing (our residual-LayerNorm rewrite)."""
+    exported_, simplified = stand_in(tmp_path)
+    ops = Counter(n.op_type for n in exported_.graph.node)
+    assert ops["IsNaN"] == 2 and ops["And"] and ops["ReduceL2"] == 1   # the real patterns
+    fusion = fuse_transformer(exported_, "1.17")
+    assert fusion.fused == {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2}
+    assert (fusion.heads, fusion.hidden, fusion.skip_norms) == (4, 64, 4)
+    assert "residual LayerNorm rewrite (4)" in fusion.record()["by"]
+    left = Counter(n.op_type for n in fusion.model.graph.node)
+    assert left["LayerNormalization"] == 1 and not left["Softmax"]   # the embeddings' stays
+    for feeds in stand_in_feeds():
+        want, = run_onnx(exported_, feeds)
+        got, = run_onnx(fusion.model, feeds)
+        assert cosine(got, want) >= 0.9999
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    onnx.checker.check_model(fusion.model)
+    # what onnxsim keeps of a fused graph: the fused ops, nothing left for a second pass
+    again = simplify_proto(fusion.model, tmp_path / "m.onnx")[0]
+    assert contrib_ops_of(again) == Counter(fusion.fused)
+
+
+def contrib_ops_of(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node if n.domain == "com.microsoft")
+
+
+def test_residual_norms_after_a_gemm_between_reshapes_fuse_as_the_matmul_it_was(tmp_path):
+    """onnxsim writes each Linear of a (batch, sequence, hidden) tensor as Reshape -> Gemm ->
+    Reshape (the FFN as Reshape -> Gemm -> Gelu -> Gemm -> Reshape): the Gemm before a
+    residual norm is the MatMul of its rows split back, its bias the norm's."""
+    from packager.graph.skip_norm import fuse_skip_norms
+
+    _, simplified = stand_in(tmp_path)
+    assert Counter(n.op_type for n in simplified.graph.node)["Gemm"] == 12
+    fused = fuse_skip_norms(simplified)
+    ops = Counter(n.op_type for n in fused.graph.node)
+    assert ops["SkipLayerNormalization"] == 4 and ops["Gemm"] == 8
+    skip = next(n for n in fused.graph.node if n.op_type == "SkipLayerNormalization")
+    assert len(skip.input) == 5 and skip.input[4]   # the Gemm's bias
+    for feeds in stand_in_feeds():
+        want, = run_onnx(simplified, feeds)
+        got, = run_onnx(fused, feeds)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_norms_that_are_not_a_residual_of_the_same_shape_stay(tmp_path):
+    """A residual broadcast from (1, 1, hidden), and an Add another node also reads (pre-norm
+    residual streams) are not SkipLayerNormalization's input + skip: left as they are."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from packager.graph.skip_norm import fuse_skip_norms
+
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n)
+            for n, s in (("w", (8, 8)), ("b", (8,)), ("g", (8,)), ("beta", (8,)))]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 1, 8])
+
+    def model(nodes, outputs):
+        return helper.make_model(helper.make_graph(
+            nodes, "g", [x, r], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                 for o in outputs], init),
+            opset_imports=[helper.make_opsetid("", 17)])
+
+    linear = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+              helper.make_node("Add", ["m", "b"], ["l"])]
+    broadcast = model(linear + [helper.make_node("Add", ["l", "r"], ["s"]),
+                                helper.make_node("LayerNormalization", ["s", "g", "beta"],
+                                                 ["y"])], ["y"])
+    assert fuse_skip_norms(broadcast) is broadcast
+    shared = model(linear + [helper.make_node("Add", ["l", "x"], ["s"]),
+                             helper.make_node("LayerNormalization", ["s", "g", "beta"], ["y"]),
+                             helper.make_node("Add", ["s", "y"], ["z"])], ["z"])
+    assert fuse_skip_norms(shared) is shared
+    plain = model(linear + [helper.make_node("Add", ["l", "x"], ["s"]),
+                            helper.make_node("LayerNormalization", ["s", "g", "beta"], ["y"],
+                                             epsilon=1e-3)], ["y"])
+    fused = fuse_skip_norms(plain)
+    skip, = [n for n in fused.graph.node if n.domain == "com.microsoft"]
+    assert skip.op_type == "SkipLayerNormalization" and \
+        [a.f for a in skip.attribute if a.name == "epsilon"] == [pytest.approx(1e-3)]
+    feeds = {"x": rng.normal(size=(1, 4, 8)).astype(np.float32),
+             "r": rng.normal(size=(1, 1, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_onnx(fused, feeds)[0], run_onnx(plain, feeds)[0],
+                               rtol=0, atol=1e-5)

@@ -127,6 +127,10 @@ def inferred_shapes(model, values) -> dict[str, tuple[int, ...]]:
         [n for n in model.graph.node if not all(o in values for o in n.output)],
         model.graph.name, list(model.graph.input), list(model.graph.output))
     inputs = {i.name for i in model.graph.input}
+    # onnx has no schema for onnxruntime's contrib ops: the types our rewrites wrote for their
+    # outputs carry inference past them (a fused layer's output into the next layer)
+    contrib = {o for n in model.graph.node if n.domain not in ("", "ai.onnx") for o in n.output}
+    graph.value_info.extend(v for v in model.graph.value_info if v.name in contrib)
     for name, value in values.items():
         if value.size <= FOLD_LIMIT:
             graph.initializer.append(numpy_helper.from_array(value, name))

@@ -15,7 +15,11 @@ Before the optimizer runs, our own rewrite (packed_attention.py) turns the atten
 that onnxruntime's patterns miss into the same contrib Attention op: `nn.MultiheadAttention`'s
 (one packed QKV projection split into heads by Reshape/Transpose/Gather or Split) and today's
 `transformers` BERT's (three projections, a boolean mask spread with And/Where, an IsNaN guard
-after the Softmax). It needs onnxruntime 1.14 (Attention's mask_filter_value).
+after the Softmax). It needs onnxruntime 1.14 (Attention's mask_filter_value). Then our
+residual-LayerNorm rewrite (skip_norm.py) writes SkipLayerNormalization from the graph's static
+shapes, where the optimizer's own fusion needs its symbolic shape inference to type the whole
+graph (a sentence encoder's normalising tail defeats it) and a MatMul beside each bias Add (onnxsim
+makes Gemms of them).
 """
 
 import contextlib
@@ -30,6 +34,7 @@ from onnx import numpy_helper
 
 from ..atomic import scratch_cwd
 from .packed_attention import PACKED_ATTENTION, fuse_packed_attention
+from .skip_norm import SKIP_NORM, fuse_skip_norms
 
 # contrib ops the CPU provider implements, with the onnxruntime release that has them on the CPU
 # in the form the optimizer writes (fusions producing anything else are not kept)
@@ -47,11 +52,15 @@ class Fusion:
     hidden: int
     fused: dict[str, int] = field(default_factory=dict)
     packed_attention: int = 0                   # of the Attention ops, those our rewrite wrote
+    skip_norms: int = 0                         # of the SkipLayerNormalizations, ours
 
     def record(self) -> dict[str, Any]:
+        ours = [f"{what} ({n})" for what, n in (
+            ("packed-QKV attention rewrite", self.packed_attention),
+            ("residual LayerNorm rewrite", self.skip_norms)) if n]
         by = "onnxruntime.transformers.optimizer (model type bert)"
-        if self.packed_attention:
-            by = f"edgepack's packed-QKV attention rewrite ({self.packed_attention}), then {by}"
+        if ours:
+            by = f"edgepack's {' and '.join(ours)}, then {by}"
         return {"heads": self.heads, "hidden": self.hidden, "fused": dict(self.fused), "by": by}
 
 
@@ -97,8 +106,9 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | None:
-    """*model* with our attention rewrite (from onnxruntime 1.14) and onnxruntime's transformer
-    fusions, or None when nothing fused or a fused op is newer than *min_onnxruntime*."""
+    """*model* with our attention rewrite (from onnxruntime 1.14), our residual-LayerNorm
+    rewrite and onnxruntime's transformer fusions, or None when nothing fused or a fused op is
+    newer than *min_onnxruntime*."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.onnx_model_bert import BertOnnxModel
 
@@ -109,6 +119,12 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
         with contextlib.suppress(Exception):   # a graph our rewrite trips on: the optimizer's
             model = fuse_packed_attention(model)
         packed = sum(n.op_type == "Attention" for n in model.graph.node) - before["Attention"]
+    skip_norms = 0
+    if _version(min_onnxruntime) >= _version(SKIP_NORM):
+        with contextlib.suppress(Exception):   # a graph our rewrite trips on: the optimizer's
+            model = fuse_skip_norms(model)
+        skip_norms = sum(n.op_type == "SkipLayerNormalization" for n in model.graph.node) - \
+            before["SkipLayerNormalization"]
     options = FusionOptions("bert")
     quiet = logging.getLogger("onnxruntime.transformers")
     level = quiet.level
@@ -137,4 +153,4 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
     if any(op not in FUSED_OPS or _version(FUSED_OPS[op]) > _version(min_onnxruntime)
            for op in wrote):
         return None
-    return Fusion(fused, heads, hidden, wrote, packed)
+    return Fusion(fused, heads, hidden, wrote, packed, skip_norms)
