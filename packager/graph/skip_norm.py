@@ -1,17 +1,16 @@
 """Our residual-LayerNorm rewrite: LayerNorm(Linear(x) + residual) as onnxruntime's contrib
-SkipLayerNormalization, the Linear's bias taken into it. Used by fusion.fuse_transformer before
-onnxruntime's optimizer runs.
+SkipLayerNormalization. Used by fusion.fuse_transformer before onnxruntime's optimizer runs,
+which then fuses attention through it and takes the Linear's bias Add into it.
 
 onnxruntime's own SkipLayerNormalization fusion needs its symbolic shape inference to succeed on
 the whole graph, and one op it cannot type anywhere (a ReduceL2 with its axes as an input, in the
 mean-pooling and L2-normalising tail of a sentence encoder, as `F.normalize` exports it) turns the
-fusion off for every layer. It also needs the bias Add beside a MatMul, where onnxsim has made a
-Reshape -> Gemm -> Reshape of each Linear. Here the shapes are the graph's static ones, and a Gemm
-between two Reshapes that only merge and split the leading dims is the MatMul it was.
+fusion off for every layer. Here the shapes are the graph's static ones. A Linear that onnxsim made
+a Reshape -> Gemm -> Reshape (rows merged, then split back) becomes the MatMul + Add it was, so
+that the optimizer's bias fusion finds it.
 
-Exact: SkipLayerNormalization(input, skip, gamma, beta, bias) is LayerNormalization(input + skip +
-bias) over the last axis, with the LayerNorm's epsilon. Only the order of the float additions
-changes (the fusion step compares the outputs with the unfused graph's).
+Exact: SkipLayerNormalization(input, skip, gamma, beta) is LayerNormalization(input + skip) over
+the last axis with the LayerNorm's epsilon, both tensors of one (batch, sequence, hidden) shape.
 """
 
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from onnx import helper, numpy_helper
 
 from .dataflow import Graph, find_linear, live_nodes, static_facts
 
-SKIP_NORM = "1.8"   # SkipLayerNormalization with gamma, beta and bias on the CPU
+SKIP_NORM = "1.8"   # SkipLayerNormalization on the CPU
 
 
 @dataclass
@@ -110,11 +109,8 @@ def _match(norm, g: Graph, prefix: str) -> _Plan | None:
             break
     else:
         return None
-    x, bias = linear
-    inputs = [x, add.input[1 - side], norm.input[1],
+    inputs = [linear, add.input[1 - side], norm.input[1],
               beta or _const(plan, prefix + "beta", np.zeros(hidden, np.float32))]
-    if bias is not None:
-        inputs.append(bias)
     plan.nodes.append(helper.make_node(
         "SkipLayerNormalization", inputs, [norm.output[0]], name=prefix + "SkipLayerNorm",
         domain="com.microsoft", epsilon=float(attrs.get("epsilon", 1e-5))))
@@ -136,24 +132,13 @@ def _node(plan: _Plan, op: str, inputs: list, name: str, shape) -> str:
 
 
 def _linear(name: str, add, g: Graph, shape, plan: _Plan, prefix: str):
-    """The Linear that alone feeds *add* with *name*: (its product without the bias, the bias
-    tensor or None), the bias Add (or the Gemm and its Reshapes) planned for removal."""
+    """The Linear that alone feeds *add* with *name*: *name*, or where it is onnxsim's Reshape ->
+    Gemm -> Reshape, the MatMul + Add bias that replaces them (planned in *plan*)."""
     node = g.producer.get(name)
     if node is None or not _only_reader(name, add, g):
         return None
-    if node.op_type == "MatMul" and find_linear(name, g) is not None:
-        return name, None
-    if node.op_type == "Add":   # MatMul + bias: the bias goes into the SkipLayerNorm
-        linear = find_linear(name, g)
-        if linear is None or linear[4][-1].op_type != "MatMul":
-            return None
-        matmul = linear[4][-1]
-        bias = next(i for i in node.input if i != matmul.output[0])
-        if not _only_reader(matmul.output[0], node, g) or \
-                _vector(bias, g, shape[-1]) is None or g.const(bias).shape != (shape[-1],):
-            return None
-        plan.remove.add(id(node))
-        return matmul.output[0], bias
+    if node.op_type in ("MatMul", "Add") and find_linear(name, g) is not None:
+        return name   # its bias Add stays: onnxruntime's optimizer takes it in after attention
     if node.op_type != "Reshape":
         return None
     gemm = g.producer.get(node.input[0])   # onnxsim's Reshape -> Gemm -> Reshape of a Linear
@@ -179,5 +164,6 @@ def _linear(name: str, add, g: Graph, shape, plan: _Plan, prefix: str):
     weight_name = weight_name or _const(plan, prefix + "weight", np.ascontiguousarray(weight))
     product = _node(plan, "MatMul", [x, weight_name], prefix + "MatMul", shape)
     if bias is None:
-        return product, None
-    return product, _const(plan, prefix + "bias", np.ascontiguousarray(bias, np.float32))
+        return product
+    return _node(plan, "Add", [product, _const(plan, prefix + "bias", np.ascontiguousarray(
+        bias, np.float32))], prefix + "Add", shape)
