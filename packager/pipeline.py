@@ -15,11 +15,10 @@ from .atomic import check_free, check_writable, output_lock
 from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bundle
 from .errors import CalibrationError, SpecError
 from .graph.execute import Sample, run_model
-from .graph.freeze import const_value, fold_constant_ifs, freeze_inputs
+from .graph.freeze import const_value, freeze_inputs
 from .graph.inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
-from .graph.modelio import load_model, save_model
+from .graph.modelio import load_model
 from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
-from .graph.simplify import simplify_proto
 from .hashing import sha256
 from .progress import Progress
 from .quantization.budget import (
@@ -40,15 +39,24 @@ from .quantization.calibration import (
     split_holdout,
 )
 from .quantization.decision import decide
-from .quantization.preprocessing import check_fits, spec_shape
 from .quantization.engine_choice import choose_engine, engine_graph, with_engine
+from .quantization.fp32_graph import (
+    against_original,
+    choose_fp32,
+    fuse_model,
+    graph_timer,
+    original_graph,
+    simplify_static,
+    speed_line,
+)
+from .quantization.preprocessing import check_fits, spec_shape
 from .quantization.provider_graphs import provider_graphs
 from .quantization.quantize import QuantConfig, check_exclude
-from .quantization.sensitivity import name_nodes
 from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
 from .targets import Target, load_target
+from .timing import Stages
 
 Log = Callable[[str], None]
 RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
@@ -104,6 +112,7 @@ class PartResult:
 class BuildResult:
     bundle: BundleResult
     parts: list[PartResult]
+    stages: dict[str, float] = field(default_factory=dict)   # seconds per build stage
 
 
 @dataclass(frozen=True)
@@ -193,7 +202,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 list_sources(req.calib)  # fail before the slow stages when a folder is empty
         several = len(requests) > 1
         results, payloads = [], []
-        with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:
             for req in requests:
                 part_log = (lambda m, n=req.name: log(f"[{n}] {m}")) if several else log
                 payload, result = _build_part(req, target, Path(tmp), holdout=holdout, golden=golden,
@@ -201,7 +210,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                               max_drop=max_accuracy_drop, metric=metric,
                                               timer=timer, log=part_log, progress=progress,
                                               steps=steps,
-                                              fuse=fuse, openvino=openvino)
+                                              fuse=fuse, openvino=openvino, clock=clock)
                 payloads.append(payload)
                 results.append(result)
             target, payloads = with_engine(target, results, payloads, log)
@@ -211,6 +220,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                 "see the inputs with `edgepack inspect MODEL`")
             out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
                          tune=tune, offline=offline)
+            clock.lap("bundle")
         for entry in out.manifest["parts"] if offline else ():
             log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
                 f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
@@ -219,9 +229,14 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         if tuning:
             log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "
                 f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
+        log(f"stages: {clock.line()}")
+        for part in out.manifest["parts"]:
+            speed = part.get("precision", {}).get("vs_original")
+            if speed:
+                log(f"speed{' of ' + part['name'] if several else ''}: {speed_line(speed)}")
         log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
             "take it as --expect-digest)")
-        return BuildResult(out, results)
+        return BuildResult(out, results, clock.record())
 
 
 def input_paths(model: Path | str, calib: Path | None, part_calib: Mapping[str, Path],
@@ -296,8 +311,10 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                 options: ExportOptions, min_cosine: float | None, max_drop: float | None,
                 metric: tuple[Any, str] | None, timer: Any, log: Log,
                 progress: Callable[[int, int], None] | None,
-                fuse: bool = True, steps: Progress | None = None, openvino: str = "auto"
-                ) -> tuple[PartPayload, PartResult]:
+                fuse: bool = True, steps: Progress | None = None, openvino: str = "auto",
+                clock: Stages | None = None) -> tuple[PartPayload, PartResult]:
+    clock = clock or Stages()
+    started = dict(clock.seconds)
     loaded = req.source if isinstance(req.source, LoadedModel) else None
     if loaded is None and is_torch_source(req.source):
         loaded = load_source(str(req.source), factory_args=options.factory_args,
@@ -324,6 +341,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         model_path = Path(req.source)
         source = {"file": model_path.name,
                   "sha256": sha256(model_path) if model_path.is_file() else ""}
+    clock.lap("load/export")
 
     proto = load_model(model_path)
     before = len(proto.graph.node)
@@ -350,13 +368,11 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                    first["dtype"])
     fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
                                                 target.batch), batch=target.batch, strict=False)
-    simplified, simplifier, reason = simplify_proto(fixed, model_path)
-    if consts and _if_count(simplified):   # what the simplifier folded may decide more Ifs
-        simplified = fold_constant_ifs(simplified)
-        simplified, simplifier, reason = simplify_proto(simplified, model_path)
-    # static inputs let the simplifier fold shape arithmetic; what stays open is resolved
-    # from a real run once the samples are loaded
-    simplified = fix_shapes_proto(simplified, {}, batch=target.batch, strict=False)
+    clock.lap("shapes")
+    # what stays open after this is resolved from a real run once the samples are loaded
+    simplified, simplifier, reason = simplify_static(fixed, model_path, batch=target.batch,
+                                                     frozen=bool(consts))
+    clock.lap("simplify")
     log(f"simplify: {before} -> {len(simplified.graph.node)} nodes ({simplifier})")
     if reason:
         log(f"simplify: onnxsim not used, fell back to onnxruntime basic optimisation ({reason})")
@@ -378,6 +394,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if samples is None and req.calib is not None:
         samples = load_samples(req.calib, inputs=inputs, preprocess=req.preprocess,
                                progress=progress)
+    clock.lap("calibration data")
     data = "calibration"
     if not samples:
         if needs_calib:
@@ -406,7 +423,16 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     if data != "random":
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
 
-    fp32 = save_model(name_nodes(simplified), tmp / f"{req.name}.fp32.onnx")
+    clock.lap("shapes")
+    feed = (held_out or samples)[0]
+    time_graphs, why_not = graph_timer(target, timer, feed)
+    original, no_original = original_graph(model_path, feed)
+    choice = choose_fp32(fixed, simplified, simplifier, model_path, original, target=target,
+                         frozen=bool(consts), samples=held_out or samples,
+                         time_graphs=time_graphs, why_not=why_not, folder=tmp, name=req.name,
+                         log=log)
+    fp32 = choice.path
+    clock.lap("fp32 graph")
     check_exclude(req.quant.get("exclude") or (), simplified.graph,
                   model_path if loaded is None else f"the export of {loaded.description}")
     budget = target.min_cosine if min_cosine is None else min_cosine
@@ -440,6 +466,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                       budget=guard, labels=labels_held, timer=timer, log=log, progress=progress,
                       fp32_outputs=fp32_outputs, steps=steps)
     config, candidate = decision.config, decision.candidate.path
+    clock.lap("search")
     needs_calib = config.precision == "int8" and config.mode == "static"
     accuracy = {**decision.candidate.accuracy, "data": data}
     log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
@@ -456,87 +483,18 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     engine = choose_engine(decision, target, fp32, held_out, guard, labels_held, fp32_outputs,
                            timer=timer, log=log, wanted=openvino)
     graphs += engine_graph(engine, decision)
+    clock.lap("engines")
+    precision["fp32_graph"] = choice.record
+    precision["vs_original"] = against_original(candidate, original, time_graphs,
+                                                why_not or no_original)
+    clock.lap("speed vs original")
+    precision["stage_seconds"] = clock.since(started)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source, graphs)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
                         tuple(consts), engine)
     return payload, result
-
-
-def fuse_model(fixed: Any, model_path: Path, target: Target, held: Sequence[Sample],
-          reference: dict[str, Any], path: Path, log: Log, *, unfused: Path | None = None,
-          timer: Any = None) -> tuple[Path | None, dict | None]:
-    """The transformer-fused FP32 graph (fused before simplification, where attention still
-    matches, and again after it), kept only when it computes what the unfused graph does and,
-    where the target can be timed (here or with *timer*), runs no slower than *unfused*."""
-    from collections import Counter
-
-    from .graph.execute import compare_outputs
-    from .graph.fusion import fuse_transformer
-
-    first = fuse_transformer(fixed, target.min_onnxruntime)
-    if first is None:
-        log("fusion: onnxruntime's transformer optimizer found nothing to fuse")
-        return None, None
-    try:
-        simplified, _, _ = simplify_proto(first.model, model_path)
-        simplified = fix_shapes_proto(simplified, {}, batch=target.batch, strict=False)
-        second = fuse_transformer(simplified, target.min_onnxruntime)
-        final = second.model if second else simplified
-        if dynamic_tensors(final):
-            final, _ = shapes_from_run(final, held[:2])
-        save_model(name_nodes(final), path)
-        agreement = min(o["cosine_min"] for o in
-                        compare_outputs(run_model(path, held), reference).values())
-    except Exception as exc:   # an optional rewrite that fails costs its speed, not the build
-        log(f"fusion: dropped, the fused graph does not run here ({type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:160]})")
-        return None, None
-    counts = Counter(first.fused) + Counter(second.fused if second else {})
-    text = ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
-    if agreement < FUSION_COSINE:
-        log(f"fusion: dropped, the fused graph ({text}) differs from the unfused one "
-            f"(cosine {agreement:.6f} < {FUSION_COSINE})")
-        return None, None
-    log(f"fusion: {text} ({first.heads or '?'} heads, hidden {first.hidden or '?'}); outputs "
-        f"match the unfused graph (cosine {agreement:.6f})")
-    timing = _time_fusion(path, unfused, held, target, timer) if unfused else {}
-    if timing.get("measured"):
-        line = (f"fused FP32 p50 {timing['fused_p50_ms']:.3f} ms, unfused "
-                f"{timing['unfused_p50_ms']:.3f} ms")
-        if timing["fused_p50_ms"] > timing["unfused_p50_ms"] * FUSION_SLACK:
-            log(f"fusion: dropped, it runs slower ({line})")
-            return None, None
-        log(f"fusion: kept, {line}")
-    return path, {**first.record(), "fused": dict(counts), "cosine_to_unfused": agreement,
-                  "min_onnxruntime": target.min_onnxruntime, "timing": timing}
-
-
-FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyond noise
-
-
-def _time_fusion(fused: Path, unfused: Path, held: Sequence[Sample], target: Target,
-                 timer: Any) -> dict[str, Any]:
-    """Fused against unfused FP32, interleaved, where the decision could time candidates."""
-    from .quantization.decision import local_timer, plan_timing, timing_place
-
-    why = timing_place(target, timer)
-    if why:
-        return {"measured": False, "why": why}
-    threads = int(target.session.get("intra_op_threads", 0))
-    rounds, block = plan_timing(unfused, held[0], threads)
-    times, where = (timer or local_timer)([fused, unfused], held[0], threads, rounds, block)
-    return {"measured": True, "fused_p50_ms": times[str(fused)]["p50"],
-            "unfused_p50_ms": times[str(unfused)]["p50"], "threads": threads,
-            "measured_on": where}
-
-
-FUSION_COSINE = 0.99999   # fused ops reorder float sums; anything further off is not the model
-
-
-def _if_count(model) -> int:
-    return sum(1 for n in model.graph.node if n.op_type == "If")
 
 
 def _short(value: Any) -> str:

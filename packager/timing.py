@@ -6,10 +6,11 @@ calls between PyTorch and ONNX Runtime makes their thread pools fight; measured 
 inflated PyTorch's latency up to 4x.
 """
 
+import contextlib
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +18,62 @@ import numpy as np
 
 from .progress import OFF, Progress
 
+SETTLE = 0.03   # rounds stop early once every pair of engines is apart or this close (3%)
+MIN_ROUNDS = 3   # fewer rounds than this never settle: one slow round must be outvoted
+
+
+class Tally:
+    """Seconds spent in time_blocks while it is open (see `tally`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+
+_tallies: list[Tally] = []
+
+
+@contextlib.contextmanager
+def tally() -> Iterator[Tally]:
+    """Count the seconds every time_blocks inside spends (the build's "timing" stage)."""
+    counter = Tally()
+    _tallies.append(counter)
+    try:
+        yield counter
+    finally:
+        _tallies.remove(counter)
+
+
+def settled(rounds: Mapping[str, list[float]], tolerance: float) -> bool:
+    """Whether more rounds would not change the order: every pair of engines either has
+    round medians that do not overlap, or both engines' round medians lie within *tolerance*
+    of each other and of the other's (a tie that more rounds cannot break either)."""
+    spans = {name: (min(r), max(r)) for name, r in rounds.items() if r}
+    names = list(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (lo_a, hi_a), (lo_b, hi_b) = spans[a], spans[b]
+            if hi_a < lo_b or hi_b < lo_a:
+                continue
+            if max(hi_a, hi_b) > min(lo_a, lo_b) * (1 + tolerance):
+                return False
+    return True
+
 
 def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
                 switch_warmup: int = 3, warmup: int = 5, steps: Progress | None = None,
-                phase: str = "timing") -> dict[str, dict[str, float]]:
+                phase: str = "timing", settle: float | None = None
+                ) -> dict[str, dict[str, float]]:
     """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks.
 
     *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
+    *settle* (e.g. SETTLE) ends the rounds early, from MIN_ROUNDS on, once `settled` holds for
+    the per-round medians: the order is already clear, or the engines tie within it.
     """
+    began = time.perf_counter()
     steps = steps or OFF
     times: dict[str, list[float]] = {name: [] for name in engines}
+    medians: dict[str, list[float]] = {name: [] for name in engines}
     cost = {}
     for name, fn in engines.items():
         start = time.perf_counter()
@@ -34,6 +81,7 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
             fn()
         cost[name] = (time.perf_counter() - start) / max(warmup, 1)
     steps.start(phase, [cost[name] or 1e-6 for _ in range(rounds) for name in engines])
+    done = 0
     for r in range(rounds):
         for name, fn in engines.items():
             steps.step(f"round {r + 1}/{rounds}, {name}")
@@ -43,9 +91,18 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
                 start = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - start) * 1000.0)
+            medians[name].append(float(np.median(times[name][-block:])))
+        done = r + 1
+        if settle is not None and done >= MIN_ROUNDS and done < rounds and \
+                settled(medians, settle):
+            break
     steps.finish()
+    for counter in _tallies:
+        counter.seconds += time.perf_counter() - began
+        counter.calls += 1
     return {name: {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
-                   "mean": float(np.mean(t)), "calls": len(t)} for name, t in times.items()}
+                   "mean": float(np.mean(t)), "calls": len(t), "rounds": done}
+            for name, t in times.items()}
 
 
 def machine() -> dict[str, Any]:
@@ -88,3 +145,46 @@ def session(path: Path, threads: int, level: str = "ORT_ENABLE_ALL"):
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.log_severity_level = 3
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+class Stages:
+    """Seconds per build stage, from laps: `lap(name)` ends the stage *name* begun at the last
+    lap. Time spent in time_blocks while it is open counts as "timing", not as the stage's."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._tally = Tally()
+        self._mark = time.perf_counter()
+        self._timed = 0.0
+
+    def __enter__(self) -> "Stages":
+        _tallies.append(self._tally)
+        self._mark = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _tallies.remove(self._tally)
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        timed = self._tally.seconds - self._timed
+        self.add(name, now - self._mark - timed)
+        if timed:
+            self.add("timing", timed)
+        self._mark, self._timed = now, self._tally.seconds
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + max(seconds, 0.0)
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """The seconds added since *before* (a copy of `seconds`), rounded."""
+        return {name: round(s - before.get(name, 0.0), 2) for name, s in self.seconds.items()
+                if s - before.get(name, 0.0) > 0.005}
+
+    def record(self) -> dict[str, float]:
+        return {name: round(s, 2) for name, s in self.seconds.items()}
+
+    def line(self) -> str:
+        total = sum(self.seconds.values())
+        return ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items()) + \
+            f"; total {total:.1f} s"

@@ -169,3 +169,22 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
     assert json.loads(stdout)["rows"][0]["variant"] == "ORT FP32"   # stdout: JSON only
     assert "step" not in drawn and "\r" not in drawn.replace("\r\n", "\n")
     assert [line for line in screen(drawn) if line] == logs
+
+
+def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
+    import time
+
+    from packager.timing import MIN_ROUNDS, SETTLE, Stages, settled, time_blocks
+
+    assert settled({"a": [1.0, 1.1], "b": [2.0, 2.2]}, SETTLE)          # apart
+    assert settled({"a": [1.0, 1.01], "b": [1.005, 1.02]}, SETTLE)      # a tie within 3%
+    assert not settled({"a": [1.0, 1.5], "b": [1.2, 1.3]}, SETTLE)      # overlapping, unsure
+    with Stages() as clock:
+        times = time_blocks({"sleep": lambda: time.sleep(0.003), "none": lambda: None},
+                            rounds=8, block=3, warmup=1, switch_warmup=0, settle=SETTLE)
+        clock.lap("search")
+        full = time_blocks({"none": lambda: None}, rounds=4, block=2, warmup=0)
+    assert times["sleep"]["rounds"] == MIN_ROUNDS and times["sleep"]["calls"] == 3 * MIN_ROUNDS
+    assert full["none"]["rounds"] == 4     # without settle, every round runs
+    assert clock.seconds["timing"] >= 3 * MIN_ROUNDS * 0.003 and "search" in clock.seconds
+    assert clock.line().startswith("search ") and "total" in clock.line()

@@ -93,3 +93,74 @@ def test_truncated_model_is_a_clear_error(cnn_onnx, tmp_path):
     with pytest.raises(ModelError, match="cut.onnx"):
         simplify(bad, tmp_path / "out.onnx")
     assert list(tmp_path.iterdir()) == [bad]
+
+
+def pad_net_onnx(path):
+    """A small audio-style CNN exported by plain torch.onnx.export: explicit asymmetric zero
+    Pads before Convs (TF "same" padding ported to PyTorch) and a reflect Pad."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.ZeroPad2d((1, 2, 0, 1)), nn.Conv2d(1, 8, (2, 4)), nn.ReLU(),
+                        nn.ReflectionPad2d((1, 1, 1, 1)), nn.Conv2d(8, 8, 3), nn.ReLU(),
+                        nn.ZeroPad2d((0, 1, 1, 0)), nn.Conv2d(8, 4, 2)).eval()
+    torch.onnx.export(net, (torch.randn(1, 1, 16, 32),), str(path), input_names=["x"],
+                      output_names=["y"], opset_version=17, dynamo=False)
+    return path
+
+
+def test_pads_before_convs_are_kept_apart_when_asked(tmp_path):
+    from packager.graph.modelio import load_model
+    from packager.graph.simplify import padded_ops, simplify_proto
+
+    src = pad_net_onnx(tmp_path / "pad.onnx")
+    folded, _, _ = simplify_proto(load_model(src), src)
+    kept, simplifier, _ = simplify_proto(load_model(src), src, fold_pads=False)
+    assert simplifier == "onnxsim"
+    # onnxsim folds the zero Pads into the Convs' pads; the reflect Pad cannot be folded
+    assert padded_ops(folded) == 1 and padded_ops(kept) == 3
+    x = np.random.default_rng(0).standard_normal((1, 1, 16, 32)).astype(np.float32)
+    for graph in (folded, kept):
+        np.testing.assert_allclose(run(save(graph, tmp_path / "g.onnx"), x), run(src, x),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
+    import json
+
+    from packager.pipeline import build
+
+    src = pad_net_onnx(tmp_path / "pad.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(1)
+    np.save(calib / "x.npy", rng.standard_normal((10, 1, 16, 32)).astype(np.float32))
+    lines = []
+    r = build(src, tmp_path / "b", target="x86_64-cpu", calib=calib, quant={"precision": "fp32"},
+              openvino="no", log=lines.append)
+    precision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]
+    record = precision["fp32_graph"]
+    # every graph computed the model; which one ran fastest is the machine's business, but
+    # the choice is the fastest one recorded, with the original timed in the same blocks
+    timed = {k: v["p50_ms"] for k, v in record["candidates"].items() if "p50_ms" in v}
+    assert set(timed) == {"onnxsim", "onnxsim, Pads kept", "unsimplified"}
+    assert record["measured"] and record["original_p50_ms"] > 0
+    fastest = min(timed, key=timed.get)
+    assert record["chosen"] in (fastest, "onnxsim")
+    if record["chosen"] != "onnxsim":
+        assert timed["onnxsim"] > timed[record["chosen"]]
+    assert record["nodes"]["onnxsim"] < record["nodes"]["unsimplified"]
+    assert any(line.startswith("fp32 graph: " + record["chosen"]) for line in lines)
+    # the shipped FP32 graph computes what the user's file does
+    x = rng.standard_normal((1, 1, 16, 32)).astype(np.float32)
+    np.testing.assert_allclose(run(tmp_path / "b" / "model.onnx", x), run(src, x),
+                               rtol=1e-5, atol=1e-5)
+    # the build ends with its stages and its speed against the original, measured in one run
+    speed = precision["vs_original"]
+    assert speed["measured"] and speed["bundle_p50_ms"] > 0 and speed["original_p50_ms"] > 0
+    assert lines[-3].startswith("stages: ") and "timing" in lines[-3]
+    assert lines[-2].startswith("speed: bundle ") and "against the original's" in lines[-2]
+    assert {"simplify", "fp32 graph", "search", "timing", "bundle"} <= set(r.stages)
+    assert set(precision["stage_seconds"]) <= set(r.stages)
