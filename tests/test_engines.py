@@ -20,7 +20,7 @@ from conftest import OPENVINO_PYTHON, PREP, run_py
 
 from packager import engines
 from packager.cli import main
-from packager.device.deploy import preflight_needs
+from packager.device.deploy import optional_providers_missing, preflight_needs
 from packager.errors import TargetError
 from packager.pipeline import build
 from packager.targets import load_target
@@ -107,6 +107,10 @@ def test_openvino_yes_ships_it_first_and_plain_onnxruntime_falls_back(openvino, 
     assert any(line.startswith("engine: --openvino yes: OpenVINO runs") for line in logs)
     # a device without onnxruntime-openvino is not refused by deploy's preflight ...
     assert preflight_needs(manifest, 1000)["providers"] == ["CPUExecutionProvider"]
+    notes = optional_providers_missing({"providers": ["CPUExecutionProvider"]}, manifest)
+    assert len(notes) == 1 and "pip install 'onnxruntime-openvino" in notes[0]
+    assert not optional_providers_missing(
+        {"providers": ["OpenVINOExecutionProvider", "CPUExecutionProvider"]}, manifest)
     # ... runs the CPU provider, says why, and passes on the target (the fallback is the target's)
     plain = run_py(out, "check")
     assert plain.returncode == 0, plain.stdout + plain.stderr

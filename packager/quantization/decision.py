@@ -79,13 +79,17 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
            log: Log = lambda _: None, progress=None,
            fp32_outputs: dict[str, Any] | None = None,
-           steps: Progress | None = None) -> Decision:
+           steps: Progress | None = None,
+           engine_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship.
 
     *overrides* are the user's quantization options: 'precision' forces one precision (INT8
     that misses the budget is then an error), the others pin those fields of the search.
     *fp32_outputs* are FP32's outputs on *held*, when the caller has them already. *steps*
     shows each candidate built and each timing block (*progress*: calibration, per sample).
+    *engine_pays* (engine_choice.engine_pays) says whether INT8 pays under another provider
+    (OpenVINO) where it does not on the CPU provider: then the search goes on for a variant
+    within budget, which that provider may ship.
     """
     steps = steps or OFF
     started = time.perf_counter()
@@ -123,6 +127,10 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                                         steps)
         fastest = min(structural, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
+            return ""
+        elsewhere = engine_pays(structural) if engine_pays is not None else ""
+        if elsewhere:
+            log(f"search: INT8 does not pay on the CPU provider, but {elsewhere}: searching on")
             return ""
         return (f"INT8 cannot pay on this CPU: {fastest.label} ({fastest.int8_nodes} ops in "
                 f"INT8) runs {fastest.p50_ms:.3f} ms p50 against FP32's "

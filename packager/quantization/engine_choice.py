@@ -149,7 +149,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
 
 
 def _graphs(decision: Decision) -> list[Candidate]:
-    """The decision's choice, FP32, and the most quantized graphs within budget (at most 4)."""
+    """The decision's choice, FP32, and the most quantized INT8 graphs within budget on the CPU
+    provider (at most 4 in all). The budget is measured again under the other provider."""
     cands = list(decision.candidates)
     reference = cands[0]
     passing = sorted((c for c in cands[1:] if c.passed and c.config.precision == "int8"),
@@ -187,3 +188,45 @@ def with_engine(target: Target, results: Sequence[Any], payloads: Sequence[Any],
             "it")
     return target, [replace(p, graphs=tuple(g for g in p.graphs
                                             if not set(g.providers) & names)) for p in payloads]
+
+
+def engine_pays(target: Target, fp32: Path, held: Sequence[Sample], *, timer: Any = None,
+                wanted: str = "auto", log: Log = lambda _: None
+                ) -> Callable[[list[Candidate]], str] | None:
+    """For the INT8 search, where INT8 does not pay on the CPU provider: a function of the
+    variants that returns how much faster the fastest of them runs under the faster provider
+    than FP32 does under either provider ('' unless MIN_GAIN), timed in one run. None where the
+    provider cannot be measured here (choose_engine says why)."""
+    if (not target.faster or wanted == "no" or timer is not None
+            or target.arch != platform.machine() or len(held) < 2):
+        return None
+    python = engines.openvino_python()
+    if python is None:
+        return None
+    provider = target.faster[0]
+    name = _label(provider)
+    chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
+    threads = int(target.session.get("intra_op_threads", 0))
+
+    def pays(variants: list[Candidate]) -> str:
+        rounds, block = plan_timing(fp32, held[0], threads)
+        rows = [("cpu", fp32, engines.cpu_chain()), ("fp32", fp32, chain)] + [
+            (f"v{i}", c.path, chain) for i, c in enumerate(variants)]
+        try:
+            times, ran, _ = engines.time_plan(python, rows, held[0], threads, rounds, block)
+        except engines.EngineError as exc:
+            log(f"engine: {name} not measured: {exc.message}")
+            return ""
+        if ran.get("fp32") != provider.name:
+            return ""
+        floor = min(times["cpu"]["p50"], times["fp32"]["p50"])
+        timed = [(times[f"v{i}"]["p50"], c) for i, c in enumerate(variants)
+                 if ran.get(f"v{i}") == provider.name]
+        if not timed:
+            return ""
+        best_ms, best = min(timed, key=lambda t: t[0])
+        if floor / best_ms < MIN_GAIN:
+            return ""
+        return (f"{best.label} runs at {floor / best_ms:.2f}x FP32's best under {name} "
+                f"({best_ms:.3f} vs {floor:.3f} ms p50)")
+    return pays
