@@ -4,8 +4,12 @@ PyTorch eager and torch.compile (for PyTorch sources), ONNX Runtime FP32 as expo
 offline optimisation, INT8 static (QDQ U8S8, QDQ S8S8, QOperator), INT8 dynamic and FP16, at
 batch 1 and a larger batch; for models with attention, also the transformer-fused FP32 graph and
 its dynamic INT8 (what `build` ships for them). Warm latency is timed in one process, interleaved
-in blocks (timing.py), together with a 512x512 FP32 MatMul and MatMulInteger: the ceiling each
-row's GOP/s is a share of. Cold start (import + load + first call) is measured apart, in fresh
+in blocks (timing.py), together with the roofline graphs a bundle ships (bundle/roofline.py:
+MatMuls of several shapes, QLinearMatMul, Conv and QLinearConv of the model's heaviest convs):
+the best rate of each kind is the ceiling each row's GOP/s is a share of. Where a Python with
+onnxruntime-openvino exists (engines.py), the ORT FP32 graph and the INT8 QDQ U8S8 graph also
+run under its OpenVINO execution provider (compare_engines.py), timed in blocks with that
+Python's own CPU provider. Cold start (import + load + first call) is measured apart, in fresh
 processes.
 """
 
@@ -21,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .bundle.roofline import MATMUL_SHAPES
+from .compare_engines import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .errors import PackagerError
 from .graph.execute import Sample
 from .graph.inspection import estimate_flops, graph_inputs, io_specs, model_family
@@ -54,8 +60,9 @@ QUANTIZED = {
 ORT_FUSED, DYNAMIC_FUSED = "ORT FP32 fused", "INT8 dynamic fused"
 FUSED = {ORT_FUSED: None, DYNAMIC_FUSED: "INT8 dynamic"}
 VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, ORT_FUSED, "INT8 QDQ U8S8", "INT8 QDQ S8S8",
-            "INT8 QOperator", "INT8 dynamic", DYNAMIC_FUSED, "FP16")
-ROOFLINE = {"fp32": "roofline FP32 MatMul", "int8": "roofline MatMulInteger"}   # timing only
+            "INT8 QOperator", "INT8 dynamic", DYNAMIC_FUSED, "FP16", *OPENVINO_ROWS)
+# timing only: each runs every roofline graph of its kind once a call, timing each
+ROOFLINE = {"fp32": "roofline FP32", "int8": "roofline integer"}
 EVAL_SAMPLES = 16   # random inputs drawn when no calibration data is given
 
 COLD_ORT = """import json, sys, time
@@ -168,17 +175,15 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     calib_set, held = split_holdout(samples, fraction=0.25)
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
-        from .bundle.assemble import write_roofline
-
-        # the graphs a bundle ships for `run.py bench --roofline`, of the target's integer kind
-        roofline = write_roofline(Path(tmp), [], target)
+        roofline: dict[str, Any] = {}   # written at the first batch, with the model's convs
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
             batch_rows, ceiling = _compare_batch(
                 Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
                 wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
-                roofline)
+                roofline, notes)
             rows += batch_rows
             ceilings.append(ceiling)
         if cold:
@@ -189,7 +194,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             "batches": list(batches), "rounds": rounds, "block": block,
             "samples": {"calibration": len(calib_set), "held_out": len(held),
                         "data": "calibration" if calib is not None else "random"},
-            "roofline": ceilings, "rows": rows}
+            "roofline": ceilings, "rows": rows, "notes": list(dict.fromkeys(notes))}
 
 
 class _NoModule:
@@ -200,8 +205,9 @@ class _NoModule:
 def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                    calib_set, held, target: Target, threads: int, wanted, rounds: int,
                    block: int, log: Log, steps: Progress, phase: str,
-                   roofline: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows of one batch size, and the MatMul ceiling timed with them."""
+                   roofline: dict[str, Any], notes: list[str]
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of one batch size, and the ceiling timed with them."""
     import onnxruntime as ort
 
     built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED, DYNAMIC_FUSED)]
@@ -224,6 +230,11 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     simplified = fix_shapes_proto(simplified, {}, batch=batch)
     simple = save_model(simplified, tmp / f"sim_b{batch}.onnx")
     flops = estimate_flops(simplified)   # every row's work per call: the FP32 graph's
+    if not roofline:
+        from .bundle.assemble import write_roofline
+
+        # the graphs a bundle of this model ships for `run.py bench --roofline`
+        roofline.update(write_roofline(tmp, [], target, model=simplified))
     paths: dict[str, Path] = {}
     prepare: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -254,7 +265,8 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         prepare[ORT_OPT] = time.perf_counter() - start
     if fusion is not None and ORT_FUSED in wanted:
         paths[ORT_FUSED] = fusion["path"]
-    for name in wanted:
+    # the OpenVINO INT8 row runs the QDQ U8S8 graph: built even when its own row is not wanted
+    for name in dict.fromkeys([*wanted, *(["INT8 QDQ U8S8"] if OV_INT8 in wanted else [])]):
         if name not in QUANTIZED and name != DYNAMIC_FUSED:
             continue
         # a fused variant is quantized exactly as its unfused counterpart
@@ -309,6 +321,8 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     if loaded is None:
         steps.step("reference outputs")
     for name, path in paths.items():
+        if name not in wanted:
+            continue
         try:
             sess = session(path, threads)
             outputs[name] = [sess.run(None, f) for f in feeds]
@@ -321,18 +335,25 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     steps.finish()
     # the ceiling first in every round, timed in the same blocks and threads as the variants;
     # *scale* MatMuls a call, so that it is timed as long at every batch as at batch 1
-    engines = {**_roofline_engines(tmp, roofline, threads, scale), **engines}
+    graph_times: dict[str, list[float]] = {}
+    engines = {**_roofline_engines(tmp, roofline, threads, scale, graph_times), **engines}
     log(f"compare: timing {len(engines) - len(ROOFLINE)} engines and the MatMul ceiling, "
         f"batch {batch}")
     medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
                           phase=f"{phase} timing")
+    openvino = openvino_rows(wanted, raw, paths.get("INT8 QDQ U8S8"), tmp, roofline, feeds,
+                             [o.name for o in session(raw, threads).get_outputs()], threads,
+                             rounds, max(3, block // scale))
+    if openvino["note"]:   # no OpenVINO Python (or it failed): a note, no rows
+        notes.append(openvino["note"])
+        wanted = [v for v in wanted if v not in OPENVINO_ROWS or v in openvino["errors"]]
+    medians.update(openvino["medians"])
+    outputs.update(openvino["outputs"])
+    errors.update(openvino["errors"])
+    ceiling = _ceiling(roofline, graph_times, openvino["rates"])
+    ceiling.update(batch=batch, ops_per_call=flops, repeat=scale)
     eager = medians.get(EAGER, {}).get("p50")
     base = medians.get(ORT_FP32, {}).get("p50")
-    ops = roofline["ops_per_call"] * scale
-    ceiling = {"batch": batch, "ops_per_call": flops, "size": roofline["size"], "repeat": scale,
-               "int8_kind": roofline["int8_kind"],
-               **{f"{kind}_gops": ops / (medians[name]["p50"] * 1e6)
-                  for kind, name in ROOFLINE.items()}}
     rows = []
     for name in wanted:
         row: dict[str, Any] = {"variant": name, "batch": batch}
@@ -341,14 +362,22 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
             rows.append(row)
             continue
         p50 = medians[name]["p50"]
+        other = name in OPENVINO_ROWS   # timed in another process: against its own ORT FP32
+        own_base = medians.get(OV_CPU, {}).get("p50") if other else base
+        graph = (paths.get("INT8 QDQ U8S8") if name == OV_INT8 else raw) if other else \
+            paths.get(name)
         row.update({"p50_ms": p50, "p90_ms": medians[name]["p90"],
                     "per_sample_ms": p50 / batch,
-                    "vs_eager": eager / p50 if eager else None,
-                    "vs_ort_fp32": base / p50 if base else None,
-                    "size_mb": (paths[name].stat().st_size / 1e6 if name in paths else
+                    "vs_eager": None if other else eager / p50 if eager else None,
+                    "vs_ort_fp32": own_base / p50 if own_base else None,
+                    "size_mb": (graph.stat().st_size / 1e6 if graph is not None else
                                 sum(p.numel() * p.element_size()
                                     for p in loaded.module.parameters()) / 1e6),
                     **agreement(outputs[name], reference)})
+        if other:
+            device = openvino["device"] or {}
+            row.update(provider=openvino["providers"].get(name),
+                       runtime=f"onnxruntime {device.get('onnxruntime', '?')}")
         row.update(_roofline_share(name, flops, p50, ceiling))
         if name in FUSED:
             row["fusion"] = {k: v for k, v in fusion.items() if k not in ("path", "timing")}
@@ -373,17 +402,46 @@ def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held
     return None if fused is None else {**record, "path": fused}
 
 
-def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
-                      repeat: int) -> dict[str, Callable]:
-    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them, as engines
-    that run each *repeat* times a call."""
-    from ._runtimes.runner.bench import roofline_feeds
+def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int, repeat: int,
+                      record: dict[str, list[float]]) -> dict[str, Callable]:
+    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one engine a
+    kind, each call running every graph of that kind *repeat* times and recording each run's
+    ms in *record* by graph file (so a batch of 8 takes about as long as its model)."""
+    from ._runtimes.runner.bench import roofline_feed, roofline_graphs
 
-    feeds = roofline_feeds(spec)
-    sessions = {kind: session(tmp / spec[kind], threads) for kind in ROOFLINE}
-    return {name: (lambda s=sessions[kind], f=feeds[kind]: [s.run(None, f)
-                                                             for _ in range(repeat)])
-            for kind, name in ROOFLINE.items()}
+    runs = {kind: [(g["file"], session(tmp / g["file"], threads), roofline_feed(g))
+                   for g in roofline_graphs(spec) if g["kind"] == kind] for kind in ROOFLINE}
+
+    def call(kind: str) -> None:
+        for file, sess, feed in runs[kind]:
+            for _ in range(repeat):
+                start = time.perf_counter()
+                sess.run(None, feed)
+                record.setdefault(file, []).append((time.perf_counter() - start) * 1e3)
+
+    return {name: (lambda k=kind: call(k)) for kind, name in ROOFLINE.items()}
+
+
+def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
+             openvino: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+    """The best rate of each kind over every roofline graph, under onnxruntime's CPU provider
+    here (*times*, ms per run) and under the OpenVINO provider (*openvino*: GOP/s)."""
+    from ._runtimes.runner.bench import roofline_graphs
+
+    rates = [(dict(g, engine="ORT CPU"), g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
+             for g in roofline_graphs(spec) if times.get(g["file"])]
+    rates += [(dict(g, engine="OpenVINO"), gops) for g, gops in openvino]
+    found: dict[str, Any] = {"int8_kind": spec["int8_kind"], "graphs": [
+        {"kind": g["kind"], "op": g["op"], "shape": g["shape"], "engine": g["engine"],
+         "gops": gops} for g, gops in rates]}
+    for kind in ROOFLINE:
+        best = max(((gops, g) for g, gops in rates if g["kind"] == kind), key=lambda t: t[0],
+                   default=None)
+        if best is not None:
+            found[f"{kind}_gops"] = best[0]
+            found[f"{kind}_best"] = (f"{best[1]['op']} {'x'.join(map(str, best[1]['shape']))}"
+                                     f" ({best[1]['engine']})")
+    return found
 
 
 def _roofline_share(name: str, flops: int | None, p50_ms: float,
@@ -391,7 +449,7 @@ def _roofline_share(name: str, flops: int | None, p50_ms: float,
     """GOP/s at p50 and, for ONNX Runtime rows, its share of the MatMul rate of its kind: INT8
     rows against MatMulInteger, FP32 and FP16 (which the CPU runs in FP32) against MatMul."""
     gops = flops / (p50_ms * 1e6) if flops else None
-    kind = None if name in (EAGER, COMPILED) else "int8" if name.startswith("INT8") else "fp32"
+    kind = None if name in (EAGER, COMPILED) else "int8" if "INT8" in name else "fp32"
     return {"ops_per_call": flops, "gops": gops, "ceiling": kind,
             "ceiling_share": gops / ceiling[f"{kind}_gops"] if gops and kind else None}
 
@@ -419,7 +477,7 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
     first = min((r["batch"] for r in rows), default=1)
     feed = tmp / f"feed_b{first}.npz"
     todo = [r for r in rows if r["batch"] == first and "error" not in r and
-            r["variant"] != COMPILED]
+            (r["variant"] == EAGER or r.get("_path"))]
     steps.start("cold start", len(todo))
     for row in todo:
         steps.step(row["variant"])
@@ -481,15 +539,38 @@ def markdown(result: dict[str, Any]) -> str:
     ceilings = [c for c in result.get("roofline", ()) if c.get("ops_per_call")]
     if ceilings:
         kind = ceilings[0]["int8_kind"]
+        engines = sorted({g["engine"] for c in ceilings for g in c.get("graphs", ())})
         lines += ["", "GOP/s: operations per call (2 x the multiply-adds of Conv, Gemm, MatMul, "
                   "counted on the FP32 graph: " + ", ".join(
                       f"{_figure(c['ops_per_call'] / 1e9)} GOP at batch {c['batch']}"
-                      for c in ceilings) + ") over p50. % of ceiling: that rate against a "
-                  f"{ceilings[0]['size']}x{ceilings[0]['size']} MatMul timed in the same blocks "
-                  f"with the same threads (INT8 rows: {kind} MatMulInteger; FP32 and FP16: FP32 "
-                  "MatMul): " + "; ".join(
-                      f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f}, {kind} "
-                      f"{c['int8_gops']:.0f} GOP/s" for c in ceilings) + "."]
+                      for c in ceilings) + ") over p50. % of ceiling: that rate against this "
+                  "machine's best, with the same threads: the fastest of the roofline graphs "
+                  f"(MatMuls of {len(MATMUL_SHAPES)} shapes, square and im2col-like; Conv and "
+                  "QLinearConv of a 3x3 conv and of the model's heaviest convs; "
+                  f"{kind} MatMulInteger and QLinearMatMul), timed under "
+                  f"{' and '.join(engines)} beside the rows (INT8 rows against the best integer "
+                  "graph, FP32 and FP16 against the best FP32 one): " + "; ".join(
+                      f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f} GOP/s ({c['fp32_best']}), "
+                      f"integer {c['int8_gops']:.0f} GOP/s ({c['int8_best']})"
+                      for c in ceilings if "fp32_gops" in c and "int8_gops" in c) + "."]
+        over = sorted({r["variant"] for r in result["rows"]
+                       if (r.get("ceiling_share") or 0) > 1})
+        if over:
+            lines += ["", "Above 100 %: " + ", ".join(over) + " ran faster than every roofline "
+                      "graph of its kind (a kernel doing fewer multiplies than 2 x the "
+                      "multiply-adds counted, e.g. a Winograd convolution, or one the roofline "
+                      "set lacks); the share is shown as measured, not capped."]
+    other = [r for r in result["rows"] if r["variant"] in OPENVINO_ROWS and "runtime" in r]
+    if other:
+        first = other[0]
+        lines += ["", f"OpenVINO rows: {first['runtime']} (onnxruntime-openvino) in its own "
+                  "Python, the ORT FP32 graph and the INT8 QDQ U8S8 graph under its OpenVINO "
+                  f"execution provider (FP32 inference, device CPU); their vs ORT FP32 is against "
+                  f"\"{OV_CPU}\", the same graph under that onnxruntime's CPU provider timed in "
+                  "the same blocks; vs eager and cold start are not measured there. Providers that "
+                  "ran: " + ", ".join(f"{r['variant']} b{r['batch']}: {r.get('provider')}"
+                                      for r in other if r["batch"] == first["batch"]) + "."]
+    lines += [f"\n{note}" for note in result.get("notes", ())]
     groups: dict[str, list] = {}   # batches whose graphs fused alike
     for r in result["rows"]:
         if r["variant"] in FUSED and "fusion" in r:

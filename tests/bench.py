@@ -2,8 +2,10 @@
 and a MiniLM-L6-class sentence encoder (128 tokens); prints the tables and writes BENCHMARKS.md.
 
 Every engine runs in one process per model, interleaved in blocks (packager/timing.py), at batch
-1 and 8, with the target's threads, together with a 512x512 FP32 MatMul and u8s8 MatMulInteger:
-the ceiling each ONNX Runtime row's GOP/s is a share of. The encoder also gets the transformer-
+1 and 8, with the target's threads, together with the roofline graphs (bundle/roofline.py): the
+best of them per kind is the ceiling each ONNX Runtime row's GOP/s is a share of. Where a Python
+with onnxruntime-openvino exists (`make openvino`; $EDGEPACK_OPENVINO_PYTHON), the OpenVINO rows
+are timed there beside that onnxruntime's CPU provider. The encoder also gets the transformer-
 fused rows (what `build` ships for it). Ratios are within one run; the machine is shared and noisy.
 """
 
@@ -21,6 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 THREADS = 2
+# the instruction sets onnxruntime's and OpenVINO's kernels pick between
+MATH_FLAGS = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+              "asimd", "asimddp", "i8mm", "sve"}
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 PREP = {"size": [224, 224], "resize": "stretch", "color": "rgb", "layout": "nchw",
         "scale": 1 / 255, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
@@ -127,6 +133,18 @@ def encoder_files(work: Path, steps: int = 60):
     return work / "minilm.safetensors", work / "tokens.npz"
 
 
+def cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo lists (what lscpu shows); empty where it is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_seconds() -> tuple[float, float, float] | None:
     """(wall clock, CPU seconds every process used, CPU seconds this one and its children used);
     None where /proc/stat is missing."""
@@ -200,9 +218,16 @@ def main():
             print(load + table, flush=True)
             sections.append(f"## {title}\n\n{load}{table}")
     info = machine()
-    integer = ("VNNI" if {"avx512_vnni", "avx_vnni"} & set(info["flags"]) else
+    flags = set(info["flags"]) | cpu_flags()
+    integer = ("AMX-INT8 and VNNI" if "amx_int8" in flags else
+               "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else
                "no VNNI: u8s8 products go through AVX2's 16-bit vpmaddubsw path"
-               if "avx2" in info["flags"] else "no AVX2")
+               if "avx2" in flags else "no AVX2")
+    from packager import engines
+
+    python = engines.openvino_python()
+    openvino = (f"OpenVINO rows: onnxruntime-openvino in {python}." if python else
+                f"No OpenVINO rows: {engines.why_no_openvino()}.")
     text = f"""# Benchmarks
 
 Written by `make bench` (tests/bench.py, which runs `edgepack compare` on each model). Every
@@ -214,14 +239,25 @@ OpenCV; the encoder was trained for 60 steps on a synthetic task.
 
 GOP/s is the model's operations per call (2 x the multiply-adds of Conv, Gemm and MatMul, counted
 on the FP32 graph, the same count for every row of a batch) over its p50. % of ceiling compares
-that with a 512x512 MatMul timed in the same blocks with the same threads, the graphs a bundle
-ships for `run.py bench --roofline`: INT8 rows against the u8s8 MatMulInteger, FP32 and FP16 rows
-against the FP32 MatMul; PyTorch rows get GOP/s only. "ORT FP32 fused" is the graph `build`
+that with this machine's best rate of the row's kind, with the same threads: the fastest of the
+roofline graphs a bundle ships for `run.py bench --roofline` (MatMuls of five shapes, square and
+im2col-like; a 3x3 Conv and the model's three heaviest convs as Conv and QLinearConv; the
+bundle's integer MatMulInteger and QLinearMatMul), timed in the same blocks as the rows and, where
+it exists, under the OpenVINO provider too. INT8 rows are against the best integer graph, FP32,
+FP16 and OpenVINO FP32 rows against the best FP32 one; PyTorch rows get GOP/s only. A single
+512x512 MatMul was the ceiling before: convolutions beat it (an INT8 ResNet-18-class CNN at 127 %
+on an AVX2 EPYC), so it said nothing about how much is left; now a share above 100 % would mean a
+kernel doing fewer multiplies than counted (Winograd) and is printed as measured with a note.
+"OpenVINO FP32" and "OpenVINO INT8 (QDQ)" are the ORT FP32 graph and the INT8 QDQ U8S8 graph under
+onnxruntime-openvino's OpenVINO execution provider, in that package's own Python; their "vs ORT
+FP32" is against "ORT FP32 (OpenVINO's onnxruntime)", the same graph under that onnxruntime's CPU
+provider in the same blocks. "ORT FP32 fused" is the graph `build`
 ships for a model with attention (onnxruntime's transformer fusions; the fused op counts follow
 the table) and "INT8 dynamic fused" its dynamic INT8; they appear only where something fused.
 
 Machine: {machine_line(info)} ({integer}); Python {info['python']}, torch {torch.__version__}.
-The machine is shared, so compare ratios within one table, not across runs.
+CPU flags (lscpu, those that matter here): {', '.join(sorted(flags & MATH_FLAGS)) or 'none'}.
+{openvino} The machine is shared, so compare ratios within one table, not across runs.
 
 """ + "\n".join(sections)
     args.out.write_text(text)

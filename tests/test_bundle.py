@@ -19,10 +19,13 @@ def test_manifest_contract(built):
         assert hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
     runner = {rel for rel in m["files"] if rel.startswith("runner/")}
     assert "runner/__init__.py" in runner and "runner/cli.py" in runner
-    assert set(m["files"]) - runner == {"model.onnx", "run.py", "requirements.txt", "README.md",
-                                        "golden/model.inputs.npz", "golden/model.outputs.npz",
-                                        "golden/model.shipped.npz", "roofline/matmul_fp32.onnx",
-                                        "roofline/matmul_int8.onnx"}
+    roof = {rel for rel in m["files"] if rel.startswith("roofline/")}
+    assert {"roofline/matmul_fp32.onnx", "roofline/matmul_int8.onnx"} <= roof and \
+        roof == {"roofline/" + p.name for p in (d / "roofline").iterdir()}
+    assert set(m["files"]) - runner - roof == {"model.onnx", "run.py", "requirements.txt",
+                                               "README.md", "golden/model.inputs.npz",
+                                               "golden/model.outputs.npz",
+                                               "golden/model.shipped.npz"}
     [part] = m["parts"]
     assert part["name"] == "model" and part["model"]["sha256"] == m["files"]["model.onnx"]
     assert part["inputs"] == [{"name": "image", "shape": [1, 3, 32, 32], "dtype": "float32"}]

@@ -22,6 +22,7 @@ from packager.compare import (
     compare,
     markdown,
 )
+from packager.compare_engines import OPENVINO_ROWS
 from packager.pipeline import build
 from packager.source.specs import parse_input
 
@@ -36,9 +37,11 @@ def result():
 
 
 def test_compare_returns_every_variant_with_sane_fields(result):
-    # a CNN has no attention: no fused rows
+    # a CNN has no attention: no fused rows; no OpenVINO rows where conftest turned it off
+    local = [v for v in VARIANTS if v not in FUSED and v not in OPENVINO_ROWS]
     assert [(r["variant"], r["batch"]) for r in result["rows"]] == \
-        [(v, b) for b in (1, 2) for v in VARIANTS if v not in FUSED]
+        [(v, b) for b in (1, 2) for v in local]
+    assert result["notes"] == ["OpenVINO rows skipped: EDGEPACK_OPENVINO_PYTHON is empty."]
     for r in result["rows"]:
         if "error" in r:   # torch.compile needs a C++ compiler; nothing else may fail
             assert r["variant"] == COMPILED, r
@@ -63,7 +66,7 @@ def test_compare_returns_every_variant_with_sane_fields(result):
     assert [c["batch"] for c in result["roofline"]] == [1, 2]
     assert all(c["fp32_gops"] > 0 and c["int8_gops"] > 0 for c in result["roofline"])
     table = markdown(result)
-    assert all(v in table for v in VARIANTS if v not in FUSED) and "cold start ms" in table
+    assert all(v in table for v in local) and "cold start ms" in table
     assert "| GOP/s | % of ceiling |" in table and "u8s8 MatMulInteger" in table
 
 
@@ -182,3 +185,108 @@ def test_compare_progress_on_a_terminal_and_silence_without_a_reporter(cnn_onnx,
                  "compare: cold start: step 2/2 (INT8 dynamic) · about"):
         assert line in drawn
     assert "\n" not in drawn and screen(drawn) == [""]   # drawn in place, cleared at the end
+
+
+def conv_model(path: Path, channels: int = 64, size: int = 56) -> Path:
+    """One 3x3 convolution (and a ReLU): a model whose whole work is the conv the ceiling holds."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((channels, channels, 3, 3)) * 0.05)
+                                .astype(np.float32), "w")
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=8), path)
+    return path
+
+
+def test_the_ceiling_holds_the_models_heaviest_conv_and_no_row_exceeds_it(tmp_path):
+    # a conv model is all conv: onnxruntime's NCHWc conv ran it at 121 % of the 512x512
+    # MatMul that used to be the ceiling (Xeon, AVX-512); now its own conv is in the set
+    variants = [ORT_FP32, "INT8 QDQ U8S8", "INT8 QOperator"]
+    result = compare(conv_model(tmp_path / "conv.onnx"), batches=(1,), rounds=3, block=6,
+                     cold=False, variants=variants)
+    ceiling = result["roofline"][0]
+    graphs = {(g["op"], tuple(g["shape"])) for g in ceiling["graphs"]}
+    assert ("Conv", (64, 56, 56, 64, 64, 3, 3, 1, 1)) in graphs
+    assert ("QLinearConv", (64, 56, 56, 64, 64, 3, 3, 1, 1)) in graphs
+    assert {op for op, _ in graphs} >= {"MatMul", "MatMulInteger", "QLinearMatMul"}
+    assert ceiling["fp32_gops"] == max(g["gops"] for g in ceiling["graphs"]
+                                       if g["kind"] == "fp32")
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == variants and not any("error" in r for r in rows.values())
+    for name, row in rows.items():
+        assert row["ceiling"] == ("int8" if name.startswith("INT8") else "fp32")
+        # the same conv, timed in the same blocks: at most the ceiling, within timing noise
+        assert 0 < row["ceiling_share"] <= 1.1, (name, row["ceiling_share"], ceiling)
+    assert "fastest of the roofline graphs" in markdown(result)
+
+
+def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
+    from packager._runtimes.runner.bench import best_rates, roofline_graphs, time_roofline
+    from packager.bundle.assemble import write_roofline
+    from packager.bundle.roofline import GENERIC_CONV, heaviest_convs
+    from packager.targets import load_target
+
+    model = onnx.load(conv_model(tmp_path / "conv.onnx", channels=8, size=16))
+    [conv] = heaviest_convs(model)
+    assert conv["x"] == [1, 8, 16, 16] and conv["w"] == [8, 8, 3, 3] and \
+        conv["ops"] == 2 * 8 * 16 * 16 * 8 * 9
+    spec = write_roofline(tmp_path, [], load_target("x86_64-cpu"), model=model)
+    graphs = roofline_graphs(spec)
+    sizes = [(tmp_path / g["file"]).stat().st_size for g in graphs]
+    assert max(sizes) < 2000   # no weights: inputs fed, conv weights a ConstantOfShape
+    ops = {g["op"] for g in graphs}
+    assert ops == {"MatMul", "MatMulInteger", "QLinearMatMul", "Conv", "QLinearConv"}
+    assert sum(g["shape"][:3] == GENERIC_CONV["x"][1:] for g in graphs) == 2
+    rates = time_roofline(str(tmp_path), graphs, 1, runs=2)
+    assert [g["file"] for g, _, _ in rates] == [g["file"] for g in graphs]
+    assert all(gops > 0 and provider == "CPUExecutionProvider" for _, gops, provider in rates)
+    best = best_rates([(g, gops) for g, gops, _ in rates])
+    assert best["int8_gops"] == max(gops for g, gops, _ in rates if g["kind"] == "int8")
+
+
+def test_compare_gains_openvino_rows_timed_beside_its_own_ort(cnn_onnx, monkeypatch):
+    from conftest import OPENVINO_PYTHON
+    from packager import engines
+    from packager.compare_engines import OPENVINO_ROWS, OV_CPU, OV_FP32, OV_INT8
+
+    local = Path(__file__).resolve().parent.parent / ".venv-openvino" / "bin" / "python"
+    found = [p for p in (OPENVINO_PYTHON, str(local))
+             if p and Path(p).is_file() and engines._has_openvino(p)]
+    if not found:
+        pytest.skip("no Python with onnxruntime-openvino (run `make openvino`)")
+    monkeypatch.setenv(engines.ENV, found[0])   # conftest turns it off for the other tests
+    variants = [ORT_FP32, *OPENVINO_ROWS]
+    result = compare(cnn_onnx, batches=(1,), rounds=2, block=4, cold=False, variants=variants)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == variants and not any("error" in r for r in rows.values()), rows
+    assert rows[OV_CPU]["provider"] == "CPUExecutionProvider"
+    assert rows[OV_CPU]["vs_ort_fp32"] == pytest.approx(1.0)
+    for name in (OV_FP32, OV_INT8):
+        row = rows[name]
+        assert row["provider"] == "OpenVINOExecutionProvider"
+        assert row["runtime"].startswith("onnxruntime 1.") and row["vs_eager"] is None
+        assert row["vs_ort_fp32"] == pytest.approx(rows[OV_CPU]["p50_ms"] / row["p50_ms"])
+        assert row["cosine_min"] > (0.9999 if name == OV_FP32 else 0.98)
+        assert 0 < row["ceiling_share"] <= 1.0 and row["ceiling"] == (
+            "int8" if name == OV_INT8 else "fp32")
+    assert any(g["engine"] == "OpenVINO" for g in result["roofline"][0]["graphs"])
+    assert rows[OV_INT8]["size_mb"] < rows[OV_FP32]["size_mb"]
+    assert "under its OpenVINO execution provider" in markdown(result)
+
+
+def test_compare_without_an_openvino_python_says_so_in_one_line(cnn_onnx, monkeypatch):
+    from packager.compare_engines import OPENVINO_ROWS
+
+    monkeypatch.setenv("EDGEPACK_OPENVINO_PYTHON", "")   # the documented way to turn it off
+    result = compare(cnn_onnx, batches=(1,), rounds=1, block=3, cold=False,
+                     variants=[ORT_FP32, *OPENVINO_ROWS])
+    assert [r["variant"] for r in result["rows"] if "error" not in r] == [ORT_FP32]
+    assert result["notes"] == ["OpenVINO rows skipped: EDGEPACK_OPENVINO_PYTHON is empty."]
+    assert "OpenVINO rows skipped: EDGEPACK_OPENVINO_PYTHON is empty." in markdown(result)

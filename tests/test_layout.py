@@ -21,7 +21,7 @@ LAYERS = [
     ("quantization", {"quantization"}),
     ("bundle", {"bundle"}),
     ("device", {"device"}),
-    ("jobs", {"pipeline", "compare", "demo", "chart"}),
+    ("jobs", {"pipeline", "compare", "compare_engines", "demo", "chart"}),
     ("cli", {"cli"}),
     ("entry", {"__init__", "__main__"}),
 ]

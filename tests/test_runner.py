@@ -466,4 +466,4 @@ def test_bench_reports_operations_and_the_roofline(built):
     assert part["roofline_share"] == pytest.approx(part["achieved_gops"] /
                                                    ceiling[kind + "_gops"])
     human = run_py(built.bundle.directory, "bench", "--runs", "3", "--roofline")
-    assert "GOP per call" in human.stdout and "roofline (512x512 MatMul" in human.stdout
+    assert "GOP per call" in human.stdout and "roofline (best of " in human.stdout

