@@ -135,10 +135,11 @@ def test_debug_quant_profile_prints_where_int8_loses_time(tmp_path, cnn_onnx):
 
 
 def test_bench_profile_prints_each_op_type_on_the_device(built):
-    r = run_py(built, "bench", "--runs", "3", "--warmup", "1", "--profile")
+    r = run_py(built.bundle.directory, "bench", "--runs", "3", "--warmup", "1", "--profile")
     assert r.returncode == 0, r.stderr
     assert "per-op profile of" in r.stdout and "ms in kernels per call" in r.stdout
-    r = run_py(built, "bench", "--runs", "3", "--warmup", "1", "--profile", "--json")
+    r = run_py(built.bundle.directory, "bench", "--runs", "3", "--warmup", "1", "--profile",
+               "--json")
     assert r.returncode == 0, r.stderr
     part = next(iter(json.loads(r.stdout)["parts"].values()))
     ops = {row["op"] for row in part["profile"]["ops"]}

@@ -197,3 +197,61 @@ def test_bisection_stops_when_a_variant_that_misses_is_not_faster_than_fp32(tmp_
     assert probes == ["INT8, 1 most sensitive node FP32"]
     assert search.futile.startswith("INT8 cannot pay on this CPU: test; it misses the budget")
     assert asked[-1] == probes
+
+
+def paddle_hardswish(path: Path) -> Path:
+    """Conv -> x * clip(x + 3, 0, 6) / 6 (paddle2onnx's HardSwish) -> Conv, opset 13."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32) / 3, "w1"),
+             numpy_helper.from_array(rng.normal(size=(4, 8, 1, 1)).astype(np.float32) / 3, "w2"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "six")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "three"], ["a"], name="add"),
+             helper.make_node("Clip", ["a", "zero", "six"], ["cl"], name="clip"),
+             helper.make_node("Mul", ["c1", "cl"], ["m"], name="mul"),
+             helper.make_node("Div", ["m", "six"], ["hs"], name="div"),
+             helper.make_node("Conv", ["hs", "w2"], ["y"], name="conv2")]
+    graph = helper.make_graph(
+        nodes, "hardswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def image_samples(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    return [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(count)]
+
+
+def test_int8_variants_start_from_single_hardswish_ops_and_keep_the_fp32_reference(tmp_path):
+    model = paddle_hardswish(tmp_path / "paddle.onnx")
+    lines = []
+    search = Search(model, tmp_path, calib=image_samples(8), held=image_samples(6),
+                    budget=AccuracyBudget(min_cosine=0.9), log=lines.append)
+    assert search.source != model
+    assert "HardSwish" in {n.op_type for n in search.graph.node}
+    assert any("1 HardSwish chains written as single ops" in line for line in lines)
+    preset = search.variant("INT8 preset", QuantConfig.from_preset(X86))
+    ops = {n.op_type for n in onnx.load(str(preset.path)).graph.node}
+    assert not ops & {"Clip", "Div"} and "QuantizeLinear" in ops
+    assert preset.passed and preset.accuracy["cosine_min"] > 0.9   # measured against paddle.onnx
+    assert onnx.load(str(model)).graph.node[1].op_type == "Add"    # the user's file is untouched
+
+
+def test_a_search_that_cannot_pay_logs_where_int8_loses_its_time(tmp_path):
+    model = paddle_hardswish(tmp_path / "paddle.onnx")
+    lines = []
+
+    def pays(variants):
+        for v in variants:
+            v.p50_ms = 1.0
+        return "INT8 cannot pay on this CPU: test"
+
+    search = Search(model, tmp_path, calib=image_samples(8), held=image_samples(6),
+                    budget=AccuracyBudget(min_cosine=0.9999999), log=lines.append, pays=pays)
+    search.run(QuantConfig.from_preset(X86), pinned=set())
+    assert search.futile == "INT8 cannot pay on this CPU: test"
+    profile = [line for line in lines if "profile: INT8" in line]
+    assert len(profile) == 1 and "ms in kernels against FP32's" in profile[0]
+    assert "costliest over FP32" in profile[0] or "no op family slower" in profile[0]
