@@ -29,8 +29,11 @@ from .quantization.budget import (
     hygiene,
 )
 from .quantization.calibration import (
+    CALIB_BYTES,
+    activation_bytes,
     check_golden,
     check_holdout,
+    fit_memory,
     is_image_source,
     list_sources,
     load_samples,
@@ -39,7 +42,7 @@ from .quantization.calibration import (
     split_holdout,
 )
 from .quantization.decision import decide
-from .quantization.engine_choice import choose_engine, engine_graph, with_engine
+from .quantization.engine_choice import choose_engine, engine_graph, engine_pays, with_engine
 from .quantization.fp32_graph import (
     against_original,
     choose_fp32,
@@ -422,6 +425,14 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     calib_set, held_out = split_holdout(samples, fraction=holdout)
     if data != "random":
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
+        per_sample = activation_bytes(simplified)
+        fitted = fit_memory(calib_set, per_sample)
+        if len(fitted) < len(calib_set):
+            log(f"calibration: {len(fitted)} of the {len(calib_set)} samples (evenly spread) "
+                f"calibrate: the quantizer holds every tensor of every sample at once, "
+                f"{per_sample / 1e6:.0f} MB each here, and {CALIB_BYTES / 2 ** 30:.0f} GiB is "
+                "its share")
+            calib_set = fitted
 
     clock.lap("shapes")
     feed = (held_out or samples)[0]
@@ -464,7 +475,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     decision = decide(fp32, folder, target=target, family=family, overrides=dict(req.quant),
                       calib=calib_set if data != "random" else [], held=held_out,
                       budget=guard, labels=labels_held, timer=timer, log=log, progress=progress,
-                      fp32_outputs=fp32_outputs, steps=steps)
+                      fp32_outputs=fp32_outputs, steps=steps,
+                      engine_pays=engine_pays(target, fp32, held_out, timer=timer, log=log,
+                                              wanted=openvino))
     config, candidate = decision.config, decision.candidate.path
     clock.lap("search")
     needs_calib = config.precision == "int8" and config.mode == "static"
@@ -485,8 +498,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     graphs += engine_graph(engine, decision)
     clock.lap("engines")
     precision["fp32_graph"] = choice.record
-    precision["vs_original"] = against_original(candidate, original, time_graphs,
-                                                why_not or no_original)
+    precision["vs_original"] = against_original(candidate, choice.original, time_graphs,
+                                                why_not or no_original, choice)
     clock.lap("speed vs original")
     precision["stage_seconds"] = clock.since(started)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,

@@ -97,3 +97,21 @@ def test_e72_labels_of_a_capped_image_folder_follow_the_same_picks(tmp_path):
     labels = sample_labels(tmp_path, len(samples), 0.2)
     assert labels is not None and len(labels) == len(held)
     assert [("a" if float(h["image"].mean()) > 0.5 else "b") for h in held] == labels
+
+
+def test_calibration_sets_too_big_for_the_quantizer_are_thinned_evenly(cnn_onnx):
+    from packager.graph.modelio import load_model
+    from packager.graph.shapes import fix_shapes_proto
+    from packager.quantization.calibration import activation_bytes, fit_memory
+
+    model = fix_shapes_proto(load_model(cnn_onnx), {}, batch=1, strict=False)
+    per = activation_bytes(model)
+    out = model.graph.output[0].type.tensor_type.shape.dim
+    assert per > 4 * int(np.prod([d.dim_value for d in out]))   # more than the output alone
+    samples = [{"x": np.full((1,), i, np.float32)} for i in range(40)]
+    assert fit_memory(samples, per, budget=40 * per) == samples      # fits: all of them
+    kept = fit_memory(samples, per, budget=20 * per, floor=4)
+    assert len(kept) == 20 and kept == fit_memory(samples, per, budget=20 * per, floor=4)
+    picked = [int(s["x"][0]) for s in kept]
+    assert picked[0] <= 1 and picked[-1] >= 38                      # spread over the whole set
+    assert len(fit_memory(samples, per, budget=per, floor=8)) == 8  # never below the floor

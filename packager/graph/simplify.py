@@ -91,7 +91,7 @@ def ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """Send file descriptor 2 to /dev/null: onnxsim's C++ prints a WARNING and a Python
     traceback there for every op it cannot fold, even when it then succeeds."""
     sys.stderr.flush()
@@ -117,7 +117,7 @@ def run_onnxsim(model: onnx.ModelProto, skipped: Sequence[str] = ()
     try:
         import onnxsim
 
-        with _quiet_stderr():
+        with quiet_stderr():
             simplified, ok = onnxsim.simplify(model, skipped_optimizers=list(skipped) or None)
     except Exception as exc:  # onnxsim raises anything from RuntimeError to protobuf errors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -189,6 +189,7 @@ class GraphChoice:
     label: str
     path: Path
     record: dict[str, Any] = field(default_factory=dict)
+    original: Path | None = None   # the graph timed as the user's original, where there is one
 
 
 def fastest_graph(graphs: Mapping[str, Path], *, samples: Sequence[Mapping[str, Any]],
@@ -207,8 +208,9 @@ def fastest_graph(graphs: Mapping[str, Path], *, samples: Sequence[Mapping[str, 
     usable = [default]
     for label in labels[1:]:
         try:
-            cosine = min(o["cosine_min"] for o in
-                         compare_outputs(run_model(graphs[label], samples), reference).values())
+            with quiet_stderr():   # onnxruntime's warnings on graphs the build does not ship
+                outputs = run_model(graphs[label], samples)
+            cosine = min(o["cosine_min"] for o in compare_outputs(outputs, reference).values())
         except Exception as exc:   # a graph that does not run here is not a candidate
             record["candidates"][label] = {"dropped": f"{type(exc).__name__}: "
                                            f"{' '.join(str(exc).split())[:160]}"}

@@ -15,6 +15,14 @@ TENSOR_SUFFIXES = (".npy", ".npz")
 # their histograms gain nothing from thousands), while each sample is held in memory: more
 # than this are thinned to this many, evenly spread over the set, the same ones every run.
 MAX_SAMPLES = 512
+# onnxruntime's calibrators run every calibration sample through a graph that outputs every
+# tensor, and hold all of those outputs at once before they reduce them to ranges: 334 MB a
+# sample for CenterFace at 640x480, so its 53 photos held 17.7 GB (the build was killed for
+# memory on a 23 GB machine, and page faults made its system time equal its user time). A set
+# that would hold more than this is thinned, evenly spread, to what fits (never below
+# MIN_FIT samples: ranges from fewer are noticeably worse).
+CALIB_BYTES = 6 * 2 ** 30
+MIN_FIT = 16
 # What one .npy/.npz file may unpack to (its headers are read first): a 12 MB .npz declaring
 # 12 GB of zeros is refused before anything is inflated.
 MAX_FILE_BYTES = 2 ** 30
@@ -58,6 +66,30 @@ def spread(count: int, cap: int = MAX_SAMPLES) -> list[int]:
     if count <= cap:
         return list(range(count))
     return [int((i + 0.5) * count / cap) for i in range(cap)]
+
+
+def activation_bytes(model: Any) -> int:
+    """Bytes of every tensor a graph computes for one sample (static shapes from inference)."""
+    import onnx
+
+    total = 0
+    for value in list(model.graph.value_info) + list(model.graph.output):
+        kind = value.type.tensor_type
+        dims = [d.dim_value for d in kind.shape.dim]
+        if kind.elem_type and dims and all(d > 0 for d in dims):
+            size = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type).itemsize
+            total += int(np.prod(dims)) * size
+    return total
+
+
+def fit_memory(samples: Sequence[Sample], per_sample: int, *, budget: int = CALIB_BYTES,
+               floor: int = MIN_FIT) -> list[Sample]:
+    """*samples*, thinned (evenly spread, the same ones every run) so that the quantizer's
+    calibration holds at most *budget* bytes of activations (*per_sample* each)."""
+    if per_sample <= 0 or len(samples) * per_sample <= budget:
+        return list(samples)
+    keep = max(floor, budget // per_sample)
+    return [samples[i] for i in spread(len(samples), keep)]
 
 
 def _note_cap(used: int, total: int, what: str) -> None:
