@@ -423,6 +423,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
             log(f"shapes: {len(varying)} tensor(s) have data-dependent shapes and stay dynamic "
                 f"({', '.join(varying[:3])})")
     calib_set, held_out = split_holdout(samples, fraction=holdout)
+    given = calib_set   # the user's set: its size and spread are what the hygiene notes judge
     if data != "random":
         log(f"calibration: {len(calib_set)} samples, {len(held_out)} held out for accuracy")
         per_sample = activation_bytes(simplified)
@@ -462,7 +463,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
             log(f"budget: output '{embeddings[0]}' is an L2-normalised embedding, compared with "
                 f"other embeddings: cosine >= {budget} to FP32 (--min-cosine sets another)")
     if data != "random" and requested in ("int8", "auto"):
-        for note in hygiene(calib_set, held_out):
+        for note in hygiene(given, held_out):
             log(f"warning: {note}")
     drop = max_drop if max_drop is not None else target.max_accuracy_drop
     guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
