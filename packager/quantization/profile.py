@@ -88,29 +88,22 @@ def profile_model(path: Path, feed: Sample, *, threads: int = 0, runs: int = 20,
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
         optimized = os.path.join(tmp, "optimized.onnx")
-        so.optimized_model_filepath = optimized
+        so.optimized_model_filepath = optimized   # the graph that runs: for its float islands
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "profile")
         try:
             sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise QuantizationError(f"{path}: onnxruntime cannot load it ({_first(exc)})",
                                     "profile a model that `edgepack inspect` reads") from None
-        for _ in range(warmup):   # first runs allocate and are not profiled
-            sess.run(None, feed)
-        so_prof = ort.SessionOptions()
-        so_prof.intra_op_num_threads = threads
-        so_prof.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so_prof.log_severity_level = 3
-        so_prof.enable_profiling = True
-        so_prof.profile_file_prefix = os.path.join(tmp, "profile")
-        prof = ort.InferenceSession(str(path), so_prof, providers=["CPUExecutionProvider"])
         for _ in range(warmup):
-            prof.run(None, feed)
+            sess.run(None, feed)
         walls = []
         for _ in range(runs):
             start = time.perf_counter()
-            prof.run(None, feed)
+            sess.run(None, feed)
             walls.append(time.perf_counter() - start)
-        events = json.loads(Path(prof.end_profiling()).read_text())
+        events = json.loads(Path(sess.end_profiling()).read_text())
         islands = float_islands(optimized) if os.path.isfile(optimized) else []
     return _summarise(str(path), events, runs + warmup, sorted(walls)[len(walls) // 2] * 1e3,
                       islands, top)
