@@ -164,3 +164,25 @@ def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
     assert lines[-2].startswith("speed: bundle ") and "against the original's" in lines[-2]
     assert {"simplify", "fp32 graph", "search", "timing", "bundle"} <= set(r.stages)
     assert set(precision["stage_seconds"]) <= set(r.stages)
+
+
+def test_an_original_fixed_at_other_shapes_is_timed_at_the_builds(tmp_path):
+    import json
+
+    from packager.pipeline import build
+    from packager.source.specs import parse_input
+
+    src = pad_net_onnx(tmp_path / "pad.onnx")        # exported at 1x1x16x32, no dynamic axes
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(2).standard_normal((10, 1, 1, 24, 40))
+            .astype(np.float32))
+    lines = []
+    build(src, tmp_path / "b", target="x86_64-cpu", calib=calib, inputs=[parse_input(
+        "x:1x1x24x40")], quant={"precision": "fp32"}, openvino="no", log=lines.append)
+    precision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]
+    assert "build's input shapes" in precision["fp32_graph"]["original"]
+    assert precision["fp32_graph"]["original_p50_ms"] > 0
+    assert precision["vs_original"]["measured"]
+    assert lines[-2].startswith("speed: bundle ")
