@@ -28,7 +28,10 @@ INTEGER_PREFIXES = ("QLinear", "QGemm", "ConvInteger", "MatMulInteger", "Dynamic
 FAMILY = {"FusedConv": "Conv", "NhwcFusedConv": "Conv", "ConvInteger": "Conv", "QGemm": "Gemm",
           "FusedGemm": "Gemm", "MatMulInteger": "MatMul", "MatMulIntegerToFloat": "MatMul",
           "DynamicQuantizeMatMul": "MatMul", "FusedMatMul": "MatMul", "NhwcConv": "Conv",
-          "QLinearGlobalAveragePool": "GlobalAveragePool", "QuickGelu": "Gelu",
+          "QLinearGlobalAveragePool": "GlobalAveragePool",
+          # x * sigmoid(x) (SiLU) fused by onnxruntime in FP32; INT8 runs it as QLinearSigmoid
+          # and QLinearMul, so it lines up with the Sigmoid row (the Mul row shows the rest)
+          "QuickGelu": "Sigmoid",
           "ReorderInput": "layout", "ReorderOutput": "layout", "Transpose": "layout",
           "QuantizeLinear": "Q/DQ", "DequantizeLinear": "Q/DQ", "DynamicQuantizeLinear": "Q/DQ"}
 
@@ -212,7 +215,8 @@ def table(fp32: OpProfile, int8: OpProfile, top: int = 12) -> str:
              f"INT8 {int8.kernel_ms:.3f} ms ({int8.p50_ms:.3f} ms p50)",
              "", "| op | FP32 ms | INT8 ms | INT8 extra | INT8 kernels |",
              "| --- | --- | --- | --- | --- |"]
-    for r in family_rows(fp32, int8)[:top]:
+    rows = sorted(family_rows(fp32, int8), key=lambda r: -abs(r["extra_ms"]))  # gains too
+    for r in rows[:top]:
         lines.append(f"| {r['family']} | {r['fp32_ms']:.3f} | {r['int8_ms']:.3f} | "
                      f"{r['extra_ms']:+.3f} | {', '.join(r['int8_kernels'])} |")
     lines += ["", f"Q/DQ: {int8.qdq_ms:.3f} ms; float islands between integer ops: "
