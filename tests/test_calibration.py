@@ -115,3 +115,21 @@ def test_calibration_sets_too_big_for_the_quantizer_are_thinned_evenly(cnn_onnx)
     picked = [int(s["x"][0]) for s in kept]
     assert picked[0] <= 1 and picked[-1] >= 38                      # spread over the whole set
     assert len(fit_memory(samples, per, budget=per, floor=8)) == 8  # never below the floor
+
+
+def test_hygiene_notes_a_small_set_and_held_out_samples_unlike_it():
+    from packager.quantization.budget import SMALL_CALIBRATION, hygiene
+
+    rng = np.random.default_rng(0)
+
+    def batch(n, loc=0.0, scale=1.0):
+        return [{"x": (rng.standard_normal((1, 3, 8, 8)) * scale + loc).astype(np.float32),
+                 "ids": np.zeros((1, 4), np.int64)} for _ in range(n)]
+
+    calib = batch(SMALL_CALIBRATION)
+    assert hygiene(calib, batch(8)) == []
+    assert "only 4 calibration samples" in hygiene(batch(4), batch(4))[0]
+    shifted = hygiene(calib, batch(8, loc=2.0))
+    assert len(shifted) == 1 and shifted[0].startswith("input x: held-out samples differ")
+    wider = hygiene(calib, batch(8, scale=3.0))
+    assert len(wider) == 1 and "std 2.9" in wider[0] or "std 3" in wider[0]

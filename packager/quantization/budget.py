@@ -163,17 +163,28 @@ def hygiene(calib: Sequence[Sample], held: Sequence[Sample]) -> list[str]:
                      "steadier activation ranges")
     if calib and held:
         for name in calib[0]:
-            a = np.stack([s[name] for s in calib]).astype(np.float64)
-            b = np.stack([s[name] for s in held]).astype(np.float64)
-            if calib[0][name].dtype.kind != "f" or a.std() == 0:
+            if calib[0][name].dtype.kind != "f":
                 continue
-            shift = abs(a.mean() - b.mean()) / a.std()
-            ratio = b.std() / a.std()
+            # float64 sums without a float64 copy of the set (53 photos at 640x480: 2.5 s)
+            (mean_a, std_a), (mean_b, std_b) = (_moments([s[name] for s in group])
+                                                for group in (calib, held))
+            if std_a == 0:
+                continue
+            shift = abs(mean_a - mean_b) / std_a
+            ratio = std_b / std_a
             if shift > 0.5 or not 0.5 <= ratio <= 2.0:
                 notes.append(f"input {name}: held-out samples differ from the calibration set "
-                             f"(mean {b.mean():.3g} vs {a.mean():.3g}, std {b.std():.3g} vs "
-                             f"{a.std():.3g}); calibrate on data like what the device will see")
+                             f"(mean {mean_b:.3g} vs {mean_a:.3g}, std {std_b:.3g} vs "
+                             f"{std_a:.3g}); calibrate on data like what the device will see")
     return notes
+
+
+def _moments(arrays: Sequence[np.ndarray]) -> tuple[float, float]:
+    """Mean and standard deviation over all elements of *arrays*, summed in float64."""
+    count = sum(a.size for a in arrays)
+    mean = sum(float(np.sum(a, dtype=np.float64)) for a in arrays) / count
+    var = sum(float(np.sum(np.square(a - mean, dtype=np.float64))) for a in arrays) / count
+    return mean, var ** 0.5
 
 
 def calibration_record(calib: Sequence[Sample], method: str) -> dict[str, Any]:
