@@ -177,13 +177,12 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     ceilings: list[dict[str, Any]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
-        roofline: dict[str, Any] = {}   # written at the first batch, with the model's convs
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
             batch_rows, ceiling = _compare_batch(
                 Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
                 wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
-                roofline, notes)
+                notes)
             rows += batch_rows
             ceilings.append(ceiling)
         if cold:
@@ -205,8 +204,7 @@ class _NoModule:
 def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                    calib_set, held, target: Target, threads: int, wanted, rounds: int,
                    block: int, log: Log, steps: Progress, phase: str,
-                   roofline: dict[str, Any], notes: list[str]
-                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   notes: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of one batch size, and the ceiling timed with them."""
     import onnxruntime as ort
 
@@ -230,11 +228,12 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     simplified = fix_shapes_proto(simplified, {}, batch=batch)
     simple = save_model(simplified, tmp / f"sim_b{batch}.onnx")
     flops = estimate_flops(simplified)   # every row's work per call: the FP32 graph's
-    if not roofline:
-        from .bundle.assemble import write_roofline
+    from .bundle.assemble import write_roofline
 
-        # the graphs a bundle of this model ships for `run.py bench --roofline`
-        roofline.update(write_roofline(tmp, [], target, model=simplified))
+    # the graphs a bundle of this model at this batch ships for `run.py bench --roofline`
+    roof = tmp / f"roofline_b{batch}"
+    roof.mkdir()
+    roofline = write_roofline(roof, [], target, model=simplified)
     paths: dict[str, Path] = {}
     prepare: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -333,15 +332,15 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         reference = outputs.get(ORT_FP32) or [session(raw, threads).run(None, f) for f in feeds]
     scale = max(1, batch)
     steps.finish()
-    # the ceiling first in every round, timed in the same blocks and threads as the variants;
-    # *scale* MatMuls a call, so that it is timed as long at every batch as at batch 1
+    # the ceiling first in every round, timed in the same blocks and threads as the variants
+    # (its convs at this batch, so it grows with the batch as the rows do)
     graph_times: dict[str, list[float]] = {}
-    engines = {**_roofline_engines(tmp, roofline, threads, scale, graph_times), **engines}
+    engines = {**_roofline_engines(roof, roofline, threads, graph_times), **engines}
     log(f"compare: timing {len(engines) - len(ROOFLINE)} engines and the MatMul ceiling, "
         f"batch {batch}")
     medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
                           phase=f"{phase} timing")
-    openvino = openvino_rows(wanted, raw, paths.get("INT8 QDQ U8S8"), tmp, roofline, feeds,
+    openvino = openvino_rows(wanted, raw, paths.get("INT8 QDQ U8S8"), roof, roofline, feeds,
                              [o.name for o in session(raw, threads).get_outputs()], threads,
                              rounds, max(3, block // scale))
     if openvino["note"]:   # no OpenVINO Python (or it failed): a note, no rows
@@ -351,7 +350,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
     outputs.update(openvino["outputs"])
     errors.update(openvino["errors"])
     ceiling = _ceiling(roofline, graph_times, openvino["rates"])
-    ceiling.update(batch=batch, ops_per_call=flops, repeat=scale)
+    ceiling.update(batch=batch, ops_per_call=flops)
     eager = medians.get(EAGER, {}).get("p50")
     base = medians.get(ORT_FP32, {}).get("p50")
     rows = []
@@ -402,11 +401,11 @@ def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held
     return None if fused is None else {**record, "path": fused}
 
 
-def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int, repeat: int,
+def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
                       record: dict[str, list[float]]) -> dict[str, Callable]:
     """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one engine a
-    kind, each call running every graph of that kind *repeat* times and recording each run's
-    ms in *record* by graph file (so a batch of 8 takes about as long as its model)."""
+    kind, each call running every graph of that kind twice and recording the second (warm) run's
+    ms in *record* by graph file."""
     from ._runtimes.runner.bench import roofline_feed, roofline_graphs
 
     runs = {kind: [(g["file"], session(tmp / g["file"], threads), roofline_feed(g))
@@ -414,10 +413,10 @@ def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int, repeat: int
 
     def call(kind: str) -> None:
         for file, sess, feed in runs[kind]:
-            for _ in range(repeat):
-                start = time.perf_counter()
-                sess.run(None, feed)
-                record.setdefault(file, []).append((time.perf_counter() - start) * 1e3)
+            sess.run(None, feed)   # untimed: the graph before it has evicted its caches
+            start = time.perf_counter()
+            sess.run(None, feed)
+            record.setdefault(file, []).append((time.perf_counter() - start) * 1e3)
 
     return {name: (lambda k=kind: call(k)) for kind, name in ROOFLINE.items()}
 
@@ -545,9 +544,10 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{_figure(c['ops_per_call'] / 1e9)} GOP at batch {c['batch']}"
                       for c in ceilings) + ") over p50. % of ceiling: that rate against this "
                   "machine's best, with the same threads: the fastest of the roofline graphs "
-                  f"(MatMuls of {len(MATMUL_SHAPES)} shapes, square and im2col-like; Conv and "
-                  "QLinearConv of a 3x3 conv and of the model's heaviest convs; "
-                  f"{kind} MatMulInteger and QLinearMatMul), timed under "
+                  f"(MatMuls of {len(MATMUL_SHAPES)} shapes, square and im2col-like, as FP32 MatMul, "
+                  f"{kind} MatMulInteger, QLinearMatMul and QDQ MatMul; two 3x3 convs and the "
+                  "model's three heaviest at its batch, as FP32 Conv, QLinearConv and QDQ Conv), "
+                  "timed under "
                   f"{' and '.join(engines)} beside the rows (INT8 rows against the best integer "
                   "graph, FP32 and FP16 against the best FP32 one): " + "; ".join(
                       f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f} GOP/s ({c['fp32_best']}), "

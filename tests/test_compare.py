@@ -213,9 +213,9 @@ def test_the_ceiling_holds_the_models_heaviest_conv_and_no_row_exceeds_it(tmp_pa
                      cold=False, variants=variants)
     ceiling = result["roofline"][0]
     graphs = {(g["op"], tuple(g["shape"])) for g in ceiling["graphs"]}
-    assert ("Conv", (64, 56, 56, 64, 64, 3, 3, 1, 1)) in graphs
-    assert ("QLinearConv", (64, 56, 56, 64, 64, 3, 3, 1, 1)) in graphs
-    assert {op for op, _ in graphs} >= {"MatMul", "MatMulInteger", "QLinearMatMul"}
+    for op in ("Conv", "QLinearConv", "QDQ Conv"):
+        assert (op, (1, 64, 56, 56, 64, 64, 3, 3, 1, 1)) in graphs
+    assert {op for op, _ in graphs} >= {"MatMul", "MatMulInteger", "QLinearMatMul", "QDQ MatMul"}
     assert ceiling["fp32_gops"] == max(g["gops"] for g in ceiling["graphs"]
                                        if g["kind"] == "fp32")
     rows = {r["variant"]: r for r in result["rows"]}
@@ -230,7 +230,7 @@ def test_the_ceiling_holds_the_models_heaviest_conv_and_no_row_exceeds_it(tmp_pa
 def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
     from packager._runtimes.runner.bench import best_rates, roofline_graphs, time_roofline
     from packager.bundle.assemble import write_roofline
-    from packager.bundle.roofline import GENERIC_CONV, heaviest_convs
+    from packager.bundle.roofline import GENERIC_CONVS, heaviest_convs
     from packager.targets import load_target
 
     model = onnx.load(conv_model(tmp_path / "conv.onnx", channels=8, size=16))
@@ -242,8 +242,10 @@ def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
     sizes = [(tmp_path / g["file"]).stat().st_size for g in graphs]
     assert max(sizes) < 2000   # no weights: inputs fed, conv weights a ConstantOfShape
     ops = {g["op"] for g in graphs}
-    assert ops == {"MatMul", "MatMulInteger", "QLinearMatMul", "Conv", "QLinearConv"}
-    assert sum(g["shape"][:3] == GENERIC_CONV["x"][1:] for g in graphs) == 2
+    assert ops == {"MatMul", "MatMulInteger", "QLinearMatMul", "QDQ MatMul", "Conv",
+                   "QLinearConv", "QDQ Conv"}
+    for conv in GENERIC_CONVS:   # as Conv, QLinearConv and QDQ Conv
+        assert sum(g["shape"][:4] == conv["x"] for g in graphs) == 3
     rates = time_roofline(str(tmp_path), graphs, 1, runs=2)
     assert [g["file"] for g, _, _ in rates] == [g["file"] for g in graphs]
     assert all(gops > 0 and provider == "CPUExecutionProvider" for _, gops, provider in rates)

@@ -3,11 +3,13 @@
 One 512x512 MatMul is no ceiling: onnxruntime's NCHWc convolutions and its QLinearConv kernels
 beat it (an INT8 ResNet-18-class CNN ran at 127 % of it). The ceiling is the best of several
 graphs of each kind instead: MatMuls of square and of conv-like (im2col: M=HW, K=9C, N=C) shapes,
-a 3x3 convolution, and the model's own heaviest convolutions, in FP32 and in the integer ops a
-bundle runs (MatMulInteger and QLinearMatMul of its activation type, QLinearConv). Each graph is a
-few hundred bytes: inputs are fed at run time and a convolution's weight is a ConstantOfShape,
-which onnxruntime folds into a constant when the session starts (so its convolution kernels
-prepack it as they do a real weight).
+two 3x3 convolutions, and the model's own heaviest convolutions at its batch, in FP32 and in the
+integer forms a bundle runs: MatMulInteger, QLinearMatMul and QLinearConv of its activation type,
+and the QDQ form (DequantizeLinear, MatMul or Conv, QuantizeLinear) that onnxruntime fuses into
+those and that OpenVINO runs on its own INT8 kernels (AMX where the CPU has it). Each graph is a
+few hundred bytes: inputs are fed at run time and a weight is a ConstantOfShape, which
+onnxruntime and OpenVINO fold into a constant when the session starts (so their kernels prepack
+it as they do a real weight).
 """
 
 from collections.abc import Sequence
@@ -20,17 +22,19 @@ import onnx
 from ..graph.modelio import save_model
 
 # (M, K, N): square, and the im2col shapes of a ResNet's 3x3 convs at 56, 28, 14 px
-MATMUL_SHAPES = ((512, 512, 512), (256, 256, 256), (3136, 576, 64), (784, 1152, 128),
-                 (196, 2304, 256))
-# x [1, C, H, W], w [M, C/group, kh, kw]: a ResNet's 3x3 conv at 28 px, in every model's set
-GENERIC_CONV = {"x": [1, 128, 28, 28], "w": [128, 128, 3, 3], "strides": [1, 1],
-                "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+MATMUL_SHAPES = ((512, 512, 512), (256, 256, 256), (1024, 1024, 1024), (3136, 576, 64),
+                 (784, 1152, 128), (196, 2304, 256))
+# x [N, C, H, W], w [M, C/group, kh, kw]: a ResNet's 3x3 convs at 28 and 56 px, in every set
+GENERIC_CONVS = tuple({"x": [1, 128, size, size], "w": [128, 128, 3, 3], "strides": [1, 1],
+                       "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+                      for size in (28, 56))
 MODEL_CONVS = 3          # the model's heaviest distinct conv shapes added to the set
-MAX_CONV_OPS = 4e9       # larger single convs are left out (each would take long to time)
+MAX_CONV_OPS = 16e9      # larger single convs are left out (each would take long to time)
 
 
 def heaviest_convs(model: onnx.ModelProto, count: int = MODEL_CONVS) -> list[dict[str, Any]]:
-    """The *count* distinct Conv/QLinearConv shapes with the most operations, at batch 1."""
+    """The *count* distinct Conv/QLinearConv shapes with the most operations, at the model's
+    batch."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:   # shapes unknown: no model convs, the generic set still stands
@@ -52,7 +56,7 @@ def heaviest_convs(model: onnx.ModelProto, count: int = MODEL_CONVS) -> list[dic
         attrs = {a.name: list(a.ints) if a.ints else a.i for a in node.attribute}
         if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", 0) and "pads" not in attrs:
             continue
-        conv = {"x": [1, *x[1:]], "w": w, "strides": attrs.get("strides") or [1, 1],
+        conv = {"x": list(x), "w": w, "strides": attrs.get("strides") or [1, 1],
                 "pads": attrs.get("pads") or [0, 0, 0, 0],
                 "dilations": attrs.get("dilations") or [1, 1], "group": int(attrs.get("group") or 1)}
         conv["ops"] = conv_ops(conv)
@@ -88,6 +92,22 @@ def _matmul(kind: str, op: str, m: int, k: int, n: int, activation: int) -> onnx
     b = T.FLOAT if kind == "fp32" else T.INT8
     inputs = [helper.make_tensor_value_info("a", a, [m, k]),
               helper.make_tensor_value_info("b", b, [k, n])]
+    if op == "QDQ MatMul":   # a QDQ model's form, B a weight (ConstantOfShape, folded)
+        from onnx import numpy_helper
+
+        init = [numpy_helper.from_array(np.array([k, n], np.int64), "b_shape"),
+                helper.make_tensor("as", T.FLOAT, [], [0.02]), helper.make_tensor("az", a, [], [0]),
+                helper.make_tensor("bs", T.FLOAT, [], [0.01]), helper.make_tensor("bz", b, [], [0]),
+                helper.make_tensor("ys", T.FLOAT, [], [float(k) / 50]),
+                helper.make_tensor("yz", a, [], [0])]
+        nodes = [helper.make_node("ConstantOfShape", ["b_shape"], ["b"],
+                                  value=helper.make_tensor("value", T.INT8, [1], [1])),
+                 helper.make_node("DequantizeLinear", ["a", "as", "az"], ["af"]),
+                 helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"]),
+                 helper.make_node("MatMul", ["af", "bf"], ["yf"]),
+                 helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]
+        return _model(nodes, "roofline_qdq_matmul", inputs[:1],
+                      helper.make_tensor_value_info("y", a, [m, n]), init)
     if op == "QLinearMatMul":   # scales chosen so the u8/s8 result neither saturates nor is 0
         init = [helper.make_tensor("as", T.FLOAT, [], [0.02]), helper.make_tensor("az", a, [], [0]),
                 helper.make_tensor("bs", T.FLOAT, [], [0.01]), helper.make_tensor("bz", b, [], [0]),
@@ -101,7 +121,7 @@ def _matmul(kind: str, op: str, m: int, k: int, n: int, activation: int) -> onnx
                   helper.make_tensor_value_info("y", out, [m, n]))
 
 
-def _conv(kind: str, conv: dict[str, Any], activation: int) -> onnx.ModelProto:
+def _conv(kind: str, conv: dict[str, Any], activation: int, qdq: bool = False) -> onnx.ModelProto:
     from onnx import TensorProto as T
     from onnx import helper, numpy_helper
 
@@ -113,6 +133,17 @@ def _conv(kind: str, conv: dict[str, Any], activation: int) -> onnx.ModelProto:
         "value", wtype, [1], [0.01 if kind == "fp32" else 1]))]
     if kind == "fp32":
         nodes.append(helper.make_node("Conv", ["x", "w"], ["y"], **attrs))
+    elif qdq:   # the form a QDQ bundle has: onnxruntime fuses it, OpenVINO runs it in INT8
+        depth = int(np.prod(conv["w"][1:]))
+        init += [helper.make_tensor("xs", T.FLOAT, [], [0.02]), helper.make_tensor("xz", x, [], [0]),
+                 helper.make_tensor("ws", T.FLOAT, [], [0.01]),
+                 helper.make_tensor("wz", T.INT8, [], [0]),
+                 helper.make_tensor("ys", T.FLOAT, [], [max(depth, 1) / 50]),
+                 helper.make_tensor("yz", x, [], [0])]
+        nodes += [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+                  helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"]),
+                  helper.make_node("Conv", ["xf", "wf"], ["yf"], **attrs),
+                  helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]
     else:
         depth = int(np.prod(conv["w"][1:]))
         init += [helper.make_tensor("xs", T.FLOAT, [], [0.02]), helper.make_tensor("xz", x, [], [0]),
@@ -137,24 +168,29 @@ def write_graphs(folder: Path, prefix: str, activation: str,
     entries = []
 
     def add(model, kind, op, shape, ops, inputs):
-        name = f"{len(entries):02d}_{op.lower()}_{'x'.join(map(str, shape))}.onnx"
+        name = f"{len(entries):02d}_{op.lower().replace(' ', '_')}_{'x'.join(map(str, shape))}.onnx"
         save_model(model, folder / name)
         entries.append({"kind": kind, "op": op, "shape": list(shape), "ops": int(ops),
                         "file": f"{prefix}/{name}", "inputs": inputs})
 
     for m, k, n in MATMUL_SHAPES:
         ops = 2 * m * k * n
-        for kind, op, a, b in (("fp32", "MatMul", "float32", "float32"),
-                               ("int8", "MatMulInteger", adt, "int8"),
-                               ("int8", "QLinearMatMul", adt, "int8")):
-            if (m, k, n) == (512, 512, 512) and op != "QLinearMatMul":
+        for kind, op, inputs in (
+                ("fp32", "MatMul", {"a": ["float32", [m, k]], "b": ["float32", [k, n]]}),
+                ("int8", "MatMulInteger", {"a": [adt, [m, k]], "b": ["int8", [k, n]]}),
+                ("int8", "QLinearMatMul", {"a": [adt, [m, k]], "b": ["int8", [k, n]]}),
+                ("int8", "QDQ MatMul", {"a": [adt, [m, k]]})):
+            if (m, k, n) == (512, 512, 512) and op in ("MatMul", "MatMulInteger"):
                 continue   # the two graphs of roofline.fp32 / roofline.int8
-            add(_matmul(kind, op, m, k, n, act), kind, op, (m, k, n), ops,
-                {"a": [a, [m, k]], "b": [b, [k, n]]})
-    for conv in [GENERIC_CONV, *convs]:
-        shape = [*conv["x"][1:], *conv["w"], conv["strides"][0], conv["group"]]
-        for kind, op, x in (("fp32", "Conv", "float32"), ("int8", "QLinearConv", adt)):
+            if kind == "fp32" and ops > 2 * 512 ** 3 * 4:
+                continue   # FP32 GEMMs this large run below the smaller ones' rate (memory)
+            add(_matmul(kind, op, m, k, n, act), kind, op, (m, k, n), ops, inputs)
+    for conv in [*GENERIC_CONVS, *convs]:
+        shape = [*conv["x"], *conv["w"], conv["strides"][0], conv["group"]]
+        for kind, op, x in (("fp32", "Conv", "float32"), ("int8", "QLinearConv", adt),
+                            ("int8", "QDQ Conv", adt)):
             if any(e["op"] == op and e["shape"] == shape for e in entries):
                 continue
-            add(_conv(kind, conv, act), kind, op, shape, conv_ops(conv), {"x": [x, conv["x"]]})
+            add(_conv(kind, conv, act, qdq=op == "QDQ Conv"), kind, op, shape, conv_ops(conv),
+                {"x": [x, conv["x"]]})
     return entries
