@@ -342,6 +342,7 @@ class Search:
 
     def explain(self) -> None:
         """Log where the fastest timed INT8 variant loses its time against FP32 (one line)."""
+        from ..timing import machine
         from .profile import losses, profile_pair
 
         timed = [c for c in self.candidates if c.p50_ms and not c.error]
@@ -354,7 +355,9 @@ class Search:
         except QuantizationError as exc:   # a graph the profiler cannot load: no profile
             self.log(f"search: no profile of {fastest.label}: {exc.message}")
             return
-        self.log(f"search: {fastest.label}: {losses(*pair)}")
+        here = machine()   # the host: with --time-on the device may differ, and says so
+        self.log(f"search: {fastest.label}: {losses(*pair)} (profiled on {here['cpu']}, "
+                 f"{' '.join(here['flags']) or 'no VNNI/AMX flags'})")
 
     def _edges(self, base: QuantConfig) -> None:
         heavy = [n.name for n in heavy_nodes(self.source) if n.name]
