@@ -186,5 +186,5 @@ class Stages:
 
     def line(self) -> str:
         total = sum(self.seconds.values())
-        return ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items()) + \
-            f"; total {total:.1f} s"
+        return ", ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items() if s >= 0.05) \
+            + f"; total {total:.1f} s"
