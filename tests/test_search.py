@@ -280,3 +280,38 @@ def test_entropy_is_not_tried_where_onnxruntime_makes_it_minmax(tmp_path):
     labels = [c.label for c in search.candidates]
     assert "INT8 percentile calibration" in labels
     assert not any("entropy" in label for label in labels)
+
+
+def silu_cnn(path: Path) -> Path:
+    """Conv -> x * sigmoid(x) (YOLOv8's SiLU) -> Conv -> SiLU -> Conv: onnxruntime has INT8
+    kernels for all of it (QLinearSigmoid, QLinearMul)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 3, 3, 3)).astype(np.float32) / 4, "w1"),
+             numpy_helper.from_array(rng.normal(size=(16, 16, 3, 3)).astype(np.float32) / 8, "w2"),
+             numpy_helper.from_array(rng.normal(size=(8, 16, 1, 1)).astype(np.float32) / 4, "w3")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"], name="sig1"),
+             helper.make_node("Mul", ["c1", "s1"], ["m1"], name="mul1"),
+             helper.make_node("Conv", ["m1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c2"], ["s2"], name="sig2"),
+             helper.make_node("Mul", ["c2", "s2"], ["m2"], name="mul2"),
+             helper.make_node("Conv", ["m2", "w3"], ["y"], name="conv3")]
+    graph = helper.make_graph(
+        nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def test_boundaries_are_the_ones_onnxruntime_runs_not_the_files_quantize_nodes(tmp_path):
+    """The preset quantizes more tensors than heavy-ops-only, but onnxruntime folds them into
+    its integer kernels: the preset has fewer boundaries where it runs, so it is ranked first."""
+    rng = np.random.default_rng(5)
+    data = [{"x": rng.normal(size=(1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    search = Search(silu_cnn(tmp_path / "silu.onnx"), tmp_path, calib=data, held=data[:4],
+                    budget=AccuracyBudget(min_cosine=0.5))
+    preset = search.variant("INT8 preset", QuantConfig.from_preset(X86))
+    heavy = search.variant("INT8 heavy ops only",
+                           QuantConfig.from_preset(X86, op_types=("Conv",)))
+    assert preset.quantize_nodes > heavy.quantize_nodes        # in the files
+    assert preset.boundaries < heavy.boundaries                 # where onnxruntime runs them
+    assert preset.summary()["qdq_boundaries"] == preset.boundaries
