@@ -237,6 +237,14 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             speed = part.get("precision", {}).get("vs_original")
             if speed:
                 log(f"speed{' of ' + part['name'] if several else ''}: {speed_line(speed)}")
+            engine = part.get("precision", {}).get("decision", {}).get("engine", {})
+            if engine.get("chosen") and engine.get("original_p50_ms"):
+                log(f"speed{' of ' + part['name'] if several else ''} under "
+                    f"{engine['provider'].replace('ExecutionProvider', '')}: bundle "
+                    f"{engine['p50_ms']:.3f} ms p50 against the original's "
+                    f"{engine['original_p50_ms']:.3f} ms on the CPU provider: "
+                    f"{engine['original_p50_ms'] / engine['p50_ms']:.2f}x its speed (one run, "
+                    f"onnxruntime {engine.get('measured_on', {}).get('onnxruntime', '?')})")
         log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
             "take it as --expect-digest)")
         return BuildResult(out, results, clock.record())
@@ -495,7 +503,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     graphs = provider_graphs(target, config, fp32, folder, held_out, guard, labels_held,
                              fp32_outputs, log, decision.candidates)
     engine = choose_engine(decision, target, fp32, held_out, guard, labels_held, fp32_outputs,
-                           timer=timer, log=log, wanted=openvino)
+                           timer=timer, log=log, wanted=openvino, original=choice.original)
     graphs += engine_graph(engine, decision)
     clock.lap("engines")
     precision["fp32_graph"] = choice.record

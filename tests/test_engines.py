@@ -105,6 +105,8 @@ def test_openvino_yes_ships_it_first_and_plain_onnxruntime_falls_back(openvino, 
     assert all(t["meets_budget"] for t in engine["tried"] if t["label"] == engine["graph"])
     assert "on OpenVINO (the CPU provider" in result.parts[0].headline()
     assert any(line.startswith("engine: --openvino yes: OpenVINO runs") for line in logs)
+    assert engine["original_p50_ms"] > 0   # the user's file, timed in the same run
+    assert any(line.startswith("speed under OpenVINO: bundle") for line in logs)
     # a device without onnxruntime-openvino is not refused by deploy's preflight ...
     assert preflight_needs(manifest, 1000)["providers"] == ["CPUExecutionProvider"]
     notes = optional_providers_missing({"providers": ["CPUExecutionProvider"]}, manifest)

@@ -48,10 +48,12 @@ def _label(provider: Provider) -> str:
 def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence[Sample],
                   budget: AccuracyBudget, labels: Sequence[Any] | None,
                   fp32_outputs: dict[str, Any], *, timer: Any = None,
-                  log: Log = lambda _: None, wanted: str = "auto") -> EngineChoice | None:
+                  log: Log = lambda _: None, wanted: str = "auto",
+                  original: Path | None = None) -> EngineChoice | None:
     """The faster provider and its graph, or None; the decision's record gets an "engine"
     entry either way (what was tried, the figures, why). *wanted*: "auto" (measure), "yes"
-    (list it whatever the timing, when a graph keeps the budget under it), "no"."""
+    (list it whatever the timing, when a graph keeps the budget under it), "no". *original*:
+    the user's graph, timed on the CPU provider in the same run (record: original_p50_ms)."""
     if wanted not in WANTED:
         raise SpecError(f"--openvino {wanted}: not one of {', '.join(WANTED)}",
                         "use auto (measure), yes or no")
@@ -117,6 +119,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     rounds, block = plan_timing(fp32, held[0], threads)
     rows = [("cpu", chosen.path, engines.cpu_chain())] + [
         (k, within[k][0].path, chain) for k in within]
+    if original is not None:
+        rows.append(("original", original, engines.cpu_chain()))
     try:
         times, ran, device = engines.time_plan(python, rows, held[0], threads, rounds, block)
     except engines.EngineError as exc:
@@ -132,6 +136,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     record.update({"cpu_p50_ms": round(cpu_ms, 4), "p50_ms": round(best_ms, 4),
                    "graph": cand.label, "measured_on": device,
                    "cpu_graph": chosen.label})
+    if "original" in times:
+        record["original_p50_ms"] = round(times["original"]["p50"], 4)
     gain = cpu_ms / best_ms
     if gain < MIN_GAIN and wanted != "yes":
         record["reason"] = (f"{name}'s fastest graph within budget ({cand.label}, {best_ms:.3f} "
@@ -142,8 +148,11 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     record.update(chosen=True, gain=round(gain, 3), reason=(
         ("--openvino yes: " if wanted == "yes" else "") + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "
         f"({best_ms:.3f} vs {cpu_ms:.3f} ms p50, one run, onnxruntime "
-        f"{device.get('onnxruntime', '?')}) at cosine {acc['cosine_min']:.4f}; devices "
-        f"without {engines.OPENVINO_PACKAGE} run the CPU provider"))
+        f"{device.get('onnxruntime', '?')}"
+        + (f"; the original on the CPU provider {times['original']['p50']:.3f} ms, "
+           f"{times['original']['p50'] / best_ms:.2f}x" if "original" in times else "")
+        + f") at cosine {acc['cosine_min']:.4f}; devices without {engines.OPENVINO_PACKAGE} run "
+        "the CPU provider"))
     log(f"engine: {record['reason']}")
     return EngineChoice(provider, cand, acc, engines.OPENVINO_PACKAGE, engines.OPENVINO_INSTALL)
 
