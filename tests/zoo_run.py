@@ -309,6 +309,8 @@ def git_commit() -> str:
 
 
 def write_report(rows: list[dict]) -> Path:
+    from bench import MATH_FLAGS, cpu_flags
+
     from packager.timing import machine, machine_line
 
     done = [r for r in rows if r.get("stage") == "done" and r.get("ratio")]
@@ -330,7 +332,8 @@ def write_report(rows: list[dict]) -> Path:
              "per call over the other's (below 1: the bundle is faster). A bundle shipped for "
              "OpenVINO passes its task check only if it passes under the OpenVINO provider too.",
              "",
-             f"Machine: {machine_line(machine())}.",
+             f"Machine: {machine_line(machine())}; CPU flags that pick the kernels: "
+             f"{', '.join(sorted(cpu_flags() & MATH_FLAGS)) or 'none listed'}.",
              "Timed in: " + "; ".join(where) + ".", ""]
     if ratios:
         lines += [f"Summary: median bundle / original {float(np.median(ratios)):.2f}x, max "
@@ -356,7 +359,7 @@ def write_report(rows: list[dict]) -> Path:
                   f"{ov:.2f} ms" if ov else f"- ({r.get('openvino_note') or 'not measured'})",
                   f"x{r['ratio']:.2f}", f"x{r['ratio_openvino']:.2f}" if r.get("ratio_openvino")
                   else "-"]
-            provider = r.get("shipped_provider", "?").replace("ExecutionProvider", "")
+            provider = (r.get("shipped_provider") or "-").replace("ExecutionProvider", "")
             if r.get("timed_provider") and r["timed_provider"] != r.get("shipped_provider"):
                 provider += f" (timed on {r['timed_provider'].replace('ExecutionProvider', '')})"
             cos = "-" if r["cosine_min"] is None else f"{r['cosine_min']:.4f}"
