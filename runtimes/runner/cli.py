@@ -62,8 +62,9 @@ def parse_args(argv):
             p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
             p.add_argument("--roofline", action="store_true",
-                           help="also time an FP32 MatMul and the bundle's MatMulInteger with "
-                                "the same threads, and report the model's share of that rate")
+                           help="also time the bundle's roofline graphs (GEMMs and convs, FP32 "
+                                "and integer) with the same threads, and report the model's "
+                                "share of the best rate of its kind")
             p.add_argument("--tune", action="store_true",
                            help="first try thread counts, optimisation levels and the parallel "
                                 "execution mode on this device, keep the fastest (when %d%%%% "
