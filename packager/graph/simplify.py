@@ -219,7 +219,7 @@ def fastest_graph(graphs: Mapping[str, Path], *, samples: Sequence[Mapping[str, 
             record["candidates"][label] = {"dropped": f"outputs differ (cosine {cosine:.6f})"}
             continue
         usable.append(label)
-    if len(usable) == 1 and original is None:
+    if len(usable) == 1:   # nothing to choose: the original is timed against the bundle
         record["reason"] = "the only FP32 graph"
         return GraphChoice(default, graphs[default], record)
     if why_not or time_graphs is None:

@@ -61,9 +61,12 @@ def graph_timer(target: Target, timer: Any, feed: Sample) -> tuple[GraphTimer | 
     if why:
         return None, why
     threads = int(target.session.get("intra_op_threads", 0))
+    plans: list[tuple[int, int]] = []
 
     def time_graphs(paths: Sequence[Path]) -> tuple[dict[str, dict[str, float]], Any]:
-        rounds, block = plan_timing(paths[0], feed, threads)
+        if not plans:   # the FP32 graph's time per call sizes every later run's blocks too
+            plans.append(plan_timing(paths[0], feed, threads))
+        rounds, block = plans[0]
         if timer is not None:
             return timer(list(paths), feed, threads, rounds, block)
         runs = {}
