@@ -204,7 +204,7 @@ def fastest_graph(graphs: Mapping[str, Path], *, samples: Sequence[Mapping[str, 
     labels = list(graphs)
     default = labels[0]
     record: dict[str, Any] = {"chosen": default, "candidates": {}}
-    reference = run_model(graphs[default], samples)
+    reference = run_model(graphs[default], samples) if len(labels) > 1 else {}
     usable = [default]
     for label in labels[1:]:
         try:
