@@ -87,11 +87,13 @@ def choose_fp32(fixed: onnx.ModelProto, simplified: onnx.ModelProto, simplifier:
     """Save the simplified graph and the variants worth timing against it; keep the fastest
     (GraphChoice.path, named nodes) that computes the same outputs."""
     graphs = {simplifier: save_model(name_nodes(simplified), folder / f"{name}.fp32.onnx")}
+    nodes = {simplifier: len(simplified.graph.node)}
     notes = {}
     if simplifier == "onnxsim" and padded_ops(fixed) > padded_ops(simplified):
         kept, _, _ = simplify_static(fixed, model_path, batch=target.batch, frozen=frozen,
                                      fold_pads=False)
         graphs[PADS_KEPT] = _save(kept, samples, folder / f"{name}.fp32-pads.onnx")
+        nodes[PADS_KEPT] = len(kept.graph.node)
     plain = upgrade_opset(fixed, model_path)
     constants_to_initializers(plain)
     if any(n.op_type in CONTROL_FLOW for n in plain.graph.node):
@@ -100,6 +102,7 @@ def choose_fp32(fixed: onnx.ModelProto, simplified: onnx.ModelProto, simplifier:
     elif len(plain.graph.node) != len(simplified.graph.node):
         plain = fix_shapes_proto(plain, {}, batch=target.batch, strict=False)
         graphs[UNSIMPLIFIED] = _save(plain, samples, folder / f"{name}.fp32-plain.onnx")
+        nodes[UNSIMPLIFIED] = len(plain.graph.node)
     if original is None and model_path.suffix == ".onnx":
         # a file exported at other input shapes (or with fixed dims) runs at the build's only
         # once they are set: that copy, nothing else changed, stands for the original
@@ -111,8 +114,7 @@ def choose_fp32(fixed: onnx.ModelProto, simplified: onnx.ModelProto, simplifier:
         notes["original"] = "timed at the build's input shapes (it does not take them as it is)"
     choice = fastest_graph(graphs, samples=samples[:4], time_graphs=time_graphs,
                            why_not=why_not, original=original, log=log)
-    record = {**choice.record, "nodes": {label: len(onnx.load(str(p), load_external_data=False)
-                                                    .graph.node) for label, p in graphs.items()}}
+    record = {**choice.record, "nodes": nodes}
     if "original" in notes:
         record["original"] = notes.pop("original")
     for label, note in notes.items():
