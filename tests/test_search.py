@@ -315,3 +315,39 @@ def test_boundaries_are_the_ones_onnxruntime_runs_not_the_files_quantize_nodes(t
     assert preset.quantize_nodes > heavy.quantize_nodes        # in the files
     assert preset.boundaries < heavy.boundaries                 # where onnxruntime runs them
     assert preset.summary()["qdq_boundaries"] == preset.boundaries
+
+
+def test_post_processing_after_the_last_heavy_op_stays_float(tmp_path):
+    """A detector's decode (boxes and class scores concatenated) is float in every variant: one
+    Q/DQ range over both would erase the scores, and INT8 saves nothing there."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(4, 8, 1, 1)).astype(np.float32), "wb"),
+             numpy_helper.from_array(rng.normal(size=(2, 8, 1, 1)).astype(np.float32), "wc"),
+             numpy_helper.from_array(np.array(300.0, np.float32), "stride")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "wb"], ["b"], name="box_conv"),
+             helper.make_node("Conv", ["r1", "wc"], ["c"], name="cls_conv"),
+             helper.make_node("Mul", ["b", "stride"], ["boxes"], name="scale_boxes"),
+             helper.make_node("Sigmoid", ["c"], ["scores"], name="scores"),
+             helper.make_node("Concat", ["boxes", "scores"], ["y"], name="concat", axis=1)]
+    graph = helper.make_graph(
+        nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])], inits)
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                 tmp_path / "det.onnx")
+    from packager.quantization.search import post_processing
+
+    assert post_processing(onnx.load(str(model)).graph) == ["scale_boxes", "scores", "concat"]
+    lines = []
+    data = image_samples(8)
+    data = [{"x": d["x"][:, :, :8, :8]} for d in data]
+    search = Search(model, tmp_path, calib=data, held=data[:4],
+                    budget=AccuracyBudget(min_cosine=0.5), log=lines.append)
+    search.run(QuantConfig.from_preset(X86), pinned=set())
+    preset = search.candidates[0]
+    assert {"scale_boxes", "scores", "concat"} <= set(preset.config.exclude)
+    ops = [n.op_type for n in onnx.load(str(preset.path)).graph.node]
+    assert "Concat" in ops and "Sigmoid" in ops   # float, not QLinearConcat / QLinearSigmoid
+    assert any("3 post-processing nodes after the last heavy op stay FP32" in x for x in lines)

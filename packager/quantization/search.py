@@ -165,6 +165,30 @@ def saturates(config: QuantConfig) -> bool:
             and not config.reduce_range)
 
 
+def post_processing(graph: onnx.GraphProto) -> list[str]:
+    """Nodes after the last heavy op on every path to the outputs (a detector's decode: Sigmoid,
+    Concat, Mul by the strides). INT8 saves nothing there, and one Q/DQ range over tensors of
+    different scales erases the small ones: YOLOv8's output concatenates boxes (0-320) and class
+    scores (0-1), and quantized as one tensor the scores lost most detections (NudeNet: recall
+    24% at cosine 0.998, which the boxes dominate)."""
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            users.setdefault(i, []).append(node)
+    feeds_heavy: dict[int, bool] = {}
+    for node in reversed(graph.node):   # (topological order: consumers first)
+        feeds_heavy[id(node)] = any(u.op_type in HEAVY_OPS or feeds_heavy.get(id(u), False)
+                                    for o in node.output for u in users.get(o, []))
+    producer = {o: n for n in graph.node for o in n.output}
+    after_heavy: set[int] = set()
+    for node in graph.node:
+        fed = [producer[i] for i in node.input if i in producer]
+        if any(p.op_type in HEAVY_OPS or id(p) in after_heavy for p in fed):
+            after_heavy.add(id(node))
+    return [n.name for n in graph.node if n.name and n.op_type not in HEAVY_OPS
+            and id(n) in after_heavy and not feeds_heavy[id(n)]]
+
+
 def last_layers(graph: onnx.GraphProto) -> list[str]:
     """The last heavy node before each graph output: a detector's heads (CenterFace has four:
     heatmap, scale, offset, landmarks), a classifier's one."""
@@ -347,6 +371,12 @@ class Search:
         fast = dynamic_ops(self.graph)
         if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and fast:
             base = replace(base, op_types=fast)   # no ConvInteger
+        tail = post_processing(self.graph) if base.mode == "static" else []
+        if tail:
+            base = replace(base, exclude=tuple(dict.fromkeys(base.exclude + tuple(tail))))
+            self.log(f"search: {len(tail)} post-processing node{'s' if len(tail) > 1 else ''} "
+                     f"after the last heavy op stay FP32 ({', '.join(tail[:3])}"
+                     f"{', ...' if len(tail) > 3 else ''})")
         preset = self.variant("INT8 preset", base)
         # dynamic: one cheap variant more, and a preset within budget may still be saturated
         # here while the device (ARM, or x86 with VNNI) is not: its outputs would not reproduce
