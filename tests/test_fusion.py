@@ -342,3 +342,27 @@ def test_norms_that_are_not_a_residual_of_the_same_shape_stay(tmp_path):
              "r": rng.normal(size=(1, 1, 8)).astype(np.float32)}
     np.testing.assert_allclose(run_onnx(fused, feeds)[0], run_onnx(plain, feeds)[0],
                                rtol=0, atol=1e-5)
+
+
+def test_a_build_of_the_real_minilm_export_ships_its_fused_graph(tmp_path):
+    """Through `build`: the fusion record names our two rewrites, the fused graph matches the
+    unfused one, and the quantized bundle keeps SkipLayerNormalization, BiasGelu, Attention."""
+    samples = [stand_in_feeds(seed=i) for i in range(8)]
+    calib = tmp_path / "tokens.npz"
+    np.savez(calib, **{k: np.concatenate([f[k] for s in samples for f in s])
+                       for k in ("input_ids", "attention_mask", "token_type_ids")})
+    out, said = tmp_path / "minilm", []
+    build(f"{STAND_IN}:stand_in", out, target="x86_64-cpu", calib=calib,
+          inputs=[parse_input(f"{n}:1x32:int64")
+                  for n in ("input_ids", "attention_mask", "token_type_ids")],
+          quant={"precision": "int8", "mode": "dynamic"}, min_cosine=0.9, log=said.append)
+    fusion = shipped_fusion(json.loads((out / "manifest.json").read_text())["parts"][0]
+                            ["precision"], said, "(4 heads, hidden 64)")
+    if fusion is None:
+        return
+    assert fusion["fused"] == {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2}
+    assert "attention rewrite (2) and residual LayerNorm rewrite (4)" in fusion["by"]
+    assert fusion["cosine_to_unfused"] >= 0.99999
+    shipped = contrib_ops(out / "model.onnx")
+    assert shipped["SkipLayerNormalization"] == 4 and shipped["BiasGelu"] == 2
+    assert shipped["Attention"] + shipped["QAttention"] == 2

@@ -27,6 +27,7 @@ import io
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -109,6 +110,7 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
     """*model* with our attention rewrite (from onnxruntime 1.14), our residual-LayerNorm
     rewrite and onnxruntime's transformer fusions, or None when nothing fused or a fused op is
     newer than *min_onnxruntime*."""
+    import onnxruntime.transformers
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.onnx_model_bert import BertOnnxModel
 
@@ -126,9 +128,14 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
         skip_norms = sum(n.op_type == "SkipLayerNormalization" for n in model.graph.node) - \
             before["SkipLayerNormalization"]
     options = FusionOptions("bert")
-    quiet = logging.getLogger("onnxruntime.transformers")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)   # the optimizer logs each fusion it tries
+    # the optimizer logs each fusion it tries, under its package's name and, since it imports
+    # its own modules by their bare names, under each of those (fusion_skiplayernorm...)
+    folder = Path(onnxruntime.transformers.__path__[0])
+    quiet = [logging.getLogger(name) for name in
+             ["onnxruntime.transformers", *(p.stem for p in folder.glob("*.py"))]]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         # it prints its shape inference's output, and that inference can leave
         # sym_shape_infer_temp.onnx in the current folder: run it in a scratch one
@@ -140,7 +147,8 @@ def fuse_transformer(model: onnx.ModelProto, min_onnxruntime: str) -> Fusion | N
     except Exception:   # a pattern the optimizer trips on: ship the graph unfused
         return None
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
     fused = optimizer.model
     if not any(o.domain == "com.microsoft" for o in fused.opset_import):
         fused.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
