@@ -107,11 +107,37 @@ def _session(model: onnx.ModelProto) -> Any:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def symbolic_engine() -> Any:
+    """onnxruntime's SymbolicShapeInference, loaded from its file on its own: importing it as
+    onnxruntime.tools.symbolic_shape_infer runs onnxruntime/tools/__init__.py, which imports
+    torch wherever torch is installed (2.1 s of every .onnx build, for PyTorch export helpers
+    the shape engine does not use). It imports only numpy, onnx, sympy and packaging."""
+    import importlib.util
+    import sys
+
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    if name in sys.modules:
+        return sys.modules[name].SymbolicShapeInference
+    private = "_edgepack_symbolic_shape_infer"
+    if private not in sys.modules:
+        import onnxruntime
+
+        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(private, path)
+        if spec is None or spec.loader is None or not path.is_file():
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            return SymbolicShapeInference
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[private] = module
+        spec.loader.exec_module(module)
+    return sys.modules[private].SymbolicShapeInference
+
+
 def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
     """Run shape inference (ONNX Runtime's symbolic engine, then ONNX's) and return the model."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+        SymbolicShapeInference = symbolic_engine()
         with scratch_cwd():   # an incomplete inference saves sym_shape_infer_temp.onnx there
             inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False,
                                                            guess_output_rank=False)
