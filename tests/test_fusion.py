@@ -366,3 +366,34 @@ def test_a_build_of_the_real_minilm_export_ships_its_fused_graph(tmp_path):
     shipped = contrib_ops(out / "model.onnx")
     assert shipped["SkipLayerNormalization"] == 4 and shipped["BiasGelu"] == 2
     assert shipped["Attention"] + shipped["QAttention"] == 2
+
+
+def test_a_gemm_with_its_weight_transposed_between_reshapes_becomes_its_matmul():
+    """Gemm(transB=1) of the rows of a (1, 4, 8) tensor, split back: MatMul by the weight's
+    transpose, then the bias Add, then the SkipLayerNormalization."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from packager.graph.skip_norm import fuse_skip_norms
+
+    rng = np.random.default_rng(1)
+    init = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n)
+            for n, s in (("w", (8, 16)), ("b", (8,)), ("g", (8,)), ("beta", (8,)))] + \
+        [numpy_helper.from_array(np.array(s, np.int64), n)
+         for n, s in (("rows", [4, 16]), ("back", [1, 4, 8]))]
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "w", "b"], ["gemm"], transB=1),
+             helper.make_node("Reshape", ["gemm", "back"], ["l"]),
+             helper.make_node("Add", ["r", "l"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "beta"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16]),
+                     helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], init),
+        opset_imports=[helper.make_opsetid("", 17)])
+    fused = fuse_skip_norms(model)
+    assert [n.op_type for n in fused.graph.node] == ["MatMul", "Add", "SkipLayerNormalization"]
+    feeds = {"x": rng.normal(size=(1, 4, 16)).astype(np.float32),
+             "r": rng.normal(size=(1, 4, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_onnx(fused, feeds)[0], run_onnx(model, feeds)[0],
+                               rtol=0, atol=1e-5)
+    onnx.checker.check_model(fused)
