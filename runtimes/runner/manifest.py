@@ -120,6 +120,12 @@ def check_manifest(manifest):
     for key in ("fp32", "int8"):
         m.at(key, roofline.get(key), str, "a file name", optional=key not in roofline)
         m.pop()
+    for i, graph in enumerate(m.items(roofline, "graphs")):
+        m.at(i, graph, dict, "an object")
+        m.at("file", graph.get("file"), str, "a file name")
+        m.pop()
+        m.pop()
+    m.pop()
     size = roofline.get("size", 512)
     if isinstance(size, bool) or not isinstance(size, int) or \
             not 1 <= size <= MAX_ROOFLINE_SIZE:
@@ -350,13 +356,14 @@ def integrity_problems(bundle, manifest):
             problems.append("manifest: %s is not in its file table" % rel)
     roofline = manifest.get("roofline") or {}
     for key in ("fp32", "int8"):
-        if key in roofline and roofline[key] not in files:
+        if key in roofline and (not isinstance(roofline[key], str)
+                                or roofline[key] not in files):
             problems.append("manifest: roofline.%s = %r is not in its file table"
                             % (key, str(roofline[key])[:80]))
     extra = roofline.get("graphs") if isinstance(roofline.get("graphs"), list) else []
     for i, graph in enumerate(extra):
         rel = graph.get("file") if isinstance(graph, dict) else None
-        if rel not in files:
+        if not isinstance(rel, str) or rel not in files:
             problems.append("manifest: roofline.graphs[%d] = %r is not in its file table"
                             % (i, str(rel)[:80]))
     problems += provider_path_problems(manifest)
