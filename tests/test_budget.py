@@ -94,7 +94,8 @@ def test_build_meets_the_targets_budget_and_records_it(sensitive, tmp_path):
     assert decision["mode"] == "int8" and decision["budget"] == "cosine >= 0.98"
     assert decision["held_out"] == 8 and decision["search_seconds"] > 0
     plain = [c for c in decision["candidates"] if c["label"] == "INT8 preset"][0]
-    assert plain["cosine_min"] < 0.5 and not plain["meets_budget"]
+    # the sensitive head is a tiny last layer: every variant keeps it FP32 (search.post_processing)
+    assert "/head/Gemm" in plain["exclude"] and plain["meets_budget"]
     assert "/head/Gemm" in precision["exclude"]
     # the device check demands the promised budget, not only the host's figure less a margin
     golden = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]["golden"]

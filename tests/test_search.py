@@ -351,3 +351,29 @@ def test_post_processing_after_the_last_heavy_op_stays_float(tmp_path):
     ops = [n.op_type for n in onnx.load(str(preset.path)).graph.node]
     assert "Concat" in ops and "Sigmoid" in ops   # float, not QLinearConcat / QLinearSigmoid
     assert any("3 post-processing nodes after the last heavy op stay FP32" in x for x in lines)
+
+
+def test_a_tiny_last_conv_is_post_processing_a_large_one_is_not():
+    """YOLOv8's 16-to-1 DFL conv or a 1-channel heatmap head computes under 0.5% of the graph's
+    multiply-adds: it and what follows stay FP32; the large convs before it do not."""
+    from packager.quantization.search import macs, post_processing
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(64, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(64, 64, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(size=(1, 64, 1, 1)).astype(np.float32), "w3")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["h"], name="heatmap"),
+             helper.make_node("Sigmoid", ["h"], ["y"], name="sigmoid")]
+    graph = helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 32, 32])], inits)
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    cost = macs(model.graph)
+    assert cost[1] == 32 * 32 * 64 * 64 * 9 and cost[3] == 32 * 32 * 64
+    assert post_processing(model.graph) == ["heatmap", "sigmoid"]
+    del model.graph.value_info[:]   # shapes unknown: no conv is taken for a tiny one
+    assert post_processing(model.graph) == ["sigmoid"]

@@ -165,28 +165,63 @@ def saturates(config: QuantConfig) -> bool:
             and not config.reduce_range)
 
 
+TINY_SHARE = 0.005   # a heavy op with less than this share of the graph's MACs is decode work
+
+
+def macs(graph: onnx.GraphProto) -> dict[int, int | None]:
+    """Multiply-accumulates of each heavy node (by its index in the graph) from its weight and
+    output shapes; None where the shapes are not known (such a node counts as substantial)."""
+    weights = {i.name: list(i.dims) for i in graph.initializer}
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(graph.value_info) + list(graph.output)}
+    found: dict[int, int | None] = {}
+    for index, node in enumerate(graph.node):
+        if node.op_type not in HEAVY_OPS:
+            continue
+        w = weights.get(node.input[1]) if len(node.input) > 1 else None
+        out = shapes.get(node.output[0])
+        if not w or not out or not all(out):
+            found[index] = None
+            continue
+        per_output = 1
+        for dim in (w[:1] if node.op_type in ("MatMul", "Gemm") else w[1:]):
+            per_output *= dim   # MatMul/Gemm: K (weights K x N); Conv: Cin/group x kernel
+        elements = 1
+        for dim in out:
+            elements *= dim
+        found[index] = elements * per_output
+    return found
+
+
 def post_processing(graph: onnx.GraphProto) -> list[str]:
-    """Nodes after the last heavy op on every path to the outputs (a detector's decode: Sigmoid,
-    Concat, Mul by the strides). INT8 saves nothing there, and one Q/DQ range over tensors of
-    different scales erases the small ones: YOLOv8's output concatenates boxes (0-320) and class
-    scores (0-1), and quantized as one tensor the scores lost most detections (NudeNet: recall
-    24% at cosine 0.998, which the boxes dominate)."""
-    users: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
+    """Nodes after the last substantial heavy op on every path to the outputs (a detector's
+    decode: Concat, Split, Softmax, YOLOv8's 16-to-1 DFL conv, Sigmoid, Mul by the strides).
+    INT8 saves nothing there, and one Q/DQ range over tensors of different scales erases the
+    small ones: YOLOv8 concatenates box logits with class logits before its DFL, and quantized
+    as one tensor the class scores lost detections (NudeNet: recall 24% at cosine 0.998, which
+    the boxes dominate)."""
+    nodes = list(graph.node)
+    cost = macs(graph)
+    total = sum(c for c in cost.values() if c is not None) or 1
+    substantial = {i for i, c in cost.items() if c is None or c >= TINY_SHARE * total}
+    users: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
         for i in node.input:
-            users.setdefault(i, []).append(node)
-    feeds_heavy: dict[int, bool] = {}
-    for node in reversed(graph.node):   # (topological order: consumers first)
-        feeds_heavy[id(node)] = any(u.op_type in HEAVY_OPS or feeds_heavy.get(id(u), False)
-                                    for o in node.output for u in users.get(o, []))
-    producer = {o: n for n in graph.node for o in n.output}
-    after_heavy: set[int] = set()
-    for node in graph.node:
-        fed = [producer[i] for i in node.input if i in producer]
-        if any(p.op_type in HEAVY_OPS or id(p) in after_heavy for p in fed):
-            after_heavy.add(id(node))
-    return [n.name for n in graph.node if n.name and n.op_type not in HEAVY_OPS
-            and id(n) in after_heavy and not feeds_heavy[id(n)]]
+            users.setdefault(i, []).append(index)
+    feeds_heavy = [False] * len(nodes)
+    for index in reversed(range(len(nodes))):   # (topological order: consumers first)
+        feeds_heavy[index] = any(u in substantial or feeds_heavy[u]
+                                 for o in nodes[index].output for u in users.get(o, []))
+    producer = {o: index for index, n in enumerate(nodes) for o in n.output}
+    after_heavy = [False] * len(nodes)
+    for index, node in enumerate(nodes):
+        after_heavy[index] = any(producer[i] in substantial or after_heavy[producer[i]]
+                                 for i in node.input if i in producer)
+    # a Relu/Clip right after a large op is folded into its integer kernel's output range
+    folded = {index for index, n in enumerate(nodes) if n.op_type in ("Relu", "Clip")
+              and n.input and producer.get(n.input[0]) in substantial}
+    return [n.name for index, n in enumerate(nodes) if n.name and index not in substantial
+            and index not in folded and after_heavy[index] and not feeds_heavy[index]]
 
 
 def last_layers(graph: onnx.GraphProto) -> list[str]:
