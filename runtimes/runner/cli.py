@@ -84,6 +84,11 @@ def parse_args(argv):
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
         if name in ("infer", "serve"):
             p.add_argument("--top", type=int, default=5, help="classes shown per output")
+            p.add_argument("--raw", action="store_true",
+                           help="answer with the output tensors, not the part's task results "
+                                "(labels, boxes, text...)%s" % (
+                                    "; one request can ask with ?raw=1" if name == "serve"
+                                    else ""))
             p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
                            help="refuse images larger than this, measured from their header "
                                 "before decoding (default %(default)g)")

@@ -12,6 +12,7 @@ from .errors import BundleError, one_line
 from .inputs import describe_outputs, input_files, load_input_file
 from .manifest import one_part, require_intact
 from .sessions import open_session
+from .tasks import part_result, public, summary, wants_task
 
 
 def printable(path):
@@ -60,6 +61,18 @@ def save_outputs(out, arrays):
         raise
 
 
+def answer(part, names, outputs, feed, raw, top, arrays=None, key=""):
+    """One sample's answer: {"task": result, "summary": text} in *part*'s task's terms, or with
+    *raw* or no task, {"outputs": the tensors described}. A task's arrays (a segmentation map)
+    go to *arrays* as KEY/task.map."""
+    if not wants_task(part, raw):
+        return {"outputs": describe_outputs(names, outputs, part.get("labels"), top)}
+    result = part_result(part, names, outputs, feed)
+    if "_map" in result and arrays is not None:
+        arrays["%s/task.map" % key] = result["_map"]
+    return {"task": public(result), "summary": summary(part["task"], result)}
+
+
 def cmd_infer(bundle, manifest, args):
     require_intact(bundle, manifest)
     part = one_part(manifest, args.part)
@@ -77,8 +90,9 @@ def cmd_infer(bundle, manifest, args):
                               % (printable(path), one_line(exc))) from None
         for name, value in zip(names, outputs):
             arrays["%s/%s" % (key, name)] = value
-        results.append({"file": printable(path), "key": key, "outputs": describe_outputs(
-            names, outputs, part.get("labels"), args.top)})
+        entry = answer(part, names, outputs, feed, args.raw, args.top, arrays, key)
+        entry.update(file=printable(path), key=key)
+        results.append(entry)
     if args.out:
         save_outputs(args.out, arrays)
     return {"results": results, "providers": session.get_providers(), "passed": True}

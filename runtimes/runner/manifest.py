@@ -14,6 +14,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
+from .tasks import task_problem
 
 MANIFEST = "manifest.json"
 SUPPORTED_SCHEMA = 2
@@ -196,6 +197,11 @@ def check_manifest(manifest):
             m.at(j, label, str, "a label")
             m.pop()
         m.pop()
+        if "task" in part:
+            problem = task_problem(part["task"], [o["name"] for o in part["outputs"]])
+            if problem:
+                raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
+                                  % (MANIFEST, i, problem))
         golden = m.table(part, "golden", optional=False)
         m.at("inputs", golden.get("inputs"), str, "a file name")
         m.pop()
@@ -244,8 +250,9 @@ RUNNER_DIR = "runner"
 RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
                 "runner/cli.py", "runner/errors.py", "runner/facts.py", "runner/images.py",
                 "runner/infer.py", "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
-                "runner/profile.py",
-                "runner/report.py", "runner/serve.py", "runner/sessions.py", "runner/tuning.py")
+                "runner/profile.py", "runner/report.py", "runner/serve.py",
+                "runner/sessions.py", "runner/task_figures.py", "runner/tasks.py",
+                "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
 IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))

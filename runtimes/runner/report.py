@@ -121,7 +121,9 @@ def print_human(command, report):
         print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
     else:
         for entry in report["results"]:
-            for output, item in entry["outputs"].items():
+            if "summary" in entry:   # a part with a task: its result in a few words
+                print("%s: %s" % (entry["file"], entry["summary"]))
+            for output, item in entry.get("outputs", {}).items():
                 if "top" in item:
                     best = item["top"][0]
                     print("%s: %s = class %d%s (score %.4g)" % (

@@ -13,7 +13,8 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
-from .inputs import decode_body, describe_outputs, json_limit
+from .infer import answer
+from .inputs import decode_body, json_limit
 from .manifest import load_golden, require_intact, select_parts
 from .sessions import open_session
 
@@ -201,6 +202,7 @@ def cmd_serve(bundle, manifest, args):
     metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
                 "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
                            "preprocess": p.get("preprocess"), "labels": p.get("labels"),
+                           "task": p.get("task") or {"kind": "raw"},
                            "precision": p.get("precision", {}).get("description")}
                           for p in parts]}
 
@@ -308,6 +310,7 @@ def cmd_serve(bundle, manifest, args):
             if path != "/infer" and not path.startswith("/infer/"):
                 return self.reply(404, {"error": "no such path %s: POST /infer" % path[:200]})
             name = path[len("/infer/"):] or parse_qs(query).get("part", [default])[0]
+            self.raw = args.raw or parse_qs(query).get("raw", [""])[0] in ("1", "true")  # tensors
             if name is None:
                 return self.reply(400, {"error": "this bundle holds several models (%s); "
                                                  "POST /infer/<part>" % ", ".join(sessions)})
@@ -414,8 +417,8 @@ def cmd_serve(bundle, manifest, args):
                 start = time.perf_counter()
                 outputs = session.run(names, feed)
                 ms = (time.perf_counter() - start) * 1000.0
-                return 200, {"part": part["name"], "latency_ms": ms, "outputs": describe_outputs(
-                    names, outputs, part.get("labels"), args.top)}
+                return 200, dict(answer(part, names, outputs, feed, self.raw, args.top),
+                                 part=part["name"], latency_ms=ms)
             except BundleError as exc:
                 return exc.status, {"error": str(exc)}
             except Exception as exc:

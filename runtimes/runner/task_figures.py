@@ -1,0 +1,291 @@
+"""Task figures: how far two models agree in a task's terms on the same held-out samples (top-1,
+box recall and precision, nearest neighbours, strings, pixels, speech frames), and the judgement
+of those figures against what a user keeps.
+
+    figures(task, reference, candidate, feeds=None)  {name: {"value", "n", ...}}
+    parse_keep("top1=99%,recall=0.9")                {"top1": 0.99, "recall": 0.9}
+    judge(task, figures, keep=None)                  {"passed", "shown", "text", "figures"}
+
+*reference* and *candidate* are lists of per-sample outputs (the same samples through two
+models, e.g. FP32 and INT8), each as tasks.apply takes them: a dict {output name: array} or a
+list of arrays in the session's order. *feeds*: the samples' inputs (embed's mean pooling reads
+its mask there).
+"""
+
+import math
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .errors import BundleError
+from .tasks import (
+    ctc_decode,
+    decode_boxes,
+    embedding,
+    iou_matrix,
+    pick,
+    segment_map,
+    settings,
+    task_kind,
+    vad_probabilities,
+)
+
+# What a user would accept of each kind (shares at least, "cer" at most), on a held-out set
+# large enough to show it.
+DEFAULT_KEEP = {
+    "classify": {"top1": 0.99},
+    "detect": {"recall": 0.95, "precision": 0.95},
+    "embed": {"retrieval1": 0.99},
+    "ctc": {"exact": 0.99, "cer": 0.01},
+    "segment": {"pixels": 0.99},
+    "vad": {"frames": 0.99},
+}
+# Each kind's figures: the keys --keep may name for it.
+FIGURES = {
+    "classify": ("top1",),
+    "detect": ("recall", "precision"),
+    "embed": ("retrieval1", "cosine_min"),
+    "ctc": ("exact", "cer"),
+    "segment": ("pixels",),
+    "vad": ("frames",),
+}
+AT_MOST = ("cer",)        # lower is better
+NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
+ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1"}
+WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
+    "top1": ("top-1 agrees on", "samples"),
+    "recall": ("box recall (IoU 0.5, same class)", "reference boxes"),
+    "precision": ("box precision (IoU 0.5, same class)", "candidate boxes"),
+    "retrieval1": ("nearest neighbour agrees on", "samples"),
+    "cosine_min": ("cosine min", "samples"),
+    "exact": ("strings equal on", "samples"),
+    "cer": ("character error rate", "characters"),
+    "pixels": ("pixels agree on", "pixels"),
+    "frames": ("speech frames agree on", "frames"),
+}
+LOOSE = 0.6   # a box above the score line in one model is looked for above 0.6 x it in the other
+
+
+def share(matched, n, **extra):
+    entry = {"value": (float(matched) / n) if n else None, "n": int(n), "matched": int(matched)}
+    entry.update(extra)
+    return entry
+
+
+def match_count(ref, got, threshold=0.5):
+    """Greedy one-to-one matches of boxes *ref* against *got* (each (boxes, classes)), same
+    class and IoU >= *threshold*, the best-overlapping reference box first."""
+    (rb, rc), (gb, gc) = ref, got
+    if not len(rb) or not len(gb):
+        return 0
+    m = iou_matrix(rb, gb) * (np.asarray(rc)[:, None] == np.asarray(gc)[None, :])
+    used, matched = set(), 0
+    for i in np.argsort(-m.max(axis=1), kind="stable"):
+        for j in np.argsort(-m[i], kind="stable"):
+            if m[i, j] < threshold:
+                break
+            if int(j) not in used:
+                used.add(int(j))
+                matched += 1
+                break
+    return matched
+
+
+def detect_figures(conf, reference, candidate):
+    def boxes(outputs):
+        firm = decode_boxes(conf, outputs)
+        loose = decode_boxes(conf, outputs, score=LOOSE * conf["score"])
+        return (firm[0], firm[2]), (loose[0], loose[2])
+    ref = [boxes(o) for o in reference]
+    got = [boxes(o) for o in candidate]
+    hit_r = sum(match_count(r[0], g[1]) for r, g in zip(ref, got))
+    hit_g = sum(match_count(g[0], r[1]) for r, g in zip(ref, got))
+    n_ref = sum(len(r[0][0]) for r in ref)
+    n_got = sum(len(g[0][0]) for g in got)
+    return {"recall": share(hit_r, n_ref, samples=len(ref)),
+            "precision": share(hit_g, n_got, samples=len(ref))}
+
+
+def nearest(vectors):
+    """Each row's nearest other row by cosine (rows are unit vectors)."""
+    sim = vectors @ vectors.T
+    np.fill_diagonal(sim, -np.inf)
+    return sim.argmax(axis=1)
+
+
+def embed_figures(conf, reference, candidate, feeds):
+    conf = dict(conf, normalize=True)
+    ref = np.stack([embedding(conf, o, f)[0] for o, f in zip(reference, feeds)])
+    got = np.stack([embedding(conf, o, f)[0] for o, f in zip(candidate, feeds)])
+    cosines = (ref * got).sum(axis=1)
+    n = len(ref)
+    same = int(np.sum(nearest(ref) == nearest(got))) if n >= 2 else 0
+    return {"retrieval1": share(same, n if n >= 2 else 0),
+            "cosine_min": {"value": float(cosines.min()) if n else None, "n": n}}
+
+
+def edit_distance(a, b):
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def ctc_figures(conf, reference, candidate):
+    ref = [ctc_decode(conf, o)[0] for o in reference]
+    got = [ctc_decode(conf, o)[0] for o in candidate]
+    equal = sum(r == g for r, g in zip(ref, got))
+    chars = sum(len(r) for r in ref)
+    errors = sum(edit_distance(r, g) for r, g in zip(ref, got))
+    return {"exact": share(equal, len(ref)),
+            "cer": {"value": (float(errors) / chars) if chars else (0.0 if not errors else None),
+                    "n": chars, "errors": errors, "samples": len(ref)}}
+
+
+def figures(task, reference, candidate, feeds=None):
+    """The figures of *task* ({name: {"value", "n", "matched"...}}) for *candidate* against
+    *reference*; a value is None when the samples hold nothing to measure (no boxes)."""
+    if len(reference) != len(candidate):
+        raise ValueError("%d reference samples, %d candidate samples: the same samples go "
+                         "through both" % (len(reference), len(candidate)))
+    conf = settings(task)
+    kind = conf["kind"]
+    feeds = list(feeds) if feeds is not None else [None] * len(reference)
+    if kind == "classify":
+        same = sum(int(np.argmax(pick(r, conf["output"]))) ==
+                   int(np.argmax(pick(g, conf["output"]))) for r, g in zip(reference, candidate))
+        return {"top1": share(same, len(reference))}
+    if kind == "detect":
+        return detect_figures(conf, reference, candidate)
+    if kind == "embed":
+        return embed_figures(conf, reference, candidate, feeds)
+    if kind == "ctc":
+        return ctc_figures(conf, reference, candidate)
+    if kind == "segment":
+        matched = n = 0
+        for r, g in zip(reference, candidate):
+            a, b = segment_map(conf, r), segment_map(conf, g)
+            matched += int(np.sum(a == b)) if a.shape == b.shape else 0
+            n += a.size
+        return {"pixels": share(matched, n, samples=len(reference))}
+    if kind == "vad":
+        ref = np.concatenate([vad_probabilities(conf, o) for o in reference] or [np.zeros(0)])
+        got = np.concatenate([vad_probabilities(conf, o) for o in candidate] or [np.zeros(0)])
+        flags_r, flags_g = ref >= conf["threshold"], got >= conf["threshold"]
+        return {"frames": share(int(np.sum(flags_r == flags_g)), len(ref),
+                                speech=int(flags_r.sum()), samples=len(reference))}
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a user keeps, and the judgement
+
+
+def parse_keep(text):
+    """{figure: threshold} from --keep text: 'top1=99%', 'recall=0.9,precision=90%', 'cer=1%'.
+    Raises BundleError naming --keep on anything else."""
+    keep = {}
+    known = sorted(set(n for names in FIGURES.values() for n in names))
+    for item in str(text).split(","):
+        name, sep, value = item.strip().partition("=")
+        name = ALIASES.get(name.strip().lower(), name.strip().lower())
+        if not sep or not name or not value.strip():
+            raise BundleError("--keep %r: write FIGURE=VALUE, e.g. top1=99%% or cer=1%%"
+                              % str(text)[:80])
+        if name not in known:
+            raise BundleError("--keep %r: no figure %r; figures: %s"
+                              % (str(text)[:80], name[:40], ", ".join(known)))
+        value = value.strip()
+        percent = value.endswith("%")
+        try:
+            number = float(value[:-1] if percent else value)
+        except ValueError:
+            number = float("nan")
+        number = number / 100.0 if percent else number
+        low = -1.0 if name == "cosine_min" else 0.0
+        if not low <= number <= 1.0:   # nan fails too
+            raise BundleError("--keep %r: %s=%s is not a share from 0 to 1 (write 99%% or 0.99)"
+                              % (str(text)[:80], name, value[:40]))
+        keep[name] = number
+    return keep
+
+
+def keep_for(task, keep=None):
+    """The task's defaults with *keep* (parse_keep's) over them; a figure the task does not have
+    is refused, naming --keep."""
+    kind = task_kind(task)
+    merged = dict(DEFAULT_KEEP.get(kind, {}))
+    for name, value in sorted((keep or {}).items()):
+        if name not in FIGURES.get(kind, ()):
+            raise BundleError("--keep %s: a %s task has no %s figure (it has: %s)" % (
+                name, kind, name, ", ".join(FIGURES.get(kind, ())) or "none"))
+        merged[name] = value
+    return merged
+
+
+def needed(name, threshold):
+    """Units (samples, boxes, frames, characters) needed before one miss could break
+    *threshold*: 100 for 99 %; 0 for a floor every sample shows."""
+    if name in NO_COUNT:
+        return 1
+    gap = threshold if name in AT_MOST else 1.0 - threshold
+    if gap <= 0:
+        return 1
+    return int(math.ceil(round(1.0 / gap, 6)))
+
+
+def percent(value, at_most=False):
+    """A share as text, rounded the cautious way (99.96 % of an at-least figure reads 99.9 %)."""
+    p = 100.0 * value
+    p = math.ceil(p * 10 - 1e-9) / 10 if at_most else math.floor(p * 10 + 1e-9) / 10
+    return ("%.1f" % p).rstrip("0").rstrip(".") + "%"
+
+
+def judge_one(name, entry, threshold):
+    at_most = name in AT_MOST
+    words, unit = WORDS[name]
+    value, n = entry.get("value"), entry.get("n", 0)
+    need = needed(name, threshold)
+    if name in NO_COUNT:
+        shown = n >= 1
+        ok = value is not None and value >= threshold
+        text = "%s %.5f over %d %s (needs %.4f)" % (words, value if value is not None else
+                                                   float("nan"), n, unit, threshold)
+        return {"value": value, "keep": threshold, "passed": ok, "shown": shown, "needed": need,
+                "text": text}
+    if value is None:
+        return {"value": None, "keep": threshold, "passed": True, "shown": False, "needed": need,
+                "text": "%s: no %s among %d samples to judge it (needs %s; %d needed)" % (
+                    words, unit, entry.get("samples", 0), percent(threshold, at_most), need)}
+    ok = value <= threshold + 1e-12 if at_most else value >= threshold - 1e-12
+    shown = n >= need
+    if at_most:
+        head = "%s %s over %d %s" % (words, percent(value, True), n, unit)
+    else:
+        head = "%s %s of %d %s" % (words, percent(value), n, unit)
+    text = "%s (needs %s%s%s)" % (
+        head, "at most " if at_most else "", percent(threshold, at_most),
+        "" if shown else "; %d %s cannot show %s: %d needed" % (
+            n, unit, percent(threshold, at_most), need))
+    return {"value": value, "keep": threshold, "passed": ok, "shown": shown, "needed": need,
+            "text": text}
+
+
+def judge(task, figures, keep=None):
+    """*figures* (figures()) against the task's keep (DEFAULT_KEEP, *keep* over it):
+    {"passed": no figure breaks its keep, "shown": every figure counted enough units to show
+    its keep (a set too small passes nothing: a caller reports it, and a disagreement still
+    fails), "text": one line, "figures": {name: {value, keep, passed, shown, needed, text}}}."""
+    kept = keep_for(task, keep)
+    judged = {}
+    for name in FIGURES.get(task_kind(task), ()):
+        if name in kept and name in figures:
+            judged[name] = judge_one(name, figures[name], kept[name])
+    passed = all(j["passed"] for j in judged.values())
+    shown = all(j["shown"] for j in judged.values())
+    text = "; ".join(j["text"] + ("" if j["passed"] else ": FAILED") for j in judged.values())
+    return {"passed": passed, "shown": shown, "text": text, "figures": judged}
