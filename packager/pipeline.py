@@ -338,12 +338,14 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
             samples = load_samples(req.calib, inputs=[_as_io(s) for s in specs],
                                    preprocess=req.preprocess, progress=progress)
         exported = export_loaded(loaded, tmp / f"{req.name}.exported.onnx", inputs=specs,
+                                 consts=req.consts, other_consts=req.name != SINGLE,
                                  opset=options.opset, target=target,
                                  output_names=options.output_names if req.name == SINGLE else (),
                                  samples=samples or (), tolerance=options.tolerance, log=log)
         export_info = {"source": exported.source, "exporter": exported.exporter,
                        "opset": exported.opset, "validation": exported.validation,
-                       "weights": exported.weights, "warnings": exported.warnings}
+                       "weights": exported.weights, "warnings": exported.warnings,
+                       "consts": exported.consts}
         source = {"model": loaded.description,
                   "files": {p.name: sha256(p) for p in loaded.files if p.is_file()},
                   "export": export_info}
@@ -357,9 +359,11 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     proto = load_model(model_path)
     before = len(proto.graph.node)
     names = [i.name for i in graph_inputs(proto)]
-    consts = {k: v for k, v in req.consts.items() if k in names}
-    if req.name == SINGLE and len(consts) < len(req.consts):
-        unknown = sorted(set(req.consts) - set(consts))[0]
+    # forward() arguments a PyTorch export fixed are constants already (source.export)
+    argued = {k: c["value"] for k, c in (export_info or {}).get("consts", {}).items()}
+    consts = {k: v for k, v in req.consts.items() if k in names and k not in argued}
+    if req.name == SINGLE and len(consts) + len(argued) < len(req.consts):
+        unknown = sorted(set(req.consts) - set(consts) - set(argued))[0]
         raise SpecError(f"--const {unknown}: the model has no input '{unknown}'",
                         f"inputs are: {', '.join(names)}")
     if consts:
@@ -372,6 +376,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         if samples:
             samples = [{k: v for k, v in s.items() if k not in consts} for s in samples]
         source["consts"] = {k: v.tolist() for k, v in consts.items()}
+    if argued:
+        source["consts"] = {**argued, **source.get("consts", {})}
     shapes = {s.name: list(s.shape) for s in req.inputs}
     if req.preprocess:  # before fixing shapes, so a misfit reads as a preprocessing error
         first = io_specs(graph_inputs(proto))[0]
@@ -515,7 +521,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                           req.preprocess, req.labels, source, graphs)
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
-                        tuple(consts), engine)
+                        (*consts, *argued), engine)
     return payload, result
 
 

@@ -20,6 +20,8 @@ from ..graph.compat import runtime_limits
 from ..graph.execute import Sample
 from ..graph.modelio import opset_of, save_model
 from ..targets import Target, load_target
+from .forward_args import (Binding, bind, bound_module, candidates, describe_params,
+                           forward_params, input_branches)
 from .specs import TensorSpec
 from .torchload import LoadedModel, first_line, is_library_file, load_source, user_code
 
@@ -44,6 +46,8 @@ class ExportResult:
     nodes: int
     warnings: list[str] = field(default_factory=list)
     weights: dict[str, Any] | None = None
+    # forward() arguments fixed by --const: {name: {"value": 16000, "passed_as": "int"}}
+    consts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "path": str(self.path)}
@@ -56,7 +60,7 @@ def default_opset(target: Target | str | None) -> int:
 
 
 def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (),
-           weights: Path | None = None, factory_args: Mapping[str, Any] | None = None,
+           consts: Mapping[str, Any] | None = None, weights: Path | None = None, factory_args: Mapping[str, Any] | None = None,
            submodule: str | None = None, dynamic: Mapping[str, Mapping[int, str]] | None = None,
            opset: int | None = None, target: Target | str | None = None,
            output_names: Sequence[str] = (), samples: Sequence[Sample] = (),
@@ -65,6 +69,8 @@ def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (
     """Export the PyTorch model *source* to *output* (.onnx) and validate it against PyTorch.
 
     *source*: `file.py:factory`, `pkg.module:factory`, a TorchScript file or a `.pt2` program.
+    *consts* fixes forward() arguments by name (`{"sr": 16000}`): forward() gets the value, the
+    graph has no such input. Arguments neither fed nor fixed keep their Python defaults.
     """
     output = Path(output)
     sources = [Path(p) for p in (str(source).rsplit(":", 1)[0], str(source), weights)
@@ -73,22 +79,26 @@ def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (
         check_free(output, force=force, inputs=sources)
         loaded = load_source(str(source), factory_args=factory_args, weights=weights,
                              submodule=submodule)
-        return export_loaded(loaded, output, inputs=inputs, dynamic=dynamic, opset=opset,
+        return export_loaded(loaded, output, inputs=inputs, consts=consts, dynamic=dynamic,
+                             opset=opset,
                              target=target, output_names=output_names, samples=samples,
                              tolerance=tolerance, force=force, log=log)
 
 
 def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorSpec] = (),
+                  consts: Mapping[str, Any] | None = None, other_consts: bool = False,
                   dynamic: Mapping[str, Mapping[int, str]] | None = None,
                   opset: int | None = None, target: Target | str | None = None,
                   output_names: Sequence[str] = (), samples: Sequence[Sample] = (),
                   tolerance: float = DEFAULT_TOLERANCE, force: bool = False,
                   log: Log = lambda _: None) -> ExportResult:
+    """Export an already loaded model (see export()). With *other_consts*, a --const that
+    names no forward() argument is left for the caller (a graph input, another part)."""
     import onnx
 
     output = Path(output)
     specs = list(inputs) or loaded.example_inputs
-    _check_inputs(loaded, specs)
+    specs, fixed = _check_inputs(loaded, specs, dict(consts or {}), other_consts)
     dynamic = {k: dict(v) for k, v in (dynamic or {}).items()}
     for name, axes in dynamic.items():
         spec = next((s for s in specs if s.name == name), None)
@@ -104,10 +114,10 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     if not 7 <= opset <= EXPORTER_MAX_OPSET:
         raise ExportError(f"--opset {opset}: the TorchScript exporter writes opsets 7 to "
                           f"{EXPORTER_MAX_OPSET}", f"pick one in that range (default: {default})")
-    module = loaded.module
-    feeds = [make_inputs(specs, module, seed=0)]
-    reference = [_run_torch(module, specs, feeds[0], "--input " + " ".join(
-        s.describe() for s in specs))]
+    feeds = [make_inputs(specs, loaded.module, seed=0)]
+    # *module* is what the exporter traces; *run* what its graph must agree with
+    module, run, binding, first = _bind_forward(loaded, specs, fixed, feeds[0])
+    reference = [first]
     names = list(output_names) or (["output"] if len(reference[0]) == 1 else
                                    [f"output_{i}" for i in range(len(reference[0]))])
     if len(names) != len(reference[0]):
@@ -117,6 +127,10 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     with tempfile.TemporaryDirectory(prefix="edgepack-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
         notes = _torch_export(module, specs, feeds[0], raw, names, dynamic, opset)
+        if binding is not None:
+            for name in binding.consts:
+                log(f"const: {name}={_shown(fixed[name])} passed to forward() as "
+                    f"{_article(binding.passed_as(name))} (not an input of the graph)")
         for note in notes:
             log(f"export warning: {note}")
         proto = onnx.load(str(raw), load_external_data=True)
@@ -135,19 +149,20 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
                           "report this with --debug output; try another --opset") from None
 
     for seed in range(1, RANDOM_DRAWS + 1):
-        feeds.append(make_inputs(specs, module, seed=seed))
-        reference.append(_run_torch(module, specs, feeds[-1], "random inputs"))
+        feeds.append(make_inputs(specs, loaded.module, seed=seed))
+        reference.append(_run_torch(run, specs, feeds[-1], "random inputs"))
     kinds = ["random"] * len(feeds)
     for sample in samples[:VALIDATION_SAMPLES]:
         feed = [np.asarray(sample[s.name]).astype(s.dtype, copy=False) for s in specs]
         if [list(f.shape) for f in feed] != [list(s.shape) for s in specs]:
             continue  # calibration samples at another shape are checked by the build
         feeds.append(feed)
-        reference.append(_run_torch(module, specs, feed, "a calibration sample"))
+        reference.append(_run_torch(run, specs, feed, "a calibration sample"))
         kinds.append("calibration")
     validation = validate(proto, specs, feeds, reference, names, kinds)
     if dynamic:
-        validation["dynamic"] = _check_dynamic(proto, module, specs, dynamic, names)
+        validation["dynamic"] = _check_dynamic(proto, run, specs, dynamic, names,
+                                               vocab=_smallest_vocab(loaded.module))
     worst = validation["max_rel"]
     broken = {n: e["nonfinite"] for n, e in validation["outputs"].items() if e["nonfinite"]}
     log(f"validation vs PyTorch on {validation['samples']} inputs: " + (
@@ -178,41 +193,126 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
                  for n, r in zip(names, reference[0], strict=True)],
         dynamic={k: {int(a): v for a, v in d.items()} for k, d in dynamic.items()},
         validation=validation, nodes=len(proto.graph.node), warnings=notes,
-        weights=loaded.weights)
+        weights=loaded.weights,
+        consts={k: {"value": _plain(fixed[k]), "passed_as": binding.passed_as(k)}
+                for k in (binding.consts if binding else {})})
 
 
 # --------------------------------------------------------------------------- inputs
 
 
-def _check_inputs(loaded: LoadedModel, specs: Sequence[TensorSpec]) -> None:
+def _check_inputs(loaded: LoadedModel, specs: Sequence[TensorSpec], consts: dict[str, Any],
+                  other_consts: bool) -> tuple[list[TensorSpec], dict[str, Any]]:
+    """Check the --input count against forward(); return the specs the graph takes and the
+    --const values that fix forward() arguments (a --const wins over an --input of its name)."""
     if not specs:
         raise ExportError("no --input given for a PyTorch model",
                           "give one per forward() argument: --input NAME:1x3x224x224[:dtype]")
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ExportError(f"--input names repeat: {', '.join(names)}", "give each input once")
-    if loaded.kind != "factory":
-        return
-    try:
-        params = list(inspect.signature(loaded.module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p.name for p in positional if p.default is p.empty]
+    params = forward_params(loaded.module) if loaded.kind != "exported-program" else None
+    fixed = {k: v for k, v in consts.items() if params and k in {p.name for p in params}}
+    unknown = [k for k in consts if k not in fixed and k not in names]
+    if unknown and not other_consts:
+        raise ExportError(f"--const {unknown[0]}: forward() has no argument '{unknown[0]}'",
+                          f"forward() takes: {describe_params(params)}" if params else "a .pt2 program fixed its non-tensor arguments when it "
+                          "was saved; pass the factory (file.py:factory) instead")
+    specs = [s for s in specs if s.name not in fixed]
+    if not specs:
+        raise ExportError(f"--const fixes every input of forward() ({', '.join(fixed)})",
+                          "leave at least one tensor input; a bundle needs an input to run on")
+    if params is None:
+        return specs, fixed
+    positional = [p for p in params if p.positional and p.name not in fixed]
+    required = [p.name for p in positional if p.required]
     if not len(required) <= len(specs) <= len(positional):
+        besides = f" besides --const {', '.join(fixed)}" if fixed else ""
         raise ExportError(f"forward({', '.join(p.name for p in positional)}) takes "
                           f"{len(required)}" + (f" to {len(positional)}" if len(positional) >
                                                 len(required) else "")
-                          + f" inputs, --input gave {len(specs)} ({', '.join(names)})",
-                          "give one --input per forward() argument, in order")
+                          + f" inputs{besides}, --input gave {len(specs)} "
+                          f"({', '.join(s.name for s in specs)})",
+                          "give one --input per forward() argument, in order"
+                          + ("" if fixed or len(specs) > len(required) else
+                             ", or fix one with --const NAME=VALUE"))
+    bind(params, len(specs), fixed)   # a keyword-only argument without a value
+    return specs, fixed
 
 
-def make_inputs(specs: Sequence[TensorSpec], module: Any, *, seed: int) -> list[np.ndarray]:
+def _bind_forward(loaded: LoadedModel, specs: Sequence[TensorSpec], fixed: Mapping[str, Any],
+                  feed: Sequence[np.ndarray]
+                  ) -> tuple[Any, Any, Binding | None, list[np.ndarray]]:
+    """The module the exporter traces (forward() called with the fed tensors only, each other
+    argument a Python value: its --const or its default), the model the export must agree with
+    (the original, called the same way), the binding, and the outputs on *feed*.
+
+    A --const goes in as the Python value first where forward() does not say (an `if sr ==
+    16000:`), then as a tensor (`sr.item()`): the first form forward() runs with is kept."""
+    what = "--input " + " ".join(s.describe() for s in specs)
+    params = forward_params(loaded.module) if loaded.kind != "exported-program" else None
+    unfed = params is not None and len(params) > len(specs)
+    if params is None or not fixed and (not unfed or loaded.kind != "factory"):
+        return loaded.module, loaded.module, None, _run_torch(loaded.module, specs, feed, what)
+    wants = {p.name: p.wants for p in params}
+    forms = {k: candidates(v, wants[k]) for k, v in fixed.items()}
+    failed: ExportError | None = None
+    for attempt in range(max([len(f) for f in forms.values()] + [1])):
+        binding = bind(params, len(specs), {k: f[min(attempt, len(f) - 1)]
+                                           for k, f in forms.items()})
+        def run(*tensors: Any, b: Binding = binding) -> Any:
+            return b.call(loaded.module, tensors)
+
+        try:
+            reference = _run_torch(run, specs, feed, what)
+            return _traced(loaded.module, binding, feed, what), run, binding, reference
+        except ExportError as exc:
+            failed = failed or exc
+    assert failed is not None
+    tried = ", ".join(f"{k}={_shown(v)}" for k, v in fixed.items())
+    raise ExportError(failed.message + f" (with --const {tried}, passed as a Python value and "
+                      "as a tensor)", failed.hint) from None
+
+
+def _traced(module: Any, binding: Binding, feed: Sequence[np.ndarray], what: str) -> Any:
+    import torch
+
+    from .torchload import user_location
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in feed]
+    try:
+        with warnings.catch_warnings(), user_code("forward()"):
+            warnings.simplefilter("ignore")   # the export's own trace reports what matters
+            return bound_module(module, binding, tensors)
+    except PackagerError:
+        raise
+    except Exception as exc:
+        where = user_location(exc.__traceback__)
+        raise ExportError(f"forward() failed on {what}{' at ' + where if where else ''}: "
+                          f"{first_line(exc)}", "check that --input shapes and dtypes match "
+                          "what forward() expects") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """A --const value as JSON holds it (the manifest records it)."""
+    return value.tolist() if isinstance(value, np.ndarray) else \
+        list(value) if isinstance(value, tuple) else value
+
+
+def _article(kind: str) -> str:
+    return ("a Python " + kind) if kind in ("int", "float", "bool", "list") else "a " + kind
+
+
+def make_inputs(specs: Sequence[TensorSpec], module: Any, *, seed: int,
+                vocab: int | None = None) -> list[np.ndarray]:
     """Random inputs: normal floats, token ids below the smallest embedding table, masks of 1."""
     rng = np.random.default_rng(seed)
-    vocab = _smallest_vocab(module)
+    vocab = vocab or _smallest_vocab(module)
     feeds = []
     for s in specs:
         if s.dtype.startswith("float"):
@@ -228,6 +328,8 @@ def make_inputs(specs: Sequence[TensorSpec], module: Any, *, seed: int) -> list[
 
 
 def _smallest_vocab(module: Any) -> int | None:
+    if not hasattr(module, "modules"):
+        return None
     sizes = [int(m.num_embeddings) for m in module.modules()
              if isinstance(getattr(m, "num_embeddings", None), int)]
     return min(sizes) if sizes else None
@@ -320,16 +422,25 @@ def _torch_export(module: Any, specs: Sequence[TensorSpec], feed: Sequence[np.nd
     if failure is not None:
         raise _export_error(failure, printed.getvalue(), opset) from None
     notes = []
+    branches: list[set[tuple[str, int]] | None] = []
     for w in caught:
         if not issubclass(w.category, torch.jit.TracerWarning) or is_library_file(w.filename):
             continue
         where = f"{os.path.relpath(w.filename)}:{w.lineno}"
         message = str(w.message).split(".")[0]
         if "Python boolean" in message:
-            raise ExportError(
-                f"data-dependent control flow at {where}: an if/while on a tensor value; the "
-                "exported graph would always take the branch taken for the example input",
-                "rewrite it with torch.where, or export the part without it (--submodule)")
+            if not branches:   # which branches read the inputs: one plain run, only when asked
+                with user_code("forward()"):
+                    branches.append(input_branches(module, args))
+            if branches[0] is None or (os.path.abspath(w.filename), w.lineno) in branches[0]:
+                raise ExportError(
+                    f"data-dependent control flow at {where}: an if/while on a tensor value; "
+                    "the exported graph would always take the branch taken for the example "
+                    "input", "rewrite it with torch.where, or export the part without it "
+                    "(--submodule)")
+            notes.append(f"{where}: an if/while on a tensor that no input changes (a --const, "
+                         "a default or a weight); the graph keeps the branch it takes")
+            continue
         notes.append(f"{where}: {message}; the value is frozen for the example input")
     return notes
 
@@ -428,12 +539,13 @@ def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 
 
 def _check_dynamic(proto: Any, module: Any, specs: Sequence[TensorSpec],
-                   dynamic: Mapping[str, Mapping[int, str]], names: Sequence[str]) -> dict:
+                   dynamic: Mapping[str, Mapping[int, str]], names: Sequence[str], *,
+                   vocab: int | None) -> dict:
     """Run once more with every dynamic axis grown by 3: a traced constant shape shows up here."""
     grown = [TensorSpec(s.name, tuple(d + 3 if a in dynamic.get(s.name, {}) else d
                                       for a, d in enumerate(s.shape)), s.dtype) for s in specs]
     shapes = ", ".join(g.describe() for g in grown if g.name in dynamic)
-    feed = make_inputs(grown, module, seed=99)
+    feed = make_inputs(grown, module, seed=99, vocab=vocab)
     try:
         ref = _run_torch(module, grown, feed, f"the grown shapes {shapes}")
     except ExportError as exc:

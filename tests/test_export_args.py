@@ -1,0 +1,253 @@
+"""forward() arguments: a Python default is no input and no branch on data; --const fixes an
+argument of a PyTorch or TorchScript source (as a Python value or a tensor); only a branch on a
+value the inputs change is refused. And an ONNX input an If branches on, holding one value in
+every calibration sample, is frozen by the build."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from packager.errors import ExportError
+from packager.source.export import export
+from packager.source.specs import TensorSpec
+
+X = [TensorSpec("x", (1, 16))]
+
+MODELS = '''
+import torch
+import torch.nn as nn
+
+
+class Crepe(nn.Module):
+    """torchcrepe's shape: forward(x, embed=False) returns the embedding when asked."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = nn.Linear(16, 8)
+        self.classifier = nn.Linear(8, 4)
+
+    def forward(self, x, embed=False):
+        x = torch.relu(self.embedding(x))
+        if embed:
+            return x
+        return self.classifier(x)
+
+
+class Branchy(nn.Module):
+    """A branch on the input's value: the trace would keep one branch for every input."""
+
+    def forward(self, x, embed=False):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+class RateInt(nn.Module):
+    """A VAD's forward(x, sr): sr a Python number that picks the branch."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.at16k = nn.Linear(16, 4)
+        self.at8k = nn.Linear(16, 4)
+
+    def forward(self, x, sr):
+        if sr == 16000:
+            return self.at16k(x)
+        return self.at8k(x)
+
+
+class RateTensor(nn.Module):
+    """sr used as a tensor (its .float()), and a branch on it: the branch reads no input."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(16, 4)
+
+    def forward(self, x, sr: torch.Tensor):
+        y = self.proj(x) * (sr.float() / 8000)
+        if sr == 16000:
+            return y + 1
+        return y
+
+
+def crepe():
+    return Crepe()
+
+
+def branchy():
+    return Branchy()
+
+
+def rate_int():
+    return RateInt()
+
+
+def rate_tensor():
+    return RateTensor()
+'''
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("args") / "arg_models.py"
+    path.write_text(MODELS)
+    return path
+
+
+def load(models: Path, name: str) -> torch.nn.Module:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("arg_models_ref", models)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)().eval()
+
+
+def onnx_run(path: Path, x: np.ndarray) -> tuple[list[str], np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [i.name for i in session.get_inputs()], session.run(None, {"x": x})[0]
+
+
+def sample() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal((1, 16)).astype(np.float32)
+
+
+def test_a_python_bool_default_is_no_input_and_no_refusal(models, tmp_path):
+    r = export(f"{models}:crepe", tmp_path / "crepe.onnx", inputs=X)
+    names, got = onnx_run(r.path, sample())
+    with torch.no_grad():
+        ref = load(models, "crepe")(torch.from_numpy(sample())).numpy()
+    assert names == ["x"] and got.shape == (1, 4) == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert r.validation["max_rel"] < 1e-5 and not r.warnings and r.consts == {}
+
+
+def test_const_picks_the_other_side_of_a_bool_default(models, tmp_path):
+    r = export(f"{models}:crepe", tmp_path / "embed.onnx", inputs=X, consts={"embed": True})
+    names, got = onnx_run(r.path, sample())
+    with torch.no_grad():
+        ref = load(models, "crepe")(torch.from_numpy(sample()), embed=True).numpy()
+    assert names == ["x"] and got.shape == (1, 8)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert r.consts == {"embed": {"value": True, "passed_as": "bool"}}
+
+
+@pytest.mark.parametrize("factory", ["branchy"])
+def test_a_branch_on_the_inputs_value_is_still_refused(models, tmp_path, factory):
+    out = tmp_path / "b.onnx"
+    with pytest.raises(ExportError, match=r"data-dependent control flow at \S*arg_models.py:\d+: "
+                                          r"an if/while on a tensor value") as err:
+        export(f"{models}:{factory}", out, inputs=X)
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+@pytest.mark.parametrize("sr", [16000, 8000])
+def test_const_python_int_picks_the_branch(models, tmp_path, sr):
+    logged = []
+    r = export(f"{models}:rate_int", tmp_path / "vad.onnx", inputs=X, consts={"sr": sr},
+               log=logged.append)
+    names, got = onnx_run(r.path, sample())
+    with torch.no_grad():
+        ref = load(models, "rate_int")(torch.from_numpy(sample()), sr).numpy()
+    assert names == ["x"] and [i["name"] for i in r.inputs] == ["x"]
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert r.consts == {"sr": {"value": sr, "passed_as": "int"}}
+    assert f"const: sr={sr} passed to forward() as a Python int (not an input of the graph)" \
+        in logged
+    # the other rate's weights never reach the graph: the branch is decided, not exported
+    other = {16000: "at8k", 8000: "at16k"}[sr]
+    assert not [t for t in onnx.load(str(r.path)).graph.initializer if other in t.name]
+
+
+def test_const_passed_as_a_tensor_where_forward_needs_one(models, tmp_path):
+    r = export(f"{models}:rate_tensor", tmp_path / "t.onnx", inputs=X, consts={"sr": 16000})
+    names, got = onnx_run(r.path, sample())
+    with torch.no_grad():
+        ref = load(models, "rate_tensor")(torch.from_numpy(sample()),
+                                          torch.tensor(16000)).numpy()
+    assert names == ["x"] and r.consts["sr"] == {"value": 16000, "passed_as": "tensor int64"}
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    # the `if sr == 16000` reads a tensor, but no input changes it: noted, not refused
+    assert any("no input changes" in w for w in r.warnings)
+
+
+def test_const_without_annotation_falls_back_to_a_tensor(tmp_path):
+    path = tmp_path / "item.py"
+    path.write_text("import torch\n\nclass M(torch.nn.Module):\n"
+                    "    def forward(self, x, gain):\n        return x * gain.float()\n\n"
+                    "def make():\n    return M()\n")
+    r = export(f"{path}:make", tmp_path / "g.onnx", inputs=X, consts={"gain": 3})
+    names, got = onnx_run(r.path, sample())
+    assert names == ["x"] and r.consts["gain"]["passed_as"] == "tensor int64"
+    np.testing.assert_allclose(got, sample() * 3, atol=1e-6)
+
+
+def test_torchscript_source_takes_a_const(tmp_path):
+    class Rate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.at16k = torch.nn.Linear(16, 4)
+            self.at8k = torch.nn.Linear(16, 4)
+
+        def forward(self, x, sr: int):
+            if sr == 16000:
+                return self.at16k(x)
+            return self.at8k(x)
+
+    scripted = torch.jit.script(Rate().eval())
+    torch.jit.save(scripted, str(tmp_path / "vad.pt"))
+    with pytest.raises(ExportError, match=r"forward\(x, sr\) takes 2 inputs, --input gave 1 "
+                                          r"\(x\); .*--const NAME=VALUE"):
+        export(tmp_path / "vad.pt", tmp_path / "no.onnx", inputs=X)
+    for sr in (16000, 8000):
+        r = export(tmp_path / "vad.pt", tmp_path / f"{sr}.onnx", inputs=X, consts={"sr": sr})
+        names, got = onnx_run(r.path, sample())
+        with torch.no_grad():
+            ref = scripted(torch.from_numpy(sample()), sr).numpy()
+        assert names == ["x"] and r.consts["sr"] == {"value": sr, "passed_as": "int"}
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+        assert "If" not in {n.op_type for n in onnx.load(str(r.path)).graph.node}
+
+
+def test_const_mistakes_are_one_line(models, tmp_path):
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ExportError, match=r"--const rate: forward\(\) has no argument 'rate'; "
+                                          r"forward\(\) takes: x, sr$"):
+        export(f"{models}:rate_int", out, inputs=X, consts={"rate": 16000})
+    with pytest.raises(ExportError, match=r"--const fixes every input of forward\(\) \(x, sr\)"):
+        export(f"{models}:rate_int", out, inputs=X, consts={"x": 1, "sr": 16000})
+    assert not out.exists()
+
+
+def test_build_cli_const_on_a_pytorch_source(models, tmp_path):
+    cmd = [sys.executable, "-m", "packager", "build", f"{models}:rate_int", "--input", "x:1x16",
+           "--const", "sr=8000", "--precision", "fp32", "-o", str(tmp_path / "b"), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "const: sr=8000 passed to forward() as a Python int" in r.stderr
+    part = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]
+    assert [i["name"] for i in part["inputs"]] == ["x"]
+    assert part["source"]["consts"] == {"sr": 8000}
+    assert part["source"]["export"]["consts"] == {"sr": {"value": 8000, "passed_as": "int"}}
+    names, got = onnx_run(tmp_path / "b" / "model.onnx", sample())
+    with torch.no_grad():
+        ref = load(models, "rate_int")(torch.from_numpy(sample()), 8000).numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+    bad = cmd[:cmd.index("sr=8000")] + ["rate=8000"] + cmd[cmd.index("sr=8000") + 1:]
+    bad[bad.index(str(tmp_path / "b"))] = str(tmp_path / "c")
+    r = subprocess.run(bad, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--const rate: forward() has no argument 'rate'; forward() takes: x, sr" in r.stderr
+    assert not (tmp_path / "c").exists()
