@@ -1,0 +1,397 @@
+"""Task heads (runner/tasks.py) and task figures (runner/task_figures.py) on hand-made outputs
+with known answers, the manifest's task checked, and a bundle that answers with labels."""
+
+import json
+import shutil
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import run_py, start_server
+from packager._runtimes.runner import task_figures as tf
+from packager._runtimes.runner import tasks
+from packager._runtimes.runner.errors import BundleError
+
+# ---------------------------------------------------------------------------------------------
+# classify
+
+
+def test_classify_softmaxes_logits_and_names_the_top_classes():
+    result = tasks.apply({"kind": "classify", "top": 3}, [np.array([[1.0, 3.0, 2.0, 0.0]])],
+                         labels=["a", "b", "c", "d"])
+    top = result["top"]
+    assert [t["class"] for t in top] == [1, 2, 0] and [t["label"] for t in top] == ["b", "c", "a"]
+    e = np.exp([1.0, 3.0, 2.0, 0.0])
+    assert top[0]["score"] == pytest.approx(e[1] / e.sum())
+
+
+def test_classify_keeps_a_distribution_and_prefers_the_tasks_labels():
+    probs = np.array([[0.1, 0.7, 0.2]], np.float32)
+    result = tasks.apply({"kind": "classify", "labels": ["x", "y", "z"]}, {"prob": probs},
+                         labels=["part0", "part1", "part2"])
+    assert result["top"][0] == {"class": 1, "label": "y", "score": pytest.approx(0.7)}
+    assert len(result["top"]) == 3      # top 5 of 3 classes
+    forced = tasks.apply({"kind": "classify", "softmax": True, "output": "prob"}, {"prob": probs})
+    assert forced["top"][0]["score"] < 0.5 and forced["top"][0]["label"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# detect
+
+
+def yolov8(rows, classes=2, anchors=8):
+    """A (1, 4 + classes, anchors) head: each row (cx, cy, w, h, class, score) in one anchor."""
+    p = np.zeros((1, 4 + classes, anchors), np.float32)
+    for k, (cx, cy, w, h, cls, score) in enumerate(rows):
+        p[0, :4, k] = [cx, cy, w, h]
+        p[0, 4 + cls, k] = score
+    return p
+
+
+TWO_BOXES = [(50, 50, 20, 20, 0, 0.9), (51, 50, 20, 20, 0, 0.6),   # a duplicate NMS removes
+             (150, 100, 40, 20, 1, 0.8), (10, 10, 4, 4, 0, 0.1)]    # and one under the line
+
+
+def test_yolov8_boxes_after_nms_in_input_pixels():
+    boxes = tasks.apply({"kind": "detect", "labels": ["cat", "dog"]}, [yolov8(TWO_BOXES)])["boxes"]
+    assert [b["box"] for b in boxes] == [[40, 40, 60, 60], [130, 90, 170, 110]]
+    assert [b["label"] for b in boxes] == ["cat", "dog"]
+    assert [b["score"] for b in boxes] == pytest.approx([0.9, 0.8])
+    # the same head exported anchors first (1, N, 4 + C) reads the same
+    again = tasks.apply({"kind": "detect"}, [yolov8(TWO_BOXES).transpose(0, 2, 1)])["boxes"]
+    assert [b["box"] for b in again] == [b["box"] for b in boxes]
+
+
+def test_nms_is_per_class_unless_agnostic():
+    rows = [(50, 50, 20, 20, 0, 0.9), (51, 50, 20, 20, 1, 0.7)]
+    assert len(tasks.apply({"kind": "detect"}, [yolov8(rows)])["boxes"]) == 2
+    assert len(tasks.apply({"kind": "detect", "agnostic": True}, [yolov8(rows)])["boxes"]) == 1
+    many = [(20 * k + 10, 10, 8, 8, 0, 0.5) for k in range(8)]
+    assert len(tasks.apply({"kind": "detect", "max_boxes": 3}, [yolov8(many)])["boxes"]) == 3
+
+
+def test_yolov5_scores_are_objectness_times_class():
+    p = np.zeros((1, 3, 7), np.float32)     # (1, N, 5 + 2)
+    p[0, 0] = [50, 50, 20, 20, 0.9, 0.1, 0.8]   # 0.72 dog
+    p[0, 1] = [50, 50, 20, 20, 0.2, 0.9, 0.1]   # 0.18: under 0.25
+    p[0, 2] = [100, 100, 10, 10, 0.5, 0.6, 0.0]  # 0.30 cat
+    boxes = tasks.apply({"kind": "detect", "decoder": "yolov5", "labels": ["cat", "dog"]},
+                        [p])["boxes"]
+    assert [(b["label"], round(b["score"], 2)) for b in boxes] == [("dog", 0.72), ("cat", 0.3)]
+    assert boxes[1]["box"] == [95, 95, 105, 105]
+
+
+def centerface(peaks, size=8):
+    heat = np.zeros((1, 1, size, size), np.float32)
+    for y, x, score in peaks:
+        heat[0, 0, y, x] = score
+    return [heat, np.zeros((1, 2, size, size), np.float32), np.zeros((1, 2, size, size)),
+            np.full((1, 10, size, size), 0.5, np.float32)]
+
+
+def test_centernet_heatmap_peak_becomes_a_box_with_landmarks():
+    outputs = centerface([(3, 5, 0.9), (6, 1, 0.3)])
+    outputs[1][0, :, 3, 5] = [np.log(2.0), np.log(3.0)]   # height 2 x 4 px, width 3 x 4 px
+    outputs[2][0, :, 3, 5] = [0.25, -0.5]                 # centre offset (y, x) in cells
+    boxes = tasks.apply({"kind": "detect", "decoder": "centernet", "score": 0.5}, outputs)["boxes"]
+    assert len(boxes) == 1
+    cx, cy = (5 - 0.5 + 0.5) * 4, (3 + 0.25 + 0.5) * 4
+    assert boxes[0]["box"] == pytest.approx([cx - 6, cy - 4, cx + 6, cy + 4])
+    assert boxes[0]["landmarks"] == [[pytest.approx(cx), pytest.approx(cy)]] * 5
+
+
+# ---------------------------------------------------------------------------------------------
+# embed, ctc, segment, vad
+
+
+def test_mean_pooling_follows_the_mask_and_normalises():
+    tokens = np.array([[[1.0, 0, 0], [0, 1, 0], [9, 9, 9], [5, 5, 5]]], np.float32)
+    feed = {"attention_mask": np.array([[1, 1, 0, 0]])}
+    result = tasks.apply({"kind": "embed", "pooling": "mean"}, [tokens], feed)
+    assert result["embedding"] == pytest.approx([2 ** -0.5, 2 ** -0.5, 0])
+    assert result["norm"] == pytest.approx(0.5 * 2 ** 0.5)
+    unmasked = tasks.apply({"kind": "embed", "pooling": "mean", "normalize": False}, [tokens])
+    assert unmasked["embedding"] == pytest.approx([3.75, 3.75, 3.5])
+    cls = tasks.apply({"kind": "embed", "pooling": "cls"}, [tokens])
+    assert cls["embedding"] == pytest.approx([1, 0, 0])
+
+
+def ctc_matrix(steps, alphabet, hot=10.0):
+    m = np.zeros((1, len(steps), len(alphabet)), np.float32)
+    for t, ch in enumerate(steps):
+        m[0, t, alphabet.index(ch)] = hot
+    return m
+
+
+ALPHABET = ["-", "h", "e", "l", "o", "a"]
+
+
+def test_ctc_greedy_decode_collapses_repeats_and_drops_blanks():
+    m = ctc_matrix("hh-ell-loo-", ALPHABET)
+    result = tasks.apply({"kind": "ctc", "alphabet": ALPHABET}, [m])
+    assert result["text"] == "hello"
+    p = np.exp(10.0) / (np.exp(10.0) + len(ALPHABET) - 1)
+    assert result["confidence"] == pytest.approx(p)
+    assert tasks.apply({"kind": "ctc"}, [m]) == {"text": None, "confidence": pytest.approx(p),
+                                                 "ids": [1, 2, 3, 3, 4]}
+    blank_last = tasks.apply({"kind": "ctc", "alphabet": ALPHABET, "blank": 5},
+                             [ctc_matrix("hh-a", ALPHABET)])
+    assert blank_last["text"] == "h-"   # '-' is a character now, 'a' the blank
+
+
+def test_segment_map_and_pixel_shares():
+    logits = np.zeros((1, 3, 2, 2), np.float32)
+    logits[0, 2, 0, :] = 5
+    logits[0, 1, 1, 0] = 5
+    result = tasks.apply({"kind": "segment"}, [logits])
+    assert result["classes"] == {"0": 0.25, "1": 0.25, "2": 0.5}
+    assert result["_map"].tolist() == [[2, 2], [1, 0]] and "_map" not in tasks.public(result)
+    one = tasks.apply({"kind": "segment", "threshold": 0.6}, [np.array([[[[0.7, 0.5]]]])])
+    assert one["classes"] == {"0": 0.5, "1": 0.5}
+
+
+def test_vad_flags_each_frame():
+    assert tasks.apply({"kind": "vad"}, [np.array([[0.7]])]) == {
+        "speech": [True], "probability": [pytest.approx(0.7)]}
+    seq = tasks.apply({"kind": "vad", "threshold": 0.3}, [np.array([[0.1, 0.4, 0.9, 0.2]])])
+    assert seq["speech"] == [False, True, True, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# figures and judgement
+
+
+def scores(classes, count=4):
+    out = np.zeros((1, count), np.float32)
+    out[0, classes] = 1
+    return [out]
+
+
+def test_top1_agreement_and_what_a_small_set_can_show():
+    task = {"kind": "classify"}
+    ref = [scores(i % 4) for i in range(100)]
+    got = [scores(i % 4) for i in range(99)] + [scores(0)]   # the last one disagrees
+    fig = tf.figures(task, ref, got)
+    assert fig["top1"] == {"value": 0.99, "n": 100, "matched": 99}
+    verdict = tf.judge(task, fig)
+    assert verdict["passed"] and verdict["shown"]
+    assert not tf.judge(task, fig, tf.parse_keep("top1=99.5%"))["passed"]
+
+    small = tf.judge(task, tf.figures(task, ref[:64], ref[:64]))
+    assert small["passed"] and not small["shown"]
+    assert small["text"] == ("top-1 agrees on 100% of 64 samples (needs 99%; 64 samples cannot "
+                             "show 99%: 100 needed)")
+    wrong = tf.judge(task, tf.figures(task, ref[:64], got[36:]))   # 63 of 64: fails anyway
+    assert not wrong["passed"] and not wrong["shown"] and wrong["text"].endswith("FAILED")
+
+
+def test_box_recall_and_precision_at_iou_half():
+    task = {"kind": "detect"}
+    ref = [[yolov8([(50, 50, 20, 20, 0, 0.9), (150, 100, 40, 20, 1, 0.8)])]]
+    moved = [[yolov8([(50, 50, 20, 20, 0, 0.9), (165, 100, 40, 20, 1, 0.8)])]]   # IoU 0.45
+    fig = tf.figures(task, ref, moved)
+    assert fig["recall"] == {"value": 0.5, "n": 2, "matched": 1, "samples": 1}
+    assert fig["precision"]["value"] == 0.5
+    relabelled = [[yolov8([(50, 50, 20, 20, 1, 0.9), (150, 100, 40, 20, 1, 0.8)])]]
+    assert tf.figures(task, ref, relabelled)["recall"]["value"] == 0.5   # same class only
+    # just under the line in the candidate (0.2 < 0.25, above 0.6 x 0.25): not a miss
+    under = [[yolov8([(50, 50, 20, 20, 0, 0.9), (150, 100, 40, 20, 1, 0.2)])]]
+    fig = tf.figures(task, ref, under)
+    assert fig["recall"]["value"] == 1.0 and fig["precision"] == {
+        "value": 1.0, "n": 1, "matched": 1, "samples": 1}
+    gone = [[yolov8([(50, 50, 20, 20, 0, 0.9), (150, 100, 40, 20, 1, 0.1)])]]
+    assert tf.figures(task, ref, gone)["recall"]["value"] == 0.5
+    empty = [[yolov8([])]]
+    nothing = tf.judge(task, tf.figures(task, empty, empty))
+    assert nothing["passed"] and not nothing["shown"] and "no reference boxes" in nothing["text"]
+
+
+def unit(degrees):
+    return [np.array([[np.cos(np.radians(degrees)), np.sin(np.radians(degrees))]])]
+
+
+def test_retrieval_at_1_and_cosine_of_embeddings():
+    task = {"kind": "embed"}
+    ref = [unit(a) for a in (0, 10, 90, 100)]
+    got = [unit(a) for a in (0, 10, 90, 40)]   # the last one moves: its neighbour changes
+    fig = tf.figures(task, ref, got)
+    assert fig["retrieval1"] == {"value": 0.75, "n": 4, "matched": 3}
+    assert fig["cosine_min"]["value"] == pytest.approx(0.5)
+    verdict = tf.judge(task, fig, {"cosine_min": 0.6})
+    assert not verdict["passed"] and "cosine min 0.50000" in verdict["text"]
+
+
+def test_string_equality_and_character_error_rate():
+    task = {"kind": "ctc", "alphabet": ALPHABET}
+    ref = [[ctc_matrix("hel-lo", ALPHABET)], [ctc_matrix("he", ALPHABET)]]
+    got = [[ctc_matrix("hal-lo", ALPHABET)], [ctc_matrix("he", ALPHABET)]]   # one char off
+    fig = tf.figures(task, ref, got)
+    assert fig["exact"] == {"value": 0.5, "n": 2, "matched": 1}
+    assert fig["cer"] == {"value": pytest.approx(1 / 7), "n": 7, "errors": 1, "samples": 2}
+    verdict = tf.judge(task, fig, {"exact": 0.5, "cer": 0.2})
+    assert verdict["passed"] and verdict["shown"]   # 2 samples show 50 %, 7 characters 20 %
+    assert "character error rate 14.3% over 7 characters (needs at most 20%)" in verdict["text"]
+    strict = tf.judge(task, fig)
+    assert not strict["passed"] and not strict["shown"]
+    assert strict["figures"]["cer"]["text"] == (
+        "character error rate 14.3% over 7 characters (needs at most 1%; 7 characters cannot "
+        "show 1%: 100 needed)")
+
+
+def test_pixel_and_frame_agreement():
+    a = np.zeros((1, 2, 10, 10), np.float32)
+    a[0, 1, :5] = 1
+    b = a.copy()
+    b[0, 1, 5, :3] = 2   # 3 more pixels of class 1
+    fig = tf.figures({"kind": "segment"}, [[a]], [[b]])
+    assert fig["pixels"] == {"value": 0.97, "n": 100, "matched": 97, "samples": 1}
+    frames = tf.figures({"kind": "vad"}, [[np.array([[p]])] for p in (0.9, 0.1, 0.6, 0.4)],
+                        [[np.array([[p]])] for p in (0.8, 0.2, 0.4, 0.3)])
+    assert frames["frames"] == {"value": 0.75, "n": 4, "matched": 3, "speech": 2, "samples": 4}
+
+
+def test_parse_keep_and_its_errors():
+    assert tf.parse_keep("top1=99%") == {"top1": pytest.approx(0.99)}
+    assert tf.parse_keep("recall=0.9, precision=90%,cer=1%") == {
+        "recall": 0.9, "precision": pytest.approx(0.9), "cer": pytest.approx(0.01)}
+    assert tf.parse_keep("cosine=0.98") == {"cosine_min": 0.98}
+    for bad, says in (("top1", "FIGURE=VALUE"), ("speed=99%", "no figure 'speed'"),
+                      ("top1=150%", "not a share"), ("top1=abc", "not a share"),
+                      ("top1=99", "not a share")):
+        with pytest.raises(BundleError) as err:
+            tf.parse_keep(bad)
+        assert str(err.value).startswith("--keep ") and says in str(err.value)
+    with pytest.raises(BundleError, match="classify task has no recall"):
+        tf.judge({"kind": "classify"}, {}, {"recall": 0.9})
+
+
+def test_needed_counts():
+    assert tf.needed("top1", 0.99) == 100 and tf.needed("recall", 0.95) == 20
+    assert tf.needed("cer", 0.01) == 100 and tf.needed("top1", 1.0) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the manifest's task
+
+
+@pytest.mark.parametrize("task, says", [
+    ({"kind": "detect", "score": 2}, "task.score must be a number in (0, 1]"),
+    ({"kind": "classify", "colour": 1}, "task.colour is not a parameter of a classify task"),
+    ({"kind": "classify", "output": "logits"}, "task.output names output 'logits'"),
+    ({"kind": "classify", "output": 3}, "task.output is output 3, the model has 1"),
+    ({"kind": "speak"}, "task.kind must be one of"),
+    ({"kind": "ctc", "alphabet": ["-", 7]}, "task.alphabet must be a list of strings"),
+    ({"kind": "detect", "decoder": "centernet"}, "needs heatmap, scale and offset outputs"),
+    ("classify", "task must be an object"),
+])
+def test_task_problem_names_the_key(task, says):
+    assert says in tasks.task_problem(task, ["scores"])
+
+
+def test_task_problem_passes_good_tasks():
+    for task in (None, {"kind": "raw"}, {"kind": "classify", "top": 3, "output": "scores"},
+                 {"kind": "detect", "decoder": "yolov5", "score": 0.4, "labels": ["a"]},
+                 {"kind": "embed", "pooling": "mean", "normalize": False},
+                 {"kind": "ctc", "alphabet": ["-", "a"], "softmax": False},
+                 {"kind": "vad", "threshold": 0.6}, {"kind": "segment"}):
+        assert tasks.task_problem(task, ["scores"]) == "", task
+
+
+ODD = [None, True, 0, -1, 2, 1e308, float("nan"), "", "x", [], {}, [1, "a"], {"a": 1}, 10 ** 30]
+
+
+def test_odd_task_values_are_refused_or_run_never_crash():
+    """Every parameter of every kind set to odd values: task_problem names the key, or the head
+    runs (a raw tensor of the right rank for each kind)."""
+    outputs = {"classify": [np.zeros((1, 4))], "detect": [yolov8(TWO_BOXES)],
+               "embed": [np.ones((1, 3, 4))], "ctc": [ctc_matrix("he", ALPHABET)],
+               "segment": [np.zeros((1, 2, 3, 3))], "vad": [np.array([[0.4]])]}
+    for kind, params in tasks.PARAMETERS.items():
+        for key in params:
+            for value in ODD:
+                task = {"kind": kind, key: value}
+                problem = tasks.task_problem(task, ["y"])
+                if problem:
+                    assert problem.startswith(f"task.{key} "), (task, problem)
+                elif kind != "raw":
+                    tasks.apply(task, outputs[kind])
+
+
+def with_task(built, dest, task):
+    """A copy of the built bundle whose part declares *task* (the manifest is not in its own
+    file table: editing it needs no re-hash)."""
+    bundle = shutil.copytree(built.bundle.directory, dest,
+                             ignore=shutil.ignore_patterns("cache", "reports", "session.tuned*"))
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["parts"][0]["task"] = task
+    path.write_text(json.dumps(manifest, indent=2))
+    return bundle
+
+
+def test_bad_task_in_manifest_is_refused_with_its_key(built, tmp_path):
+    bundle = with_task(built, tmp_path / "b", {"kind": "detect", "score": 3})
+    check = run_py(bundle, "check")
+    assert check.returncode == 2 and "Traceback" not in check.stderr
+    assert "parts[0].task.score must be a number in (0, 1]" in check.stderr
+    from packager.bundle.manifest import read_manifest
+    from packager.errors import BundleError as HostError
+
+    with pytest.raises(HostError, match=r"parts\[0\]\.task\.score"):
+        read_manifest(bundle)
+
+
+def test_infer_answers_with_labels_and_raw_keeps_tensors(built, tmp_path):
+    import cv2
+
+    bundle = with_task(built, tmp_path / "b", {"kind": "classify", "top": 3})
+    image = tmp_path / "cat.png"
+    cv2.imwrite(str(image), np.full((50, 70, 3), 128, np.uint8))
+    assert run_py(bundle, "check").returncode == 0
+    infer = run_py(bundle, "infer", str(image), "--json", "--out", str(tmp_path / "o.npz"))
+    assert infer.returncode == 0, infer.stderr
+    entry = json.loads(infer.stdout)["results"][0]
+    top = entry["task"]["top"]
+    assert entry["task"]["kind"] == "classify" and "outputs" not in entry
+    assert len(top) == 3 and all(t["label"] == f"class{t['class']}" for t in top)
+    assert sum(t["score"] for t in top) <= 1.0 + 1e-6 and top[0]["score"] >= top[1]["score"]
+    raw_scores = np.load(tmp_path / "o.npz")["cat.png/scores"][0]
+    assert top[0]["class"] == int(np.argmax(raw_scores))
+    human = run_py(bundle, "infer", str(image))
+    assert human.returncode == 0 and f"cat.png: {top[0]['label']} " in human.stdout
+
+    raw = run_py(bundle, "infer", str(image), "--json", "--raw")
+    assert raw.returncode == 0, raw.stderr
+    raw_entry = json.loads(raw.stdout)["results"][0]
+    assert "task" not in raw_entry and raw_entry["outputs"]["scores"]["shape"] == [1, 10]
+
+    misfit = with_task(built, tmp_path / "m", {"kind": "detect", "decoder": "centernet",
+                                                "outputs": [0, 0, 0]})
+    bad = run_py(misfit, "infer", str(image))
+    assert bad.returncode == 2 and "the detect task of model cannot read" in bad.stderr
+    assert "--raw" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_serve_answers_with_the_task_and_raw_on_request(built, tmp_path):
+    import cv2
+
+    bundle = with_task(built, tmp_path / "b", {"kind": "classify", "top": 2})
+    ok, png = cv2.imencode(".png", np.full((40, 40, 3), 90, np.uint8))
+    proc, url = start_server(bundle, tmp_path / "serve.log", "--quiet")
+    try:
+        def post(path):
+            request = urllib.request.Request(url + path, data=png.tobytes(),
+                                             headers={"Content-Type": "image/png"})
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return json.loads(r.read())
+        answer = post("/infer")
+        assert answer["task"]["kind"] == "classify" and len(answer["task"]["top"]) == 2
+        assert answer["part"] == "model" and "outputs" not in answer
+        raw = post("/infer?raw=1")
+        assert "task" not in raw and raw["outputs"]["scores"]["shape"] == [1, 10]
+        with urllib.request.urlopen(url + "/metadata", timeout=30) as r:
+            assert json.loads(r.read())["parts"][0]["task"] == {"kind": "classify", "top": 2}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
