@@ -15,7 +15,7 @@ from .atomic import check_free, check_writable, output_lock
 from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bundle
 from .errors import CalibrationError, SpecError
 from .graph.execute import Sample, run_model
-from .graph.freeze import const_value, freeze_inputs
+from .graph.freeze import branch_inputs, calibration_consts, const_value, freeze_inputs
 from .graph.inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
 from .graph.modelio import load_model
 from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
@@ -366,6 +366,12 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         unknown = sorted(set(req.consts) - set(consts) - set(argued))[0]
         raise SpecError(f"--const {unknown}: the model has no input '{unknown}'",
                         f"inputs are: {', '.join(names)}")
+    decided = {k: v for k, v in branch_inputs(proto).items() if k not in consts and k not in
+               argued} if req.calib is not None else {}
+    if decided and not is_image_source(list_sources(req.calib)):   # an If on sr: one value?
+        seen = load_samples(req.calib, inputs=[i for i in io_specs(graph_inputs(proto))
+                                                if i["name"] in decided])
+        consts = {**consts, **calibration_consts(proto, seen, decided, log=log)}
     if consts:
         # the manifest records the very arrays the graph holds (const_value refuses a value
         # the input's dtype cannot hold)

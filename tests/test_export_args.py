@@ -251,3 +251,101 @@ def test_build_cli_const_on_a_pytorch_source(models, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "--const rate: forward() has no argument 'rate'; forward() takes: x, sr" in r.stderr
     assert not (tmp_path / "c").exists()
+
+
+# --------------------------------------------------------------------------- ONNX: If on an input
+
+
+def rate_graph(path: Path, *, same_shapes: bool) -> Path:
+    """audio [1, 64] and an int64 scalar sr; If sr == 16000 one MatMul, else another: to [1, 8]
+    as well (same_shapes), or to [2, 4] through a Reshape (the branches disagree). The branches
+    declare no output shapes, as exporters often write them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(64, 8)).astype(np.float32), "w16"),
+             numpy_helper.from_array(rng.normal(size=(64, 8)).astype(np.float32), "w8"),
+             numpy_helper.from_array(np.array([2, 4], np.int64), "to_shape"),
+             numpy_helper.from_array(np.array(16000, np.int64), "sixteen_k")]
+    out = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None]) for n in ("f16", "f8")]
+    then = helper.make_graph([helper.make_node("MatMul", ["audio", "w16"], ["f16"])], "at16k",
+                             [], [out[0]])
+    other = helper.make_graph([helper.make_node("MatMul", ["audio", "w8"], ["f8"])] if same_shapes
+                              else [helper.make_node("MatMul", ["audio", "w8"], ["wide"]),
+                                    helper.make_node("Reshape", ["wide", "to_shape"], ["f8"])],
+                              "at8k", [], [out[1]])
+    nodes = [helper.make_node("Equal", ["sr", "sixteen_k"], ["is16k"], name="eq"),
+             helper.make_node("If", ["is16k"], ["feat"], name="by_rate", then_branch=then,
+                              else_branch=other),
+             helper.make_node("Tanh", ["feat"], ["prob"], name="tanh")]
+    graph = helper.make_graph(
+        nodes, "rate", [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 64]),
+                        helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [None, None])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def calibration(path: Path, rates: list[int]) -> Path:
+    rng = np.random.default_rng(3)
+    np.savez(path, audio=rng.normal(size=(len(rates), 1, 64)).astype(np.float32),
+             sr=np.array(rates, np.int64))
+    return path
+
+
+def test_an_input_an_if_branches_on_with_one_value_is_frozen(tmp_path):
+    from packager.graph.freeze import branch_inputs
+    from packager.pipeline import build
+
+    model = rate_graph(tmp_path / "rate.onnx", same_shapes=False)
+    assert branch_inputs(onnx.load(str(model))) == {"sr": ["by_rate"]}
+    logged = []
+    build(model, tmp_path / "b", target="x86_64-cpu",
+          calib=calibration(tmp_path / "c.npz", [16000] * 20), log=logged.append)
+    assert "input sr is 16000 in every calibration sample and an If branches on it: frozen " \
+           "(pass --const sr=... to choose)" in logged
+    part = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]
+    assert [i["name"] for i in part["inputs"]] == ["audio"]
+    assert part["source"]["consts"] == {"sr": 16000}
+    shipped = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    assert "If" not in {n.op_type for n in shipped.graph.node}
+    audio = np.linspace(-1, 1, 64, dtype=np.float32)[None]
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"audio": audio, "sr": np.array(16000, np.int64)})[0]
+    got = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"),
+                               providers=["CPUExecutionProvider"]).run(None, {"audio": audio})[0]
+    assert got.shape == ref.shape == (1, 8) and np.abs(got - ref).max() < 0.05
+
+
+def test_an_input_with_several_values_and_disagreeing_branches_is_refused(tmp_path):
+    model = rate_graph(tmp_path / "rate.onnx", same_shapes=False)
+    data = calibration(tmp_path / "c.npz", [16000, 8000] * 10)
+    r = subprocess.run([sys.executable, "-m", "packager", "build", str(model), "--calib",
+                        str(data), "-o", str(tmp_path / "b")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "input sr holds 2 values in the calibration samples (16000, 8000) and the If " \
+           "'by_rate' branches on it into outputs of other shapes" in r.stderr
+    assert "pass --const sr=VALUE to build for one value" in r.stderr
+    assert not (tmp_path / "b").exists()
+    # the way out the message names works
+    r = subprocess.run([sys.executable, "-m", "packager", "build", str(model), "--calib",
+                        str(data), "--const", "sr=8000", "-o", str(tmp_path / "b")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    part = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]
+    assert part["source"]["consts"] == {"sr": 8000} and part["outputs"][0]["shape"] == [2, 4]
+
+
+def test_an_input_with_several_values_and_agreeing_branches_stays_an_input(tmp_path):
+    from packager.pipeline import build
+
+    model = rate_graph(tmp_path / "rate.onnx", same_shapes=True)
+    logged = []
+    build(model, tmp_path / "b", target="x86_64-cpu", log=logged.append,
+          calib=calibration(tmp_path / "c.npz", [16000, 8000] * 10))
+    part = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]
+    assert [i["name"] for i in part["inputs"]] == ["audio", "sr"]
+    assert "consts" not in part["source"] and not [m for m in logged if "frozen" in m]

@@ -2,7 +2,7 @@
 nothing: a sample rate, a flag or a fixed state leaves the bundle's signature, and the branch it
 selects is inlined, so the rest of the pipeline sees one straight graph."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -190,3 +190,92 @@ def _rename_outer(body: onnx.GraphProto, rename: Mapping[str, str]) -> None:
     for out in body.output:
         if out.name in outer:
             out.name = outer[out.name]
+
+
+def branch_inputs(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """The one-element inputs that decide a top-level If (its condition is computed from them
+    and constants only, as silero VAD's `Equal(sr, 16000)`): {input: [If names]}."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    inputs = {i.name: i for i in graph_inputs(model)}
+    producer = {o: n for n in graph.node for o in n.output}
+    found: dict[str, list[str]] = {}
+    for node in graph.node:
+        if node.op_type != "If":
+            continue
+        reached, seen, stack, decided = set(), set(), [node.input[0]], True
+        while stack and decided:
+            tensor = stack.pop()
+            if not tensor or tensor in inits or tensor in seen:
+                continue
+            seen.add(tensor)
+            if tensor in inputs:
+                dims = dims_of(inputs[tensor])
+                decided = all(isinstance(d, int) and d == 1 for d in dims)
+                reached.add(tensor)
+                continue
+            source = producer.get(tensor)
+            decided = source is not None and not any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in source.attribute)
+            stack.extend(source.input if decided else ())
+        for name in reached if decided else ():
+            found.setdefault(name, []).append(node.name or "If")
+    return found
+
+
+def calibration_consts(model: onnx.ModelProto, samples: Sequence[Mapping[str, Any]],
+                       decided: Mapping[str, Sequence[str]], *,
+                       log: Callable[[str], None]) -> dict[str, np.ndarray]:
+    """The inputs in *decided* (from branch_inputs) that hold one value in every sample, to
+    freeze: the bundle is then checked on the branch it was calibrated on, the If folds away
+    and its branch is quantized. An input holding several values is refused where the If's
+    branches give outputs of other shapes (one static graph cannot take them all)."""
+    frozen = {}
+    for name, ifs in decided.items():
+        values = [np.asarray(s[name]) for s in samples if name in s]
+        if not values:
+            continue
+        distinct = {v.tobytes(): v for v in values}
+        if len(distinct) == 1:
+            frozen[name] = values[0]
+            log(f"input {name} is {_shown(values[0].reshape(-1)[0].item())} in every "
+                f"calibration sample and an If branches on it: frozen (pass --const "
+                f"{name}=... to choose)")
+            continue
+        if not all(_branches_agree(model, n) for n in ifs):
+            shown = ", ".join(_shown(v.reshape(-1)[0].item()) for v in list(distinct.values())[:4])
+            raise SpecError(f"input {name} holds {len(distinct)} values in the calibration "
+                            f"samples ({shown}) and the If '{ifs[0]}' branches on it into "
+                            "outputs of other shapes: one static graph cannot take them all",
+                            f"pass --const {name}=VALUE to build for one value (a bundle per "
+                            "value for several)")
+    return frozen
+
+
+def _branches_agree(model: onnx.ModelProto, name: str) -> bool:
+    """True where the If's two branches are known to give outputs of one type and static
+    shape (declared or inferred); unknown counts as not."""
+    inferred = onnx.ModelProto.FromString(model.SerializeToString())
+    node = next((n for n in inferred.graph.node if n.op_type == "If" and
+                 (n.name or "If") == name), None)
+    if node is None:
+        return False
+    for attr in node.attribute:   # what the branches compute, not what an exporter declared
+        for out in attr.g.output if attr.HasField("g") else ():
+            out.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(inferred)
+    except Exception:
+        return False
+    node = next(n for n in inferred.graph.node if n.op_type == "If" and (n.name or "If") == name)
+    then, other = (next(a.g for a in node.attribute if a.name == b)
+                   for b in ("then_branch", "else_branch"))
+    for a, b in zip(then.output, other.output, strict=True):
+        shapes = [[d.dim_value if d.HasField("dim_value") else None
+                   for d in v.type.tensor_type.shape.dim] for v in (a, b)]
+        if a.type.tensor_type.elem_type != b.type.tensor_type.elem_type or \
+                shapes[0] != shapes[1] or None in shapes[0] or \
+                not a.type.tensor_type.HasField("shape"):
+            return False
+    return True
