@@ -119,7 +119,7 @@ def test_golden_data_holds_the_hosts_outputs_of_the_shipped_model(built):
     # INT8: the host kernels' distance from exact arithmetic, less 5e-3; tighter than the budget
     assert 0.98 < golden["exact_cosine"] <= 1.0
     assert golden["reproduce_min_cosine"] == pytest.approx(golden["exact_cosine"] - 5e-3, abs=1e-4)
-    assert golden["reproduce_min_cosine"] <= golden["exact_cosine"] - 5e-3
+    assert golden["reproduce_min_cosine"] <= golden["exact_cosine"] - 5e-3 + 1e-9
     assert golden["reproduce_min_cosine"] > golden["min_cosine"] >= golden["budget_min_cosine"]
 
 

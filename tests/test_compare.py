@@ -158,8 +158,8 @@ def test_auto_keeps_fp32_when_int8_cannot_win(tmp_path):
 def test_auto_honours_the_accuracy_budget(image_dir, tmp_path):
     r = build(f"{MODELS}:conv_heavy", tmp_path / "b", target="x86_64-cpu", calib=image_dir,
               preprocess={**PREP, "size": [64, 64]}, inputs=[parse_input("image:1x3x64x64")],
-              min_cosine=0.999999)
-    assert r.parts[0].accuracy["cosine_min"] >= 0.999999
+              min_cosine=0.9999999)
+    assert r.parts[0].accuracy["cosine_min"] >= 0.9999999
     decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
         "precision"]["decision"]
     plain = decision["candidates"][1]
