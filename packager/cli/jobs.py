@@ -71,7 +71,9 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               help=INPUT_HELP)
 @click.option("--const", "consts", multiple=True, metavar="NAME=VALUE",
               help="freeze an input to a value (number, [list] or .npy): it leaves the "
-              "bundle's inputs and If branches on it fold away (repeatable)")
+              "bundle's inputs and If branches on it fold away; for a PyTorch or TorchScript "
+              "source NAME may be a forward() argument, passed to forward() as that value "
+              "(repeatable)")
 @click.option("--part", "parts", multiple=True, metavar="NAME=ATTR_OR_FACTORY",
               help="bundle this part of the PyTorch model as its own model (repeatable)")
 @click.option("--part-precision", "part_precision", multiple=True, metavar="PART=PRECISION",
