@@ -349,3 +349,10 @@ def test_an_input_with_several_values_and_agreeing_branches_stays_an_input(tmp_p
     part = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0]
     assert [i["name"] for i in part["inputs"]] == ["audio", "sr"]
     assert "consts" not in part["source"] and not [m for m in logged if "frozen" in m]
+
+
+def test_a_const_and_an_input_of_one_name_are_refused(models, tmp_path):
+    with pytest.raises(ExportError, match=r"--const sr and --input sr both given: .*; drop "
+                                          r"--input sr to fix it, or --const sr to feed it"):
+        export(f"{models}:rate_int", tmp_path / "m.onnx", consts={"sr": 16000},
+               inputs=X + [TensorSpec("sr", (1,), "int64")])

@@ -204,7 +204,7 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
 def _check_inputs(loaded: LoadedModel, specs: Sequence[TensorSpec], consts: dict[str, Any],
                   other_consts: bool) -> tuple[list[TensorSpec], dict[str, Any]]:
     """Check the --input count against forward(); return the specs the graph takes and the
-    --const values that fix forward() arguments (a --const wins over an --input of its name)."""
+    --const values that fix forward() arguments."""
     if not specs:
         raise ExportError("no --input given for a PyTorch model",
                           "give one per forward() argument: --input NAME:1x3x224x224[:dtype]")
@@ -216,12 +216,17 @@ def _check_inputs(loaded: LoadedModel, specs: Sequence[TensorSpec], consts: dict
     unknown = [k for k in consts if k not in fixed and k not in names]
     if unknown and not other_consts:
         raise ExportError(f"--const {unknown[0]}: forward() has no argument '{unknown[0]}'",
-                          f"forward() takes: {describe_params(params)}" if params else "a .pt2 program fixed its non-tensor arguments when it "
-                          "was saved; pass the factory (file.py:factory) instead")
-    specs = [s for s in specs if s.name not in fixed]
-    if not specs:
+                          f"forward() takes: {describe_params(params)}" if params else
+                          "a .pt2 program fixed its non-tensor arguments when it was saved; "
+                          "pass the factory (file.py:factory) instead")
+    if fixed and all(p.name in fixed for p in params or () if p.positional or p.required):
         raise ExportError(f"--const fixes every input of forward() ({', '.join(fixed)})",
                           "leave at least one tensor input; a bundle needs an input to run on")
+    both = [s.name for s in specs if s.name in fixed]
+    if both:
+        raise ExportError(f"--const {both[0]} and --input {both[0]} both given: a forward() "
+                          "argument is either fixed or fed", f"drop --input {both[0]} to fix "
+                          f"it, or --const {both[0]} to feed it")
     if params is None:
         return specs, fixed
     positional = [p for p in params if p.positional and p.name not in fixed]
