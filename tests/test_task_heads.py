@@ -289,6 +289,35 @@ def test_task_problem_names_the_key(task, says):
     assert says in tasks.task_problem(task, ["scores"])
 
 
+HEADS = {"logits": [1, 10], "yolo": [1, 6, 8400], "tokens": [1, 12, 8], "steps": [1, 40, 6],
+         "heat": [1, 1, 120, 160], "wh": [1, 2, 120, 160], "marks": [1, 10, 120, 160]}
+
+
+@pytest.mark.parametrize("task, says", [
+    ({"kind": "detect", "output": "logits"}, "task.output: output logits has shape [1, 10], not "
+                                             "a yolov8 head"),
+    ({"kind": "ctc", "output": "steps", "alphabet": ["-", "a"]},
+     "task.alphabet has 2 entries, output steps has 6 classes"),
+    ({"kind": "embed", "output": "logits", "pooling": "mean"}, "no token axis to pool"),
+    ({"kind": "detect", "decoder": "centernet", "outputs": ["heat", "wh", "logits"]},
+     "task.outputs: offset output logits has shape [1, 10]"),
+    ({"kind": "segment", "output": "logits"}, "not (1, classes, H, W)"),
+])
+def test_task_problem_checks_the_shapes_the_manifest_gives(task, says):
+    outputs = [{"name": k, "shape": v} for k, v in HEADS.items()]
+    assert says in tasks.task_problem(task, outputs)
+
+
+def test_task_problem_passes_heads_that_fit():
+    outputs = [{"name": k, "shape": v} for k, v in HEADS.items()]
+    for task in ({"kind": "classify", "output": "logits"}, {"kind": "detect", "output": "yolo"},
+                 {"kind": "embed", "output": "tokens", "pooling": "mean"},
+                 {"kind": "ctc", "output": "steps", "alphabet": list("-abcde")},
+                 {"kind": "detect", "decoder": "centernet",
+                  "outputs": ["heat", "wh", "wh", "marks"]}):
+        assert tasks.task_problem(task, outputs) == "", task
+
+
 def test_task_problem_passes_good_tasks():
     for task in (None, {"kind": "raw"}, {"kind": "classify", "top": 3, "output": "scores"},
                  {"kind": "detect", "decoder": "yolov5", "score": 0.4, "labels": ["a"]},
@@ -369,8 +398,16 @@ def test_infer_answers_with_labels_and_raw_keeps_tensors(built, tmp_path):
     misfit = with_task(built, tmp_path / "m", {"kind": "detect", "decoder": "centernet",
                                                 "outputs": [0, 0, 0]})
     bad = run_py(misfit, "infer", str(image))
-    assert bad.returncode == 2 and "the detect task of model cannot read" in bad.stderr
-    assert "--raw" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "parts[0].task.outputs: heatmap output 0 has shape [1, 10]" in bad.stderr
+
+
+def test_a_head_that_cannot_read_its_outputs_is_a_bundle_error():
+    part = {"name": "m", "task": {"kind": "detect", "decoder": "centernet"}}
+    with pytest.raises(tasks.TaskMisfit) as err:
+        tasks.part_result(part, ["a", "b", "c"], [np.zeros((1, 10))] * 3)
+    assert "the detect task of m cannot read the model's outputs" in str(err.value)
+    assert err.value.status == 500 and "--raw" in str(err.value)
 
 
 def test_serve_answers_with_the_task_and_raw_on_request(built, tmp_path):

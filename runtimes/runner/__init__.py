@@ -5,6 +5,7 @@ never imports the packager, which imports these same modules for preprocessing a
 Modules, each importing only those listed before it:
 
     errors     exit codes, BundleError and the one-line messages
+    task_spec  a part's task: kinds, parameters, defaults, checked against the outputs
     tasks      task heads: top-k labels, boxes + NMS, embeddings, CTC text, masks, speech
     images     image headers, decoding, preprocessing
     manifest   manifest.json, its shape, file hashes, integrity, golden data

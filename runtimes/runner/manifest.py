@@ -14,7 +14,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
-from .tasks import task_problem
+from .task_spec import task_problem
 
 MANIFEST = "manifest.json"
 SUPPORTED_SCHEMA = 2
@@ -198,7 +198,7 @@ def check_manifest(manifest):
             m.pop()
         m.pop()
         if "task" in part:
-            problem = task_problem(part["task"], [o["name"] for o in part["outputs"]])
+            problem = task_problem(part["task"], part["outputs"])
             if problem:
                 raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
                                   % (MANIFEST, i, problem))
@@ -251,8 +251,8 @@ RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check
                 "runner/cli.py", "runner/errors.py", "runner/facts.py", "runner/images.py",
                 "runner/infer.py", "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
                 "runner/profile.py", "runner/report.py", "runner/serve.py",
-                "runner/sessions.py", "runner/task_figures.py", "runner/tasks.py",
-                "runner/tuning.py")
+                "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
+                "runner/tasks.py", "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
 IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))

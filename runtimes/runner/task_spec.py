@@ -1,0 +1,203 @@
+"""A part's task: its kinds, parameters and defaults, and the check of a task object against the
+model's outputs (names, and shapes where known), naming the key that is wrong."""
+
+KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad")
+DECODERS = ("yolov8", "yolov5", "centernet")
+POOLINGS = ("none", "mean", "cls")
+# Each kind's parameters and their defaults ("labels" of classify: the part's own labels).
+PARAMETERS = {
+    "raw": {},
+    "classify": {"output": 0, "labels": None, "top": 5, "softmax": "auto"},
+    "detect": {"decoder": "yolov8", "output": 0, "outputs": None, "score": 0.25, "iou": 0.45,
+               "labels": None, "max_boxes": 300, "stride": 4, "agnostic": False},
+    "embed": {"output": 0, "pooling": "none", "mask": "attention_mask", "normalize": True},
+    "ctc": {"output": 0, "alphabet": None, "blank": 0, "softmax": "auto"},
+    "segment": {"output": 0, "threshold": 0.5},
+    "vad": {"output": 0, "threshold": 0.5},
+}
+
+
+def task_kind(task):
+    """The task's kind: 'raw' when there is none."""
+    if not task:
+        return "raw"
+    return task.get("kind", "raw") if isinstance(task, dict) else "raw"
+
+
+def settings(task):
+    """The task's parameters with their defaults filled in."""
+    kind = task_kind(task)
+    out = dict(PARAMETERS.get(kind, {}))
+    out.update((k, v) for k, v in (task or {}).items() if k != "kind")
+    out["kind"] = kind
+    return out
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def output_problem(ref, output_names):
+    if is_count(ref):
+        if not 0 <= ref < len(output_names):
+            return "is output %d, the model has %d output(s)" % (ref, len(output_names))
+        return ""
+    if isinstance(ref, str) and ref:
+        if ref not in output_names:
+            return "names output %r, the model's are %s" % (
+                ref[:60], ", ".join(str(n)[:40] for n in output_names[:10]))
+        return ""
+    return "must be an output's index or name, got %r" % (str(ref)[:40],)
+
+
+def string_list_problem(value, what):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return "must be a list of %s" % what
+    return ""
+
+
+def value_problem(kind, key, value, output_names):
+    """What is wrong with one parameter of a *kind* task, or ''."""
+    if key == "output":
+        return output_problem(value, output_names)
+    if key == "outputs":
+        if value is None:
+            return ""
+        if not isinstance(value, list) or not 3 <= len(value) <= 4:
+            return "must list 3 or 4 outputs (heatmap, scale, offset[, landmarks])"
+        for ref in value:
+            problem = output_problem(ref, output_names)
+            if problem:
+                return problem
+        return ""
+    if key in ("labels", "alphabet"):
+        if value is None:
+            return ""
+        problem = string_list_problem(value, "strings")
+        return problem or ("must not be empty" if not value else "")
+    if key in ("top", "max_boxes", "stride"):
+        if not is_count(value) or not 1 <= value <= 100000:
+            return "must be a whole number from 1 to 100000, got %r" % (str(value)[:40],)
+        return ""
+    if key == "softmax":
+        return "" if value in ("auto", True, False) else \
+            "must be \"auto\", true or false, got %r" % (str(value)[:40],)
+    if key in ("score", "iou", "threshold"):
+        if not is_number(value) or not 0.0 < value <= 1.0:
+            return "must be a number in (0, 1], got %r" % (str(value)[:40],)
+        return ""
+    if key in ("normalize", "agnostic"):
+        return "" if isinstance(value, bool) else "must be true or false"
+    if key == "decoder":
+        return "" if value in DECODERS else "must be one of %s, got %r" % (
+            ", ".join(DECODERS), str(value)[:40])
+    if key == "pooling":
+        return "" if value in POOLINGS else "must be one of %s, got %r" % (
+            ", ".join(POOLINGS), str(value)[:40])
+    if key == "mask":
+        return "" if isinstance(value, str) and value else "must be an input's name"
+    if key == "blank":
+        if not is_count(value) or value < 0:
+            return "must be a class index (0 or more), got %r" % (str(value)[:40],)
+        return ""
+    return "is not a parameter of a %s task (%s)" % (
+        kind, ", ".join(sorted(PARAMETERS[kind])) or "it takes none")
+
+
+def output_shapes(outputs):
+    """(names, shapes) of a model's outputs given as names or as {"name", "shape"} objects (a
+    shape that is not a list of sizes is None: nothing is checked against it)."""
+    names, shapes = [], []
+    for out in outputs:
+        if isinstance(out, dict):
+            shape = out.get("shape")
+            names.append(str(out.get("name")))
+            shapes.append(list(shape) if isinstance(shape, list) and all(
+                is_count(d) and d >= 0 for d in shape) else None)
+        else:
+            names.append(str(out))
+            shapes.append(None)
+    return names, shapes
+
+
+def shape_of(ref, names, shapes):
+    return shapes[ref] if is_count(ref) else shapes[names.index(ref)]
+
+
+def size(shape):
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+def shape_problem(conf, names, shapes):
+    """What makes the output the task reads the wrong shape for it, or ''."""
+    kind = conf["kind"]
+    if kind == "detect" and conf["decoder"] == "centernet":
+        refs = conf["outputs"] or list(range(min(4, len(names))))
+        wanted = ((1, "heatmap"), (2, "scale"), (2, "offset"), (None, "landmarks"))
+        for ref, (channels, what) in zip(refs, wanted):
+            shape = shape_of(ref, names, shapes)
+            if shape is not None and (len(shape) != 4 or shape[1] != (channels or shape[1])
+                                      or shape[1] % 2 and not channels):
+                return "task.outputs: %s output %s has shape %s, not (1, %s, H, W)" % (
+                    what, ref, shape, channels or "2 x points")
+        return ""
+    shape = shape_of(conf["output"], names, shapes)
+    if shape is None:
+        return ""
+    where = "task.output: output %s has shape %s" % (conf["output"], shape)
+    if kind == "classify" and size(shape) < 2:
+        return where + ", one value: nothing to rank"
+    if kind == "detect":
+        low = 5 if conf["decoder"] == "yolov5" else 4
+        if len(shape) not in (2, 3) or min(shape[-2:]) < low:
+            return where + ", not a %s head (1, %s)" % (
+                conf["decoder"], "N, 5 + classes" if low == 5 else "4 + classes, N")
+    if kind == "embed" and conf["pooling"] != "none" and len(shape) < 3:
+        return where + ", no token axis to pool (pooling %s needs (1, tokens, dim))" \
+            % conf["pooling"]
+    if kind == "ctc":
+        if len(shape) not in (2, 3):
+            return where + ", not (1, steps, classes)"
+        alphabet = conf["alphabet"]
+        if alphabet and len(alphabet) != shape[-1]:
+            return "task.alphabet has %d entries, output %s has %d classes (the blank " \
+                   "included)" % (len(alphabet), conf["output"], shape[-1])
+    if kind == "segment" and len(shape) not in (3, 4):
+        return where + ", not (1, classes, H, W)"
+    return ""
+
+
+def task_problem(task, outputs):
+    """'' when *task* (a part's task object, or None) fits a model with *outputs* (its output
+    names in session order, or the manifest's {"name", "shape"} objects: then the shapes are
+    checked too); else one line naming the key ('task.score must be ...')."""
+    if task is None:
+        return ""
+    if not isinstance(task, dict):
+        return "task must be an object with a kind (%s)" % ", ".join(KINDS)
+    kind = task.get("kind")
+    if kind not in KINDS:
+        return "task.kind must be one of %s, got %r" % (", ".join(KINDS), str(kind)[:40])
+    output_names, shapes = output_shapes(outputs)
+    for key in sorted(k for k in task if k != "kind"):
+        problem = value_problem(kind, str(key), task[key], output_names)
+        if problem:
+            return "task.%s %s" % (str(key)[:40], problem)
+    if kind == "detect" and task.get("decoder", "yolov8") == "centernet" and \
+            task.get("outputs") is None and len(output_names) < 3:
+        return "task.decoder centernet needs heatmap, scale and offset outputs; the model " \
+               "has %d" % len(output_names)
+    if kind == "ctc" and task.get("alphabet") is not None and \
+            task.get("blank", 0) >= len(task["alphabet"]):
+        return "task.blank %r is past the alphabet's %d entries" % (task.get("blank", 0),
+                                                                   len(task["alphabet"]))
+    if kind == "raw" or not output_names:
+        return ""
+    return shape_problem(settings(task), output_names, shapes)
