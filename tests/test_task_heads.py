@@ -371,6 +371,29 @@ def test_bad_task_in_manifest_is_refused_with_its_key(built, tmp_path):
         read_manifest(bundle)
 
 
+def test_damaged_task_fields_are_one_line_errors_naming_the_key(built, tmp_path, capfd):
+    """Each field of a part's task replaced by odd values: `run.py check` passes or exits 2
+    naming parts[0].task, never a traceback (tests/test_fuzz_manifest.py's rule, on the task)."""
+    from packager._runtimes.runner import cli
+
+    task = {"kind": "classify", "output": "scores", "labels": ["a"] * 10, "top": 3,
+            "softmax": "auto"}
+    bundle = with_task(built, tmp_path / "b", task)
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    codes = set()
+    for key in task:
+        for value in ODD:
+            manifest["parts"][0]["task"] = dict(task, **{key: value})
+            path.write_text(json.dumps(manifest))
+            code = cli.main(["--bundle", str(bundle), "check"])
+            err = capfd.readouterr().err
+            codes.add(code)
+            assert code in (0, 2) and "Traceback" not in err, (key, value, err)
+            assert code == 0 or f"parts[0].task.{key}" in err or "parts[0].task " in err, err
+    assert codes == {0, 2}
+
+
 def test_infer_answers_with_labels_and_raw_keeps_tensors(built, tmp_path):
     import cv2
 
