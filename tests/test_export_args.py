@@ -80,8 +80,36 @@ class RateTensor(nn.Module):
         return y
 
 
+def with_cache(forward):
+    """As transformers' decorators do: a keyword forward() also declares, set by the wrapper."""
+    import functools
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs.setdefault("use_cache", False)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Decorated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(16, 4)
+
+    @with_cache
+    def forward(self, x, mask=None, use_cache=None, **kwargs):
+        y = self.proj(x)
+        return y if mask is None else y * mask
+
+
 def crepe():
     return Crepe()
+
+
+def decorated():
+    return Decorated()
 
 
 def branchy():
@@ -130,6 +158,22 @@ def test_a_python_bool_default_is_no_input_and_no_refusal(models, tmp_path):
     assert names == ["x"] and got.shape == (1, 4) == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert r.validation["max_rel"] < 1e-5 and not r.warnings and r.consts == {}
+
+
+def test_defaults_and_kwargs_of_a_decorated_forward_are_not_fed_twice(models, tmp_path):
+    # torch.onnx alone appends every default by position, and the decorator's use_cache=False
+    # then clashes: "forward() got multiple values for argument 'use_cache'" (transformers'
+    # BertModel fails so)
+    module = load(models, "decorated")
+    with pytest.raises(TypeError, match="multiple values for argument 'use_cache'"):
+        torch.onnx.export(module, (torch.zeros(1, 16),), str(tmp_path / "plain.onnx"),
+                          dynamo=False)
+    r = export(f"{models}:decorated", tmp_path / "d.onnx", inputs=X)
+    names, got = onnx_run(r.path, sample())
+    with torch.no_grad():
+        ref = module(torch.from_numpy(sample())).numpy()
+    assert names == ["x"]
+    np.testing.assert_allclose(got, ref, atol=1e-5)
 
 
 def test_const_picks_the_other_side_of_a_bool_default(models, tmp_path):

@@ -28,8 +28,8 @@ class Param:
 
 
 def forward_params(module: Any) -> list[Param] | None:
-    """forward()'s parameters, from its TorchScript schema or Python signature; None when they
-    cannot be told (*args, a builtin)."""
+    """forward()'s parameters, from its TorchScript schema or Python signature (**kwargs left
+    out); None when they cannot be told (*args, a builtin)."""
     schema = getattr(getattr(module, "forward", None), "schema", None)
     if schema is not None:   # a TorchScript method: its types are declared
         params = []
@@ -44,8 +44,10 @@ def forward_params(module: Any) -> list[Param] | None:
         return None
     params = []
     for p in signature.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind == p.VAR_POSITIONAL:
             return None
+        if p.kind == p.VAR_KEYWORD:   # transformers' **kwargs: nothing to feed by position
+            continue
         params.append(Param(p.name, p.kind != p.KEYWORD_ONLY, p.default is p.empty,
                             _wants(p.annotation)))
     return params
