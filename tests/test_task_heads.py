@@ -101,6 +101,22 @@ def test_centernet_heatmap_peak_becomes_a_box_with_landmarks():
     assert boxes[0]["landmarks"] == [[pytest.approx(cx), pytest.approx(cy)]] * 5
 
 
+def test_boxes_back_in_the_photos_pixels():
+    """A 640x480 photo letterboxed into 320x320 (scale 0.5, 40 px bands above and below)."""
+    result = tasks.apply({"kind": "detect", "decoder": "centernet", "score": 0.5},
+                         centerface([(30, 40, 0.9)], size=80))
+    box, marks = result["boxes"][0]["box"], result["boxes"][0]["landmarks"]
+    tasks.add_image_boxes(result, {"size": [320, 320], "resize": "letterbox"}, (640, 480))
+    item = result["boxes"][0]
+    assert item["image_box"] == [2 * box[0], 2 * (box[1] - 40), 2 * box[2], 2 * (box[3] - 40)]
+    assert item["image_landmarks"][0] == [2 * marks[0][0], 2 * (marks[0][1] - 40)]
+    assert result["image_size"] == [640, 480]
+    stretch = tasks.input_to_image({"size": [100, 50], "resize": "stretch"}, (200, 200))
+    assert [float(v[0]) for v in stretch([50], [25])] == [100, 100]
+    crop = tasks.input_to_image({"size": [100, 100], "resize": "center-crop"}, (400, 200))
+    assert [float(v[0]) for v in crop([0], [0])] == [100, 0]   # 200x100 after resize, 50 cut
+
+
 # ---------------------------------------------------------------------------------------------
 # embed, ctc, segment, vad
 

@@ -9,10 +9,11 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
+from .images import IMAGE_SUFFIXES, image_size
 from .inputs import describe_outputs, input_files, load_input_file
 from .manifest import one_part, require_intact
 from .sessions import open_session
-from .tasks import part_result, public, summary, wants_task
+from .tasks import add_image_boxes, part_result, public, summary, wants_task
 
 
 def printable(path):
@@ -61,13 +62,18 @@ def save_outputs(out, arrays):
         raise
 
 
-def answer(part, names, outputs, feed, raw, top, arrays=None, key=""):
+def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None):
     """One sample's answer: {"task": result, "summary": text} in *part*'s task's terms, or with
     *raw* or no task, {"outputs": the tensors described}. A task's arrays (a segmentation map)
-    go to *arrays* as KEY/task.map."""
+    go to *arrays* as KEY/task.map. When *body* (the input's bytes) is an image, a detector's
+    boxes are also given in its pixels."""
     if not wants_task(part, raw):
         return {"outputs": describe_outputs(names, outputs, part.get("labels"), top)}
     result = part_result(part, names, outputs, feed)
+    size = image_size(body) if body is not None and part.get("preprocess") and \
+        result["kind"] == "detect" else None
+    if size and min(size) > 0:   # the header's size is the decoded one (no EXIF turn)
+        add_image_boxes(result, part["preprocess"], size)
     if "_map" in result and arrays is not None:
         arrays["%s/task.map" % key] = result["_map"]
     return {"task": public(result), "summary": summary(part["task"], result)}
@@ -90,7 +96,9 @@ def cmd_infer(bundle, manifest, args):
                               % (printable(path), one_line(exc))) from None
         for name, value in zip(names, outputs):
             arrays["%s/%s" % (key, name)] = value
-        entry = answer(part, names, outputs, feed, args.raw, args.top, arrays, key)
+        body = np.fromfile(path, dtype=np.uint8) if path.lower().endswith(IMAGE_SUFFIXES) \
+            else None
+        entry = answer(part, names, outputs, feed, args.raw, args.top, arrays, key, body)
         entry.update(file=printable(path), key=key)
         results.append(entry)
     if args.out:

@@ -417,7 +417,7 @@ def cmd_serve(bundle, manifest, args):
                 start = time.perf_counter()
                 outputs = session.run(names, feed)
                 ms = (time.perf_counter() - start) * 1000.0
-                return 200, dict(answer(part, names, outputs, feed, self.raw, args.top),
+                return 200, dict(answer(part, names, outputs, feed, self.raw, args.top, body=body),
                                  part=part["name"], latency_ms=ms)
             except BundleError as exc:
                 return exc.status, {"error": str(exc)}

@@ -348,6 +348,44 @@ def part_result(part, names, outputs, feed=None):
     return result
 
 
+def input_to_image(spec, size):
+    """A function taking (x, y) arrays in the model's input pixels to the original image's, by
+    undoing *spec*'s resize (stretch, letterbox, center-crop) of an image of *size* (w, h)."""
+    width, height = spec["size"]
+    w, h = size
+    mode = spec.get("resize", "stretch")
+    if mode == "letterbox":
+        r = min(float(width) / w, float(height) / h)
+        nw, nh = max(1, int(round(w * r))), max(1, int(round(h * r)))
+        left, top = (width - nw) // 2, (height - nh) // 2
+    elif mode == "center-crop":
+        r = max(float(width) / w, float(height) / h)
+        nw, nh = max(width, int(round(w * r))), max(height, int(round(h * r)))
+        left, top = -((nw - width) // 2), -((nh - height) // 2)
+    else:
+        nw, nh, left, top = width, height, 0, 0
+
+    def convert(x, y):
+        return (np.clip((np.asarray(x, np.float64) - left) * w / nw, 0, w),
+                np.clip((np.asarray(y, np.float64) - top) * h / nh, 0, h))
+    return convert
+
+
+def add_image_boxes(result, spec, size):
+    """Each box of a detect *result* also in the original image's pixels ("image_box",
+    "image_landmarks"), for an image of *size* (width, height) preprocessed by *spec*."""
+    convert = input_to_image(spec, size)
+    for item in result.get("boxes", ()):
+        xs, ys = convert([item["box"][0], item["box"][2]], [item["box"][1], item["box"][3]])
+        item["image_box"] = [round(float(v), 2) for v in (xs[0], ys[0], xs[1], ys[1])]
+        if "landmarks" in item:
+            xs, ys = convert([p[0] for p in item["landmarks"]], [p[1] for p in item["landmarks"]])
+            item["image_landmarks"] = [[round(float(x), 2), round(float(y), 2)]
+                                       for x, y in zip(xs, ys)]
+    result["image_size"] = [int(size[0]), int(size[1])]
+    return result
+
+
 def summary(task, result):
     """The result in a few words for a person: 'cat 0.93', '3 boxes: face 0.91, ...'."""
     kind = task_kind(task)
