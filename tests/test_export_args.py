@@ -400,3 +400,15 @@ def test_a_const_and_an_input_of_one_name_are_refused(models, tmp_path):
                                           r"--input sr to fix it, or --const sr to feed it"):
         export(f"{models}:rate_int", tmp_path / "m.onnx", consts={"sr": 16000},
                inputs=X + [TensorSpec("sr", (1,), "int64")])
+
+
+def test_a_branch_after_an_inputs_value_became_a_python_number_is_refused(tmp_path):
+    # the value leaves the tensors (int()) and comes back as a new tensor: not followed, so
+    # the branch on it counts as data-dependent, as every branch did before
+    path = tmp_path / "detour.py"
+    path.write_text("import torch\n\nclass M(torch.nn.Module):\n"
+                    "    def forward(self, x):\n        n = torch.tensor(int(x.sum() > 0))\n"
+                    "        if n > 0:\n            return x * 2\n        return x\n\n"
+                    "def make():\n    return M()\n")
+    with pytest.raises(ExportError, match=r"data-dependent control flow at \S*detour.py:6"):
+        export(f"{path}:make", tmp_path / "d.onnx", inputs=X)

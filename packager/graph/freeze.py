@@ -1,6 +1,8 @@
 """Freeze inputs to constants (`--const NAME=VALUE`) and fold the If nodes that then decide
 nothing: a sample rate, a flag or a fixed state leaves the bundle's signature, and the branch it
-selects is inlined, so the rest of the pipeline sees one straight graph."""
+selects is inlined, so the rest of the pipeline sees one straight graph. An input that decides
+an If and holds one value in every calibration sample is frozen without being asked
+(calibration_consts)."""
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any

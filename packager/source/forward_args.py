@@ -17,6 +17,9 @@ import numpy as np
 from ..errors import ExportError
 
 NUMBER_TYPES = ("int", "float", "bool", "number", "Scalar")
+# a tensor's value leaving as Python numbers or an array: what follows is no longer traceable
+ESCAPES = ("__int__", "__float__", "__index__", "__complex__", "item", "tolist", "numpy",
+           "__array__")
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,8 @@ def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] 
     """The user's lines (file, line) where forward() turns a tensor computed from *tensors* (the
     fed inputs) into a Python bool: the data-dependent branches. A branch on a --const, a
     default or a parameter takes the same way for every input and is not one. None when the
-    run fails (the caller then treats every branch as data-dependent)."""
+    run fails, or an input's value leaves as a Python number (`int(x.sum())`), which this does
+    not follow: the caller then treats every branch as data-dependent."""
     import os
     import traceback
 
@@ -181,6 +185,7 @@ def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] 
 
     tainted: dict[int, Any] = {}   # id -> the tensor itself, so a reused id cannot match
     found: set[tuple[str, int]] = set()
+    escaped: list[Any] = []
 
     def is_tainted(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and tainted.get(id(value)) is value
@@ -193,6 +198,8 @@ def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] 
             leaves = tree_flatten((args, kwargs))[0]
             if not any(is_tainted(v) for v in leaves):
                 return result
+            if getattr(func, "__name__", "") in ESCAPES:
+                escaped.append(func)   # the value goes on as a Python number: not followed
             if getattr(func, "__name__", "") in ("__bool__", "is_nonzero"):
                 for frame in reversed(traceback.extract_stack()):
                     if not is_library_file(frame.filename):
@@ -214,4 +221,4 @@ def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] 
             module(*inputs)
     except Exception:
         return None
-    return found
+    return None if escaped else found
