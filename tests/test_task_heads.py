@@ -267,6 +267,16 @@ def test_pixel_and_frame_agreement():
     assert frames["frames"] == {"value": 0.75, "n": 4, "matched": 3, "speech": 2, "samples": 4}
 
 
+def test_figures_from_stacked_golden_arrays():
+    stacked = {"scores": np.stack([scores(i % 4)[0] for i in range(6)]),
+               "extra": np.zeros((6, 1, 2))}
+    samples = tf.split_samples(stacked, ["scores", "extra"])
+    assert len(samples) == 6 and samples[1]["scores"].shape == (1, 4)
+    assert list(samples[0]) == ["scores", "extra"]
+    fig = tf.figures({"kind": "classify", "output": "scores"}, samples, samples)
+    assert fig["top1"]["matched"] == 6
+
+
 def test_parse_keep_and_its_errors():
     assert tf.parse_keep("top1=99%") == {"top1": pytest.approx(0.99)}
     assert tf.parse_keep("recall=0.9, precision=90%,cer=1%") == {

@@ -3,6 +3,7 @@ box recall and precision, nearest neighbours, strings, pixels, speech frames), a
 of those figures against what a user keeps.
 
     figures(task, reference, candidate, feeds=None)  {name: {"value", "n", ...}}
+    split_samples({name: stacked array})             [{name: one sample's array}]
     parse_keep("top1=99%,recall=0.9")                {"top1": 0.99, "recall": 0.9}
     judge(task, figures, keep=None)                  {"passed", "shown", "text", "figures"}
 
@@ -144,6 +145,14 @@ def ctc_figures(conf, reference, candidate):
     return {"exact": share(equal, len(ref)),
             "cer": {"value": (float(errors) / chars) if chars else (0.0 if not errors else None),
                     "n": chars, "errors": errors, "samples": len(ref)}}
+
+
+def split_samples(stacked, names=None):
+    """Per-sample outputs (or feeds) from arrays stacked over samples, as golden .npz files
+    and check hold them ({name: (samples, 1, ...)}): [{name: (1, ...)}], in *names*' order."""
+    names = list(stacked) if names is None else list(names)
+    count = min(len(stacked[n]) for n in names) if names else 0
+    return [dict((n, stacked[n][i]) for n in names) for i in range(count)]
 
 
 def figures(task, reference, candidate, feeds=None):
