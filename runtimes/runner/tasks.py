@@ -3,8 +3,11 @@
 A part's task is the manifest's `parts[i].task`, a JSON object; absent or {"kind": "raw"} means
 tensors. The host's decision and the device's `infer`/`serve` call the same functions:
 
-    task_problem(task, output_names)  '' or one line naming the key that is wrong
-    apply(task, outputs, feed=None)   one sample's result as JSON-able data
+    task_problem(task, outputs)                 '' or one line naming the key that is wrong
+                                                (outputs: names, or {"name", "shape"} objects)
+    apply(task, outputs, feed=None, labels=None)  one sample's result as JSON-able data
+    part_result(part, names, outputs, feed)     a manifest part's result, with its "kind"
+    add_image_boxes(result, preprocess, size)   a detector's boxes in the photo's own pixels
 
 *outputs* is one sample's session outputs (batch 1): a dict {output name: array} in the
 session's order, or a list of arrays in that order (then a task can name outputs by index
@@ -108,12 +111,12 @@ def iou_matrix(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 
 
-def nms(boxes, scores, threshold, classes=None):
-    """Indices kept by greedy non-maximum suppression, best first; with *classes*, a box only
-    suppresses boxes of its own class."""
+def nms(boxes, scores, threshold, classes=None, limit=None):
+    """Indices kept by greedy non-maximum suppression, best first (at most *limit*); with
+    *classes*, a box only suppresses boxes of its own class."""
     order = np.argsort(-np.asarray(scores), kind="stable")
     keep = []
-    while order.size:
+    while order.size and (limit is None or len(keep) < limit):
         i = int(order[0])
         keep.append(i)
         rest = order[1:]
@@ -184,8 +187,8 @@ def decode_boxes(conf, outputs, score=None):
         pick_ = pick_[np.argsort(-scores[pick_], kind="stable")[:MAX_CANDIDATES]]
     boxes, scores, classes = boxes[pick_], scores[pick_], classes[pick_]
     points = points[pick_] if points is not None else None
-    keep = nms(boxes, scores, conf["iou"], None if conf["agnostic"] else classes)
-    keep = keep[:conf["max_boxes"]]
+    keep = nms(boxes, scores, conf["iou"], None if conf["agnostic"] else classes,
+               conf["max_boxes"])
     return (boxes[keep], scores[keep], classes[keep],
             points[keep] if points is not None else None)
 
