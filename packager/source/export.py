@@ -1,7 +1,6 @@
 """export(): PyTorch -> one self-contained ONNX file, checked against PyTorch on the same inputs."""
 
 import contextlib
-import inspect
 import io
 import os
 import re
@@ -20,8 +19,18 @@ from ..graph.compat import runtime_limits
 from ..graph.execute import Sample
 from ..graph.modelio import opset_of, save_model
 from ..targets import Target, load_target
-from .forward_args import (Binding, bind, bound_module, candidates, describe_params,
-                           forward_params, input_branches)
+from .forward_args import (
+    Binding,
+    article,
+    bind,
+    candidates,
+    describe_params,
+    forward_params,
+    input_branches,
+    plain,
+    shown,
+    traced,
+)
 from .specs import TensorSpec
 from .torchload import LoadedModel, first_line, is_library_file, load_source, user_code
 
@@ -60,7 +69,8 @@ def default_opset(target: Target | str | None) -> int:
 
 
 def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (),
-           consts: Mapping[str, Any] | None = None, weights: Path | None = None, factory_args: Mapping[str, Any] | None = None,
+           consts: Mapping[str, Any] | None = None, weights: Path | None = None,
+           factory_args: Mapping[str, Any] | None = None,
            submodule: str | None = None, dynamic: Mapping[str, Mapping[int, str]] | None = None,
            opset: int | None = None, target: Target | str | None = None,
            output_names: Sequence[str] = (), samples: Sequence[Sample] = (),
@@ -80,9 +90,8 @@ def export(source: str | Path, output: Path, *, inputs: Sequence[TensorSpec] = (
         loaded = load_source(str(source), factory_args=factory_args, weights=weights,
                              submodule=submodule)
         return export_loaded(loaded, output, inputs=inputs, consts=consts, dynamic=dynamic,
-                             opset=opset,
-                             target=target, output_names=output_names, samples=samples,
-                             tolerance=tolerance, force=force, log=log)
+                             opset=opset, target=target, output_names=output_names,
+                             samples=samples, tolerance=tolerance, force=force, log=log)
 
 
 def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorSpec] = (),
@@ -129,8 +138,8 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
         notes = _torch_export(module, specs, feeds[0], raw, names, dynamic, opset)
         if binding is not None:
             for name in binding.consts:
-                log(f"const: {name}={_shown(fixed[name])} passed to forward() as "
-                    f"{_article(binding.passed_as(name))} (not an input of the graph)")
+                log(f"const: {name}={shown(fixed[name])} passed to forward() as "
+                    f"{article(binding.passed_as(name))} (not an input of the graph)")
         for note in notes:
             log(f"export warning: {note}")
         proto = onnx.load(str(raw), load_external_data=True)
@@ -194,7 +203,7 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
         dynamic={k: {int(a): v for a, v in d.items()} for k, d in dynamic.items()},
         validation=validation, nodes=len(proto.graph.node), warnings=notes,
         weights=loaded.weights,
-        consts={k: {"value": _plain(fixed[k]), "passed_as": binding.passed_as(k)}
+        consts={k: {"value": plain(fixed[k]), "passed_as": binding.passed_as(k)}
                 for k in (binding.consts if binding else {})})
 
 
@@ -262,55 +271,24 @@ def _bind_forward(loaded: LoadedModel, specs: Sequence[TensorSpec], fixed: Mappi
     wants = {p.name: p.wants for p in params}
     forms = {k: candidates(v, wants[k]) for k, v in fixed.items()}
     failed: ExportError | None = None
-    for attempt in range(max([len(f) for f in forms.values()] + [1])):
+    attempts = max([len(f) for f in forms.values()] + [1])
+    for attempt in range(attempts):
         binding = bind(params, len(specs), {k: f[min(attempt, len(f) - 1)]
                                            for k, f in forms.items()})
+
         def run(*tensors: Any, b: Binding = binding) -> Any:
             return b.call(loaded.module, tensors)
 
         try:
             reference = _run_torch(run, specs, feed, what)
-            return _traced(loaded.module, binding, feed, what), run, binding, reference
+            return traced(loaded.module, binding, feed, what), run, binding, reference
         except ExportError as exc:
             failed = failed or exc
     assert failed is not None
-    tried = ", ".join(f"{k}={_shown(v)}" for k, v in fixed.items())
-    raise ExportError(failed.message + f" (with --const {tried}, passed as a Python value and "
-                      "as a tensor)", failed.hint) from None
-
-
-def _traced(module: Any, binding: Binding, feed: Sequence[np.ndarray], what: str) -> Any:
-    import torch
-
-    from .torchload import user_location
-
-    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in feed]
-    try:
-        with warnings.catch_warnings(), user_code("forward()"):
-            warnings.simplefilter("ignore")   # the export's own trace reports what matters
-            return bound_module(module, binding, tensors)
-    except PackagerError:
-        raise
-    except Exception as exc:
-        where = user_location(exc.__traceback__)
-        raise ExportError(f"forward() failed on {what}{' at ' + where if where else ''}: "
-                          f"{first_line(exc)}", "check that --input shapes and dtypes match "
-                          "what forward() expects") from None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _plain(value: Any) -> Any:
-    """A --const value as JSON holds it (the manifest records it)."""
-    return value.tolist() if isinstance(value, np.ndarray) else \
-        list(value) if isinstance(value, tuple) else value
-
-
-def _article(kind: str) -> str:
-    return ("a Python " + kind) if kind in ("int", "float", "bool", "list") else "a " + kind
+    tried = ", ".join(f"{k}={shown(v)}" for k, v in fixed.items())
+    raise ExportError(failed.message + f" (with --const {tried}" + (
+        ", passed as a Python value and as a tensor)" if attempts > 1 else ")"),
+        failed.hint) from None
 
 
 def make_inputs(specs: Sequence[TensorSpec], module: Any, *, seed: int,

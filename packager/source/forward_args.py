@@ -8,13 +8,15 @@ forward through a function that takes only the fed tensors keeps those values Py
 
 import copy
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import ExportError
+from ..errors import ExportError, PackagerError
+from .torchload import first_line, user_code, user_location
 
 NUMBER_TYPES = ("int", "float", "bool", "number", "Scalar")
 # a tensor's value leaving as Python numbers or an array: what follows is no longer traceable
@@ -166,6 +168,41 @@ def bound_module(module: Any, binding: Binding, example: Sequence[Any]) -> Any:
 
     object.__setattr__(bound, "forward", forward)
     return bound
+
+
+def traced(module: Any, binding: Binding, feed: Sequence[np.ndarray], what: str) -> Any:
+    """bound_module() on the arrays *feed*; a failure is the user's forward() failing."""
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in feed]
+    try:
+        with warnings.catch_warnings(), user_code("forward()"):
+            warnings.simplefilter("ignore")   # the export's own trace reports what matters
+            return bound_module(module, binding, tensors)
+    except PackagerError:
+        raise
+    except Exception as exc:
+        where = user_location(exc.__traceback__)
+        raise ExportError(f"forward() failed on {what}{' at ' + where if where else ''}: "
+                          f"{first_line(exc)}", "check that --input shapes and dtypes match "
+                          "what forward() expects") from None
+
+
+def shown(value: Any) -> str:
+    """A --const value for a log line."""
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def plain(value: Any) -> Any:
+    """A --const value as JSON holds it (the manifest records it)."""
+    return value.tolist() if isinstance(value, np.ndarray) else \
+        list(value) if isinstance(value, tuple) else value
+
+
+def article(kind: str) -> str:
+    """'a Python int', 'a tensor int64': how passed_as() reads in a sentence."""
+    return ("a Python " + kind) if kind in ("int", "float", "bool", "list") else "a " + kind
 
 
 def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] | None:
