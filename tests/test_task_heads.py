@@ -292,6 +292,16 @@ def test_parse_keep_and_its_errors():
         tf.judge({"kind": "classify"}, {}, {"recall": 0.9})
 
 
+def test_the_tasks_own_keep_and_then_the_users():
+    task = {"kind": "classify", "keep": {"top1": 0.9}}   # as the manifest records it
+    fig = {"top1": {"value": 0.95, "n": 20, "matched": 19}}
+    assert tf.keep_for(task) == {"top1": 0.9}
+    verdict = tf.judge(task, fig)
+    assert verdict["passed"] and verdict["shown"]          # 20 samples can show 90 %
+    assert not tf.judge(task, fig, {"top1": 0.99})["passed"]
+    assert tasks.task_problem(task, ["scores"]) == ""
+
+
 def test_needed_counts():
     assert tf.needed("top1", 0.99) == 100 and tf.needed("recall", 0.95) == 20
     assert tf.needed("cer", 0.01) == 100 and tf.needed("top1", 1.0) == 1
@@ -310,6 +320,10 @@ def test_needed_counts():
     ({"kind": "ctc", "alphabet": ["-", 7]}, "task.alphabet must be a list of strings"),
     ({"kind": "detect", "decoder": "centernet"}, "needs heatmap, scale and offset outputs"),
     ("classify", "task must be an object"),
+    ({"kind": "classify", "keep": {"recall": 0.9}}, "task.keep names 'recall', not a figure of "
+                                                    "a classify task (top1)"),
+    ({"kind": "ctc", "keep": {"cer": 2}}, "task.keep cer must be a share from 0 to 1"),
+    ({"kind": "vad", "keep": 0.99}, "task.keep must be an object"),
 ])
 def test_task_problem_names_the_key(task, says):
     assert says in tasks.task_problem(task, ["scores"])
@@ -403,7 +417,7 @@ def test_damaged_task_fields_are_one_line_errors_naming_the_key(built, tmp_path,
     from packager._runtimes.runner import cli
 
     task = {"kind": "classify", "output": "scores", "labels": ["a"] * 10, "top": 3,
-            "softmax": "auto"}
+            "softmax": "auto", "keep": {"top1": 0.98}}
     bundle = with_task(built, tmp_path / "b", task)
     path = bundle / "manifest.json"
     manifest = json.loads(path.read_text())

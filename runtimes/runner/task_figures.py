@@ -7,6 +7,9 @@ of those figures against what a user keeps.
     parse_keep("top1=99%,recall=0.9")                {"top1": 0.99, "recall": 0.9}
     judge(task, figures, keep=None)                  {"passed", "shown", "text", "figures"}
 
+What a task keeps: DEFAULT_KEEP for its kind, the task's own "keep" object over it (as the
+manifest records it), and judge's *keep* (--keep) over both.
+
 *reference* and *candidate* are lists of per-sample outputs (the same samples through two
 models, e.g. FP32 and INT8), each as tasks.apply takes them: a dict {output name: array} or a
 list of arrays in the session's order. *feeds*: the samples' inputs (embed's mean pooling reads
@@ -21,6 +24,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError
+from .task_spec import FIGURES
 from .tasks import (
     ctc_decode,
     decode_boxes,
@@ -42,15 +46,6 @@ DEFAULT_KEEP = {
     "ctc": {"exact": 0.99, "cer": 0.01},
     "segment": {"pixels": 0.99},
     "vad": {"frames": 0.99},
-}
-# Each kind's figures: the keys --keep may name for it.
-FIGURES = {
-    "classify": ("top1",),
-    "detect": ("recall", "precision"),
-    "embed": ("retrieval1", "cosine_min"),
-    "ctc": ("exact", "cer"),
-    "segment": ("pixels",),
-    "vad": ("frames",),
 }
 AT_MOST = ("cer",)        # lower is better
 NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
@@ -224,10 +219,12 @@ def parse_keep(text):
 
 
 def keep_for(task, keep=None):
-    """The task's defaults with *keep* (parse_keep's) over them; a figure the task does not have
-    is refused, naming --keep."""
+    """What the task keeps: DEFAULT_KEEP, the task's own `keep` over it (the manifest's record),
+    and *keep* (parse_keep's) over both; a figure the task does not have is refused, naming
+    --keep."""
     kind = task_kind(task)
     merged = dict(DEFAULT_KEEP.get(kind, {}))
+    merged.update((task or {}).get("keep") or {})
     for name, value in sorted((keep or {}).items()):
         if name not in FIGURES.get(kind, ()):
             raise BundleError("--keep %s: a %s task has no %s figure (it has: %s)" % (

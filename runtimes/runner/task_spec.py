@@ -15,6 +15,16 @@ PARAMETERS = {
     "segment": {"output": 0, "threshold": 0.5},
     "vad": {"output": 0, "threshold": 0.5},
 }
+# Each kind's figures (runner/task_figures.py): what `keep` (and --keep) may name for it.
+FIGURES = {
+    "raw": (),
+    "classify": ("top1",),
+    "detect": ("recall", "precision"),
+    "embed": ("retrieval1", "cosine_min"),
+    "ctc": ("exact", "cer"),
+    "segment": ("pixels",),
+    "vad": ("frames",),
+}
 
 
 def task_kind(task):
@@ -98,6 +108,8 @@ def value_problem(kind, key, value, output_names):
     if key == "pooling":
         return "" if value in POOLINGS else "must be one of %s, got %r" % (
             ", ".join(POOLINGS), str(value)[:40])
+    if key == "keep":
+        return keep_problem(kind, value)
     if key == "mask":
         return "" if isinstance(value, str) and value else "must be an input's name"
     if key == "blank":
@@ -105,7 +117,21 @@ def value_problem(kind, key, value, output_names):
             return "must be a class index (0 or more), got %r" % (str(value)[:40],)
         return ""
     return "is not a parameter of a %s task (%s)" % (
-        kind, ", ".join(sorted(PARAMETERS[kind])) or "it takes none")
+        kind, ", ".join(sorted(list(PARAMETERS[kind]) + ["keep"])))
+
+
+def keep_problem(kind, keep):
+    """What is wrong with a task's `keep` ({figure: threshold}), or ''."""
+    if not isinstance(keep, dict):
+        return "must be an object {figure: share}, e.g. {\"top1\": 0.99}"
+    for name, value in sorted(keep.items()):
+        if name not in FIGURES[kind]:
+            return "names %r, not a figure of a %s task (%s)" % (
+                str(name)[:40], kind, ", ".join(FIGURES[kind]) or "it has none")
+        low = -1.0 if name == "cosine_min" else 0.0
+        if not is_number(value) or not low <= value <= 1.0:
+            return "%s must be a share from %g to 1, got %r" % (name, low, str(value)[:40])
+    return ""
 
 
 def output_shapes(outputs):
