@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExportError, PackagerError
-from .torchload import first_line, user_code, user_location
+from .torchload import first_line, is_library_file, user_code, user_location
 
 NUMBER_TYPES = ("int", "float", "bool", "number", "Scalar")
 # a tensor's value leaving as Python numbers or an array: what follows is no longer traceable
@@ -217,8 +217,6 @@ def input_branches(module: Any, tensors: Sequence[Any]) -> set[tuple[str, int]] 
     import torch
     from torch.overrides import TorchFunctionMode
     from torch.utils._pytree import tree_flatten
-
-    from .torchload import is_library_file
 
     tainted: dict[int, Any] = {}   # id -> the tensor itself, so a reused id cannot match
     found: set[tuple[str, int]] = set()
