@@ -412,3 +412,21 @@ def test_a_branch_after_an_inputs_value_became_a_python_number_is_refused(tmp_pa
                     "def make():\n    return M()\n")
     with pytest.raises(ExportError, match=r"data-dependent control flow at \S*detour.py:6"):
         export(f"{path}:make", tmp_path / "d.onnx", inputs=X)
+
+
+def test_list_const_is_a_tensor_and_a_keyword_only_argument_needs_a_value(tmp_path):
+    path = tmp_path / "scale.py"
+    path.write_text("import torch\n\nclass M(torch.nn.Module):\n"
+                    "    def forward(self, x, scale, *, bias):\n"
+                    "        return x[:, :2] * scale + bias\n\n"
+                    "def make():\n    return M()\n")
+    with pytest.raises(ExportError, match=r"forward\(x, scale, bias\): no value for 'bias' .*"
+                                          r"fix it with --const bias=VALUE"):
+        export(f"{path}:make", tmp_path / "s.onnx", inputs=X, consts={"scale": [2.0, 3.0]})
+    r = export(f"{path}:make", tmp_path / "s.onnx", inputs=X,
+               consts={"scale": [2.0, 3.0], "bias": 0.5})
+    names, got = onnx_run(r.path, sample())
+    assert names == ["x"] and r.consts["scale"] == {"value": [2.0, 3.0],
+                                                    "passed_as": "tensor float32"}
+    assert r.consts["bias"] == {"value": 0.5, "passed_as": "float"}
+    np.testing.assert_allclose(got, sample()[:, :2] * [2.0, 3.0] + 0.5, atol=1e-6)

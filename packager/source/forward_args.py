@@ -111,12 +111,12 @@ def bind(params: Sequence[Param], fed: int, consts: Mapping[str, Any]) -> Bindin
     missing = [p.name for p in params if p.required and p.name not in names and
                p.name not in consts]
     if len(free) < fed or missing:
-        shown = f"forward({describe_params(params)})"
+        head = f"forward({describe_params(params)})"
         if len(free) < fed:
-            raise ExportError(f"{shown} takes at most {len(free)} inputs besides --const "
+            raise ExportError(f"{head} takes at most {len(free)} inputs besides --const "
                               f"{', '.join(consts) or '(none)'}, --input gave {fed}",
                               "give one --input per forward() argument, in order")
-        raise ExportError(f"{shown}: no value for '{missing[0]}' (--input gave {fed} inputs"
+        raise ExportError(f"{head}: no value for '{missing[0]}' (--input gave {fed} inputs"
                           + (f", --const {', '.join(consts)}" if consts else "") + ")",
                           f"feed it with --input, or fix it with --const {missing[0]}=VALUE")
     return Binding(tuple(params), names, dict(consts))
@@ -137,9 +137,8 @@ def candidates(value: Any, wants: str) -> list[Any]:
         return [tensor]
     if wants == "number":
         return [python]
-    scalar = isinstance(value, int | float | bool) or (isinstance(value, np.ndarray) and
-                                                       value.ndim == 0)
-    return [python, tensor] if scalar and not isinstance(value, np.ndarray) else [tensor, python]
+    # a number is most often a Python number (`if sr == 16000:`); a list or .npy a tensor
+    return [python, tensor] if isinstance(value, int | float | bool) else [tensor, python]
 
 
 def bound_module(module: Any, binding: Binding, example: Sequence[Any]) -> Any:
