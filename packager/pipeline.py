@@ -59,6 +59,7 @@ from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
 from .targets import Target, load_target
+from .tasks.part import recorded_task, say_suggestion, task_for
 from .timing import Stages
 
 Log = Callable[[str], None]
@@ -78,6 +79,7 @@ class PartRequest:
     quant: Mapping[str, Any] = field(default_factory=dict)
     labels: Sequence[str] | None = None
     consts: Mapping[str, Any] = field(default_factory=dict)   # inputs frozen to values
+    task: Mapping[str, Any] | None = None   # its declared task (tasks/declare.py); None: raw
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           timer: Any = None, log: Log = lambda _: None,
           progress: Callable[[int, int], None] | None = None, fuse: bool = True,
           tune: Tuner | None = None, steps: Progress | None = None,
-          offline: bool = False, openvino: str = "auto") -> BuildResult:
+          offline: bool = False, openvino: str = "auto",
+          tasks: Mapping[str, Mapping[str, Any]] = {},
+          keep: Mapping[str, float] | None = None) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -180,6 +184,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     faster (CPU targets; see offline.py). *openvino*: "auto" lists the target's faster provider
     (OpenVINO on x86) first where it measures faster here, "yes" wherever its graph keeps the
     budget, "no" never (quantization/engine_choice.py).
+    *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
+    judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
+    (--keep) overrides what each task keeps.
     """
     check_holdout(holdout)
     check_golden(golden)
@@ -199,7 +206,11 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
                               labels=labels, parts=parts, part_calib=part_calib,
                               part_quant=part_quant, export_options=export_options)
-        requests = [replace(r, consts=dict(consts)) for r in requests]
+        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
+        unknown_task = sorted(set(tasks) - {r.name for r in requests})
+        if unknown_task:
+            raise SpecError(f"--task {unknown_task[0]}=...: no part '{unknown_task[0]}'",
+                            f"parts: {', '.join(r.name for r in requests)}")
         for req in requests:
             if req.calib is not None:
                 list_sources(req.calib)  # fail before the slow stages when a folder is empty
@@ -213,7 +224,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                                               max_drop=max_accuracy_drop, metric=metric,
                                               timer=timer, log=part_log, progress=progress,
                                               steps=steps,
-                                              fuse=fuse, openvino=openvino, clock=clock)
+                                              fuse=fuse, openvino=openvino, clock=clock,
+                                              keep=keep)
                 payloads.append(payload)
                 results.append(result)
             target, payloads = with_engine(target, results, payloads, log)
@@ -323,7 +335,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                 metric: tuple[Any, str] | None, timer: Any, log: Log,
                 progress: Callable[[int, int], None] | None,
                 fuse: bool = True, steps: Progress | None = None, openvino: str = "auto",
-                clock: Stages | None = None) -> tuple[PartPayload, PartResult]:
+                clock: Stages | None = None, keep: Mapping[str, float] | None = None
+                ) -> tuple[PartPayload, PartResult]:
     clock = clock or Stages()
     started = dict(clock.seconds)
     loaded = req.source if isinstance(req.source, LoadedModel) else None
@@ -406,6 +419,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
 
     if req.labels:
         check_labels(req.labels, simplified, model_path if loaded is None else "the model")
+    task = task_for(req.task, keep, simplified, model_path if loaded is None else "the model")
     family = model_family(simplified)
     preset = target.preset_for(family)
     if family != "default" and family in target.family_quantization:
@@ -486,9 +500,11 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         for note in hygiene(given, held_out):
             log(f"warning: {note}")
     drop = max_drop if max_drop is not None else target.max_accuracy_drop
+    if task is None and req.task is None:
+        say_suggestion(simplified, fp32_outputs, req.labels, log)
     guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
                            metric=metric[0] if metric else None,
-                           metric_name=metric[1] if metric else "")
+                           metric_name=metric[1] if metric else "", task=task, keep=keep)
     labels_held = (sample_labels(req.calib, len(samples), holdout)
                    if metric and req.calib is not None else None)
     folder = tmp / f"{req.name}.search"
@@ -524,7 +540,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     clock.lap("speed vs original")
     precision["stage_seconds"] = clock.since(started)
     payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
-                          req.preprocess, req.labels, source, graphs)
+                          req.preprocess, req.labels, source, graphs,
+                          recorded_task(task, keep))
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,
                         accuracy, config, len(calib_set) if needs_calib else 0, export_info,
                         (*consts, *argued), engine)
@@ -549,4 +566,6 @@ def accuracy_line(acc: dict[str, Any]) -> str:
            f"max abs {acc['max_abs']:.4g}"
     if "top1_agreement" in acc:
         text += f", top-1 agreement {100 * acc['top1_agreement']:.1f}%"
+    if acc.get("task"):
+        text += f"; {acc['task']['kind']}: {acc['task']['text']}"
     return text + f" ({acc['samples']} samples{', random inputs' if acc.get('data') == 'random' else ''})"

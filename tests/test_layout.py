@@ -18,6 +18,7 @@ LAYERS = [
                "_runtimes", "_targets"}),
     ("graph", {"graph"}),
     ("source", {"source"}),
+    ("tasks", {"tasks"}),
     ("quantization", {"quantization"}),
     ("bundle", {"bundle"}),
     ("device", {"device"}),

@@ -172,6 +172,7 @@ class PartPayload:
     labels: Sequence[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)   # file, sha256, export validation
     graphs: Sequence[Any] = ()        # ProviderGraph: float graphs for providers INT8 serves badly
+    task: dict[str, Any] | None = None   # the declared task with what it keeps (tasks/part.py)
 
 
 def _io_lines(values: Sequence[dict[str, Any]]) -> str:
@@ -500,6 +501,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
         "outputs": io_specs(proto.graph.output),
         "preprocess": part.preprocess,
         "labels": list(part.labels) if part.labels else None,
+        **({"task": part.task} if part.task else {}),
         "precision": part.precision,
         "accuracy": part.accuracy or {},
         "golden": golden,

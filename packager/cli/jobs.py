@@ -106,6 +106,15 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
                    "it first where it measures faster at the same budget (auto), wherever a graph "
                    "keeps the budget under it (yes), or never (no); devices without it run the "
                    "CPU provider")
+@click.option("--task", "tasks", multiple=True, metavar="[PART=]KIND[:key=value,...] | FILE.toml",
+              help="what the model does: classify, detect, embed, ctc, segment, vad or raw "
+              "(default); the candidates are also judged by the task's figure (top-1, box "
+              "recall/precision, nearest neighbour, strings, pixels, speech frames) and run.py "
+              "infer answers in its terms; e.g. detect:decoder=yolov8,score=0.25 or "
+              "ctc:alphabet=@chars.txt (docs/tasks.md)")
+@click.option("--keep", default=None, metavar="FIGURE=SHARE,...",
+              help="what the task must keep against FP32 on the held-out samples, over its "
+              "defaults (99%; box recall/precision 95%; CER at most 1%): e.g. top1=98%")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -117,6 +126,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
+              tasks: tuple[str, ...], keep: str | None,
               force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
@@ -133,6 +143,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
     """
     from ..pipeline import ExportOptions, build
     from ..source.specs import parse_assignments, parse_consts, parse_input
+    from ..tasks.declare import keep_of, parse_tasks
 
     opts = export_kwargs(kw)
     opts.pop("dynamic")
@@ -144,6 +155,9 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
         if value not in ("int8", "fp16", "fp32", "auto"):
             raise SpecError(f"--part-precision {part}={value}: not int8, fp16, fp32 or auto",
                             "pick one of those")
+    part_names = list(parse_assignments(parts, "--part")) or ["model"]
+    declared = parse_tasks(tasks, part_names)
+    kept = keep_of(keep, None) if keep else None
     r = build(model, output, target=target,
               calib=Path(single[0]) if single else None,
               part_calib={k: Path(v) for k, v in
@@ -158,7 +172,8 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
               **budget_kwargs(kw),
               labels=read_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
               fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
-              steps=step_line("build", as_json), offline=offline, openvino=openvino)
+              steps=step_line("build", as_json), offline=offline, openvino=openvino,
+              tasks=declared, keep=kept)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._runtimes.runner.task_spec import task_kind
 from ..errors import PackagerError
 from ..graph.execute import Sample, compare_outputs, run_model
 
@@ -49,10 +50,17 @@ class AccuracyBudget:
     max_drop: float | None = None
     metric: Metric | None = None
     metric_name: str = ""
+    task: dict[str, Any] | None = None    # the part's declared task (runner/task_spec.py)
+    keep: dict[str, float] | None = None  # --keep over the task's defaults
 
     @property
     def active(self) -> bool:
-        return self.min_cosine is not None or self.max_drop is not None
+        return self.min_cosine is not None or self.max_drop is not None or self.judged
+
+    @property
+    def judged(self) -> bool:
+        """Whether the candidates are also judged in their task's terms."""
+        return task_kind(self.task) != "raw"
 
     def describe(self) -> str:
         parts = []
@@ -60,6 +68,12 @@ class AccuracyBudget:
             parts.append(f"cosine >= {self.min_cosine}")
         if self.max_drop is not None:
             parts.append(f"{self.metric_name or 'accuracy'} drop <= {100 * self.max_drop:g}%")
+        if self.judged:
+            from .._runtimes.runner.task_figures import AT_MOST, keep_for
+
+            parts += [f"{name} {'<=' if name in AT_MOST else '>='} {100 * value:g}%"
+                      if name != "cosine_min" else f"{self.task['kind']} cosine >= {value:g}"
+                      for name, value in keep_for(self.task, self.keep).items()]
         return " and ".join(parts) or "none"
 
     def evaluate(self, candidate: Path, fp32: Path, held: Sequence[Sample],
@@ -70,11 +84,12 @@ class AccuracyBudget:
         outputs on *held*, when already computed; *outputs*: the candidate's, when it ran
         elsewhere, e.g. under another execution provider)."""
         reference = run_model(fp32, held) if reference is None else reference
+        outputs = run_model(candidate, held) if outputs is None else outputs
+        reference_outputs, candidate_outputs = reference, outputs
         acc = measure_accuracy(candidate, fp32, held, reference, outputs)
         if self.metric is not None:
             reference = self.score(reference, labels, "the FP32 model's")
-            score = self.score(run_model(candidate, held) if outputs is None else outputs,
-                               labels, "the quantized model's")
+            score = self.score(outputs, labels, "the quantized model's")
             acc.update({"metric": self.metric_name, "metric_fp32": reference,
                         "metric_quantized": score})
             drop = reference - score
@@ -89,9 +104,24 @@ class AccuracyBudget:
             failures.append(f"cosine {acc['cosine_min']:.4f} < {self.min_cosine}{where}")
         if self.max_drop is not None and drop > self.max_drop:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
+        if self.judged:
+            acc["task"] = self.judge_task(reference_outputs, candidate_outputs, held)
+            failures += [f["text"] for f in acc["task"]["figures"].values() if not f["passed"]]
         acc["budget"] = {"spec": self.describe(), "passed": not failures, "failures": failures}
         return acc
 
+
+    def judge_task(self, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+                   held: Sequence[Sample]) -> dict[str, Any]:
+        """The task's figures for *outputs* against FP32's *reference* on *held* (each stacked
+        over the samples) and runner/task_figures.judge's verdict on them."""
+        from .._runtimes.runner.task_figures import figures, judge, split_samples
+
+        names = list(reference)
+        found = figures(self.task, split_samples(reference, names),
+                        split_samples(outputs, names), feeds=list(held))
+        verdict = judge(self.task, found, self.keep)
+        return {"kind": task_kind(self.task), **verdict}
 
     def score(self, outputs: dict[str, np.ndarray], labels: Sequence[Any] | None,
               whose: str) -> float:

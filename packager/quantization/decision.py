@@ -221,7 +221,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         chosen = reference
     else:
         reason = (f"{chosen.label}: {gain:.2f}x FP32's speed ({chosen.p50_ms:.3f} vs "
-                  f"{reference.p50_ms:.3f} ms p50) at cosine {chosen.accuracy['cosine_min']:.4f}")
+                  f"{reference.p50_ms:.3f} ms p50) at cosine {chosen.accuracy['cosine_min']:.4f}"
+                  + (f", {chosen.accuracy['task']['text']}" if chosen.accuracy.get("task") else ""))
         if gain < 1.0:
             log(f"warning: --precision int8 is slower than FP32 here ({chosen.p50_ms:.3f} vs "
                 f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")

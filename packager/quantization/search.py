@@ -75,7 +75,9 @@ class Candidate:
                 "meets_budget": self.passed, "int8_nodes": self.int8_nodes,
                 "qdq_boundaries": self.boundaries, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
                 "bytes": self.path.stat().st_size if self.path.is_file() else None,
-                "error": self.error or None, "notes": self.notes}
+                "error": self.error or None, "notes": self.notes,
+                **({"task": {k: v["value"] for k, v in acc["task"]["figures"].items()}}
+                   if acc.get("task") else {})}
 
     def line(self) -> str:
         if self.error:

@@ -4,6 +4,8 @@ import platform
 
 from .manifest import integrity_problems, load_golden, read_npz, select_parts
 from .metrics import compare
+from .task_figures import figures, judge, split_samples
+from .task_spec import task_kind
 from .sessions import full_session, open_session, run_samples, session_origin, session_settings
 
 
@@ -57,13 +59,27 @@ def cmd_check(bundle, manifest, args):
                 stats["passed"] = stats["passed"] and same["passed"]
             passed = passed and stats["passed"]
             entry["outputs"][name] = stats
-        entry["passed"] = all(o["passed"] for o in entry["outputs"].values())
+        if task_kind(part.get("task")) != "raw":
+            entry["task"] = task_verdict(part["task"], reference, got, inputs)
+            passed = passed and entry["task"]["passed"]
+        entry["passed"] = all(o["passed"] for o in entry["outputs"].values()) and \
+            entry.get("task", {}).get("passed", True)
         report["parts"][part["name"]] = entry
     report["passed"] = passed
     report["target_note"] = target_note(manifest, report.get("providers", [""])[0])
     report["session"] = full_session(session_settings(manifest, args))
     report["session_from"] = session_origin(manifest, args)
     return report
+
+
+def task_verdict(task, reference, got, inputs):
+    """The part's task figures on the golden samples, this device's outputs against the
+    reference's, judged by what the task keeps (the manifest records it, as the host held it):
+    a disagreement fails; a set of golden samples too small to show the figure is said."""
+    names = list(reference)
+    found = figures(task, split_samples(reference, names), split_samples(got, names),
+                    feeds=split_samples(inputs))
+    return dict(judge(task, found), kind=task_kind(task))
 
 
 def target_note(manifest, running, arch=None):

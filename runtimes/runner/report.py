@@ -67,6 +67,13 @@ def print_human(command, report):
                 elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
                     print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
                         part, name, figure(s, s["min_cosine"])))
+            task = entry.get("task")
+            if task:
+                print("%s: %s vs the %s: %s%s" % (
+                    part, task["kind"], "FP32 reference" if entry["reference"] == "fp32"
+                    else "host's outputs", task["text"],
+                    "" if not task["passed"] else ": ok" if task["shown"] else
+                    ": ok, not shown (too few golden samples)"))
         note = report.get("target_note")
         print("check %s%s" % ("passed" if report["passed"] else "FAILED",
                               " (not on the target: %s)" % note if note else ""))

@@ -1,0 +1,51 @@
+"""A part's task in the build: checked against the graph's outputs, suggested where none is
+declared, and recorded for the manifest with what it keeps."""
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .._runtimes.runner.task_figures import keep_for
+from .._runtimes.runner.task_spec import task_kind
+from ..graph.inspection import io_specs
+from .declare import check_keep, check_task
+from .suggest import suggest
+
+
+def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
+             graph: onnx.ModelProto, where: Any) -> dict[str, Any] | None:
+    """The declared *task* checked against *graph*'s outputs (SpecError naming --task when it
+    does not fit, or --keep when it names a figure the task lacks); None for raw."""
+    if task is not None and task_kind(task) != "raw":
+        check_task(task, io_specs(graph.graph.output), str(where))
+        if keep:
+            check_keep(task, keep)
+        return dict(task)
+    if keep:
+        from ..errors import SpecError
+
+        raise SpecError("--keep needs a task to judge: the model's task is raw",
+                        "declare it: --task classify (or detect, embed, ctc, segment, vad)")
+    return None
+
+
+def say_suggestion(graph: onnx.ModelProto, reference: Mapping[str, np.ndarray],
+                   labels: Sequence[str] | None, log: Callable[[str], None]) -> None:
+    """One line where a model that declares no task looks like one (suggest.py)."""
+    found = suggest(io_specs(graph.graph.output), reference, labels)
+    if found:
+        text, why = found
+        log(f"task: none declared; {why}: --task {text} would judge the candidates by that "
+            "task's figures and make run.py infer answer in its terms (raw tensors and cosine "
+            "kept)")
+
+
+def recorded_task(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None
+                  ) -> dict[str, Any] | None:
+    """The task as the manifest records it: its parameters and what it keeps (the defaults,
+    its own keep, --keep), so that the device's check holds the host's figures."""
+    if task is None or task_kind(task) == "raw":
+        return None
+    return {**task, "keep": keep_for(task, keep)}

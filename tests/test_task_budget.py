@@ -1,0 +1,179 @@
+"""Budgets in task terms: --task and --keep on the build, the candidates judged by the task's
+figures beside the cosine, the task recorded in the manifest and answered on the device, and a
+task suggested (never taken on) from the graph's outputs."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import PREP, run_py
+from packager.cli import main
+from packager.errors import SpecError
+from packager.pipeline import build
+from packager.quantization.budget import AccuracyBudget
+from packager.tasks.declare import parse_task, parse_tasks
+from packager.tasks.suggest import suggest
+
+
+def linear(path, weights):
+    """y = x @ W: a classifier head whose weights the test chooses."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"])], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, weights.shape[0]])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, weights.shape[1]])],
+        [numpy_helper.from_array(weights.astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def near_tie(tmp_path):
+    """Two models whose scores agree to cosine 0.9999 but whose top-1 differs on some samples:
+    classes 0 and 1 are nearly tied, and the candidate moves class 1 up a little."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 4)) - 1.0
+    w[:, 0] += 2.0
+    w[:, 1] = w[:, 0] + 0.01 * rng.normal(size=16)
+    moved = w.copy()
+    moved[:, 1] += 0.02
+    held = [{"x": (rng.normal(size=(1, 16)) + 3).astype(np.float32)} for _ in range(40)]
+    return linear(tmp_path / "fp32.onnx", w), linear(tmp_path / "cand.onnx", moved), held
+
+
+def test_a_candidate_within_the_cosine_budget_misses_its_top1_budget(tmp_path):
+    fp32, cand, held = near_tie(tmp_path)
+    raw = AccuracyBudget(min_cosine=0.99).evaluate(cand, fp32, held)
+    assert raw["budget"]["passed"] and raw["cosine_min"] > 0.99 and "task" not in raw
+    judged = AccuracyBudget(min_cosine=0.99, task={"kind": "classify"}).evaluate(cand, fp32, held)
+    task = judged["task"]
+    assert task["kind"] == "classify" and not task["passed"]
+    assert task["figures"]["top1"]["value"] < 0.99
+    assert not judged["budget"]["passed"]
+    assert any(f.startswith("top-1 agrees on") and "needs 99%" in f
+               for f in judged["budget"]["failures"])
+    assert "top1 >= 99%" in judged["budget"]["spec"]
+    # a looser keep the user asks for lets it through; FP32 against itself always agrees
+    loose = AccuracyBudget(min_cosine=0.99, task={"kind": "classify"}, keep={"top1": 0.1})
+    assert loose.evaluate(cand, fp32, held)["budget"]["passed"]
+    same = AccuracyBudget(task={"kind": "classify"}).evaluate(fp32, fp32, held)["task"]
+    assert same["passed"] and same["figures"]["top1"]["value"] == 1.0
+    assert not same["shown"] and "40 samples cannot show 99%: 100 needed" in same["text"]
+
+
+def test_task_text_forms(tmp_path):
+    assert parse_task("classify") == {"kind": "classify"}
+    assert parse_task("detect:decoder=yolov5,score=0.3,agnostic=true") == {
+        "kind": "detect", "decoder": "yolov5", "score": 0.3, "agnostic": True}
+    (tmp_path / "chars.txt").write_text("-\na\n \nb\n")
+    assert parse_task(f"ctc:alphabet=@{tmp_path / 'chars.txt'}")["alphabet"] == ["-", "a", " ", "b"]
+    (tmp_path / "t.toml").write_text('kind = "ctc"\nalphabet_file = "chars.txt"\n'
+                                     '[keep]\nexact = 0.95\n')
+    assert parse_task(str(tmp_path / "t.toml")) == {"kind": "ctc", "alphabet": ["-", "a", " ", "b"],
+                                                    "keep": {"exact": 0.95}}
+    assert parse_tasks(["rec=ctc", "det=detect:decoder=centernet"], ["det", "rec"]) == {
+        "rec": {"kind": "ctc"}, "det": {"kind": "detect", "decoder": "centernet"}}
+    for text, words in [("classfy", "no task kind 'classfy'"),
+                        ("classify:size=3", "a classify task has no parameter 'size'"),
+                        ("detect:score", "'score' is not key=value"),
+                        (f"ctc:alphabet=@{tmp_path / 'none.txt'}", "no file"),
+                        (str(tmp_path / "none.toml"), "no such file"),
+                        ("classify:keep=recall=0.9", "a classify task has no recall figure")]:
+        with pytest.raises(SpecError, match=words):
+            parse_task(text)
+    with pytest.raises(SpecError, match="which part is it for"):
+        parse_tasks(["classify"], ["a", "b"])
+
+
+def test_bad_task_and_keep_are_one_line_errors(cnn_onnx, image_dir, tmp_path):
+    common = ["build", str(cnn_onnx), "--calib", str(image_dir), "--preprocess",
+              "size=32x32,resize=letterbox,color=rgb,layout=nchw,scale=1/255"]
+    cases = [(["--task", "detect"], "cnn.onnx: task.output: output 0 has shape [1, 10], not a "
+                                    "yolov8 head"),
+             (["--task", "classify", "--keep", "recall=0.9"], "a classify task has no recall"),
+             (["--keep", "top1=99%"], "--keep needs a task to judge"),
+             (["--task", "classify", "--keep", "top1=200%"], "is not a share from 0 to 1")]
+    for extra, words in cases:
+        out = tmp_path / "o"
+        r = CliRunner().invoke(main, [*common, *extra, "-o", str(out)])
+        assert r.exit_code == 2, (extra, r.output)
+        assert words in r.output and "Traceback" not in r.output, (extra, r.output)
+        assert not out.exists()
+
+
+def test_a_built_classifier_answers_with_labels_and_its_check_holds_top1(cnn_onnx, image_dir,
+                                                                         tmp_path):
+    labels = [f"class{i}" for i in range(10)]
+    lines = []
+    r = build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+              labels=labels, tasks={"model": {"kind": "classify", "top": 3}},
+              keep={"top1": 0.9}, log=lines.append)
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    part = manifest["parts"][0]
+    assert part["task"] == {"kind": "classify", "top": 3, "keep": {"top1": 0.9}}
+    task = r.parts[0].accuracy["task"]
+    assert task["passed"] and task["figures"]["top1"]["keep"] == 0.9
+    assert any(line.startswith("accuracy vs FP32") and "classify: top-1 agrees on" in line
+               for line in lines)
+    decision = part["precision"]["decision"]
+    assert decision["budget"].endswith("top1 >= 90%")
+    assert all("task" in c for c in decision["candidates"] if c["error"] is None)
+    photo = sorted(p for p in image_dir.rglob("*") if p.is_file())[0]
+    out = run_py(tmp_path / "b", "infer", str(photo), "--json")
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)["results"][0]
+    assert found["task"]["top"][0]["label"] in labels and len(found["task"]["top"]) == 3
+    check = run_py(tmp_path / "b", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "model: classify vs the FP32 reference: top-1 agrees on 100% of 4 samples (needs " \
+           "90%; 4 samples cannot show 90%: 10 needed): ok, not shown" in check.stdout
+
+
+def test_suggestions_name_the_task_without_taking_it_on():
+    rng = np.random.default_rng(0)
+    scores = [{"name": "scores", "shape": [1, 10]}]
+    assert suggest(scores, {}, [f"c{i}" for i in range(10)])[0] == "classify"
+    assert suggest(scores, {}, None) is None          # no labels: nothing says it classifies
+    yolo = [{"name": "output0", "shape": [1, 22, 2100]}]
+    assert suggest(yolo, {}, None)[0] == "detect:decoder=yolov8"
+    logits = rng.normal(size=(3, 1, 40, 97))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    ctc = [{"name": "softmax", "shape": [1, 40, 97]}]
+    assert suggest(ctc, {"softmax": probs}, None)[0].startswith("ctc:")
+    assert suggest(ctc, {"softmax": logits}, None) is None
+    centerface = [{"name": n, "shape": [1, c, 8, 8]} for n, c in
+                  [("heat", 1), ("scale", 2), ("offset", 2), ("lms", 10)]]
+    assert suggest(centerface, {}, None)[0] == "detect:decoder=centernet"
+
+
+def test_the_device_check_fails_a_top1_the_reference_does_not_share(cnn_onnx, image_dir,
+                                                                    tmp_path):
+    """The golden reference's top two classes swapped (cosine floor lowered, files re-signed):
+    only the task's figure can see it."""
+    import hashlib
+
+    build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          tasks={"model": {"kind": "classify"}}, keep={"top1": 0.5})
+    bundle = tmp_path / "b"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    golden = manifest["parts"][0]["golden"]
+    ref = np.load(bundle / golden["outputs"])["scores"]
+    swapped = ref.copy()
+    for row in swapped.reshape(len(ref), -1):
+        first, second = np.argsort(row)[-2:][::-1]
+        row[[first, second]] = row[[second, first]]
+    np.savez(bundle / golden["outputs"], scores=swapped)
+    golden["min_cosine"] = 0.01
+    manifest["files"] = {rel: hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
+                         for rel in manifest["files"]}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    r = run_py(bundle, "check", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    task = json.loads(r.stdout)["parts"]["model"]["task"]
+    assert not task["passed"] and task["shown"] and task["figures"]["top1"]["value"] == 0.0
+    assert all(o["passed"] for o in json.loads(r.stdout)["parts"]["model"]["outputs"].values())
+    human = run_py(bundle, "check").stdout
+    assert "model: classify vs the FP32 reference: top-1 agrees on 0% of 4 samples (needs 50%): " \
+           "FAILED\n" in human
