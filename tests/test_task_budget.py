@@ -34,7 +34,7 @@ def near_tie(tmp_path):
     """Two models whose scores agree to cosine 0.9999 but whose top-1 differs on some samples:
     classes 0 and 1 are nearly tied, and the candidate moves class 1 up a little."""
     rng = np.random.default_rng(0)
-    w = rng.normal(size=(16, 4)) - 1.0
+    w = rng.normal(size=(16, 12)) - 1.0   # (over 8 classes: no absolute-error rule for raw)
     w[:, 0] += 2.0
     w[:, 1] = w[:, 0] + 0.01 * rng.normal(size=16)
     moved = w.copy()
@@ -56,7 +56,7 @@ def test_a_candidate_within_the_cosine_budget_misses_its_top1_budget(tmp_path):
                for f in judged["budget"]["failures"])
     assert "top1 >= 99%" in judged["budget"]["spec"]
     # a looser keep the user asks for lets it through; FP32 against itself always agrees
-    loose = AccuracyBudget(min_cosine=0.99, task={"kind": "classify"}, keep={"top1": 0.1})
+    loose = AccuracyBudget(min_cosine=0.99, task={"kind": "classify"}, keep={"top1": 0.01})
     assert loose.evaluate(cand, fp32, held)["budget"]["passed"]
     same = AccuracyBudget(task={"kind": "classify"}).evaluate(fp32, fp32, held)["task"]
     assert same["passed"] and same["figures"]["top1"]["value"] == 1.0
@@ -177,3 +177,19 @@ def test_the_device_check_fails_a_top1_the_reference_does_not_share(cnn_onnx, im
     human = run_py(bundle, "check").stdout
     assert "model: classify vs the FP32 reference: top-1 agrees on 0% of 4 samples (needs 50%): " \
            "FAILED\n" in human
+
+
+def test_an_output_of_a_few_values_is_held_to_an_absolute_error(tmp_path):
+    """A [1, 1] output always has cosine 1 and a few positive numbers stay near it: such outputs
+    must stay within 1% of their largest magnitude."""
+    rng = np.random.default_rng(0)
+    w = np.abs(rng.normal(size=(16, 3))) + 1.0
+    held = [{"x": (np.abs(rng.normal(size=(1, 16))) + 0.1).astype(np.float32)} for _ in range(8)]
+    fp32 = linear(tmp_path / "mos.onnx", w / 16)
+    drift = linear(tmp_path / "drift.onnx", w / 16 * 1.05)   # every score 5% higher
+    budget = AccuracyBudget(min_cosine=0.99)
+    moved = budget.evaluate(drift, fp32, held)
+    assert moved["cosine_min"] > 0.9999 and not moved["budget"]["passed"]
+    assert any("output 'scores' (3 values a sample): max abs" in f and "a cosine cannot judge"
+               in f for f in moved["budget"]["failures"])
+    assert budget.evaluate(fp32, fp32, held)["budget"]["passed"]

@@ -104,6 +104,8 @@ class AccuracyBudget:
             failures.append(f"cosine {acc['cosine_min']:.4f} < {self.min_cosine}{where}")
         if self.max_drop is not None and drop > self.max_drop:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
+        if not self.judged:   # (a declared task's figure judges its outputs)
+            failures += small_output_failures(reference_outputs, acc.get("outputs", {}))
         if self.judged:
             acc["task"] = self.judge_task(reference_outputs, candidate_outputs, held)
             failures += [f["text"] for f in acc["task"]["figures"].values() if not f["passed"]]
@@ -140,6 +142,31 @@ class AccuracyBudget:
                                 f"({type(value).__name__}) on {whose} outputs, not a number",
                                 "return a finite float, higher is better")
         return float(value)
+
+
+SMALL_OUTPUT = 8        # values per sample: a score, a few regression numbers
+SMALL_OUTPUT_ERROR = 0.01   # of the output's largest magnitude over the held-out samples
+
+
+def small_output_failures(reference: dict[str, np.ndarray],
+                          compared: dict[str, dict[str, Any]]) -> list[str]:
+    """Outputs of a few values per sample (a [1, 1] score, a quality model's three MOS numbers)
+    that moved more than 1% of their largest magnitude. A cosine cannot judge them: a [1, 1]
+    output always has cosine 1, and a few positive numbers stay near it whatever their values
+    (a speech-quality model at max abs 0.76 on scores of 1-5 kept cosine 0.999)."""
+    found = []
+    for name, ref in reference.items():
+        if ref.dtype.kind != "f" or not len(ref) or ref[0].size > SMALL_OUTPUT or \
+                name not in compared:
+            continue
+        scale = float(np.abs(ref).max())
+        allowed = max(SMALL_OUTPUT_ERROR * scale, 1e-6)
+        if compared[name]["max_abs"] > allowed:
+            found.append(f"output '{name}' ({ref[0].size} value{'s' * (ref[0].size > 1)} a "
+                         f"sample): max abs {compared[name]['max_abs']:.4g} > {allowed:.4g} "
+                         f"({100 * SMALL_OUTPUT_ERROR:g}% of its largest magnitude, "
+                         f"{scale:.4g}; a cosine cannot judge so few values)")
+    return found
 
 
 def check_min_cosine(value: float) -> float:
