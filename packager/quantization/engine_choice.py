@@ -94,6 +94,10 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     chosen = decision.candidate
     forced = decision.record.get("mode") not in (None, "auto")
     graphs = [chosen] if forced else _graphs(decision)
+    if not forced and original is not None and original not in {c.path for c in graphs}:
+        # OpenVINO builds its own graph: the user's unsimplified file may suit it better
+        graphs.append(Candidate("FP32, the original graph", decision.candidates[0].config,
+                                original))
     threads = int(target.session.get("intra_op_threads", 0))
     chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
     keys = {f"g{i}": c for i, c in enumerate(graphs)}
