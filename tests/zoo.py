@@ -299,6 +299,7 @@ class ZooModel:
     prepare: Callable[["ZooModel", Path, Path], Prepared] | None = None
     check: Callable[[Any, Any, list[dict[str, np.ndarray]]], CheckResult] | None = None
     stateful: bool = False        # the check streams state through the model itself
+    declare: str | Callable[[Path], str] | None = None   # --task (a callable: from the data dir)
     fast: bool = False            # part of tests/test_zoo.py's quick subset
 
     def shapes(self) -> dict[str, list[int]]:
@@ -338,6 +339,9 @@ class ZooModel:
             args += ["--const", const]
         if self.preprocess:
             args += ["--preprocess", self.preprocess]
+        if self.declare:
+            args += ["--task", self.declare(self.data_dir()) if callable(self.declare)
+                     else self.declare]
         return args
 
 

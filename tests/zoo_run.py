@@ -128,6 +128,25 @@ def build_and_check(model: ZooModel, log) -> dict:
     return row
 
 
+def product_task(out: Path, part: dict) -> dict:
+    """The product's own task figures: the build's on its held-out samples (the manifest's
+    accuracy.task) and `run.py check`'s on the golden samples, run as the device would."""
+    found = (part.get("accuracy") or {}).get("task")
+    if not found:
+        return {"product_task": None}
+    res = {"product_task": {"kind": found["kind"], "text": found["text"],
+                            "passed": found["passed"], "shown": found["shown"]}}
+    check = subprocess.run([sys.executable, "-I", "run.py", "check", "--json"], cwd=out,
+                           capture_output=True, text=True, timeout=600)
+    try:
+        device = json.loads(check.stdout)["parts"][part["name"]].get("task") or {}
+        res["product_task"]["check"] = {"passed": device.get("passed"),
+                                        "shown": device.get("shown"), "text": device.get("text")}
+    except (ValueError, KeyError, TypeError):
+        res["product_task"]["check"] = {"passed": False, "text": last_lines(check.stderr, 2)}
+    return res
+
+
 def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
     from packager.timing import time_blocks
 
@@ -152,6 +171,7 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
             silent += 1
             continue
         cosines.append(cosine(got, ref))
+    res.update(product_task(out, part))
     res["cosine_min"] = round(float(min(cosines)), 5) if cosines else None
     res["cosine_skipped"] = silent
     result = model.check(bundle, orig, prepared.eval)
@@ -343,9 +363,10 @@ def write_report(rows: list[dict]) -> Path:
                   + (f" (no OpenVINO row: {', '.join(r['name'] for r in done if r not in versus)})"
                      if len(versus) < len(done) else "") + ".", ""]
     lines += ["| model | package (file, exporter) | task | decision | shipped provider | task check "
+              "| task budget (the product's: build, then run.py check) "
               "| cosine min | bundle p50 | original p50 (ORT CPU) | OpenVINO FP32 p50 "
               "| bundle / original | bundle / OpenVINO | build | exit |",
-              "|" + " --- |" * 14]
+              "|" + " --- |" * 15]
     for r in rows:
         what = f"`{r['pin']}`<br>{r['file']}<br>{r['exporter']}"
         ms = ["-", "-", "-", "-", "-"]
@@ -367,10 +388,18 @@ def write_report(rows: list[dict]) -> Path:
                 cos += f" ({r['cosine_skipped']} near-zero left out)"
         else:
             check, cos = f"not run ({r.get('stage')}): {r.get('error', '')}", "-"
+        own = r.get("product_task")
+        product = "raw (none declared)" if not own else (
+            f"{own['kind']}: {own['text']}: "
+            f"{'PASS' if own['passed'] and own['shown'] else 'pass, not shown' if own['passed'] else 'FAIL'}"
+            + (f"; run.py check: {'pass' if own['check'].get('passed') else 'FAIL'}"
+               + ("" if own["check"].get("shown") else " (too few golden samples to show it)")
+               if own.get("check") else ""))
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
-                     f"{_cell(check)} | {cos} | {' | '.join(_cell(m) for m in ms)} | {build} | "
+                     f"{_cell(check)} | {_cell(product)} | {cos} | "
+                     f"{' | '.join(_cell(m) for m in ms)} | {build} | "
                      f"{r.get('rc')} @ {r.get('commit', '?')} |")
     lines += ["", "## Decisions (build's last line)", ""]
     lines += [f"- **{r['name']}**: {r['decision_line'].replace('decision: ', '')}" for r in rows

