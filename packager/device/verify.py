@@ -191,6 +191,12 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
         for part, entry in check.get("parts", {}).items():
             for name, stats in entry["outputs"].items():
                 checks += _accuracy_checks(_label(part, name, several), entry, stats)
+            task = entry.get("task")
+            if task:   # the part's task figures against the reference (docs/tasks.md)
+                checks.append({"name": f"task:{part if several else task['kind']}",
+                               "passed": task["passed"], "detail": task["text"] + (
+                                   "" if task["shown"] or not task["passed"] else
+                                   " (too few golden samples to show it)")})
         progress(f"bench: {runs} runs after {warmup} warm-up")
         roofline = ["--roofline"] if manifest.get("roofline") else []   # (newer bundles)
         _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),
