@@ -8,6 +8,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .cascade import cmd_infer_pipeline, wants_pipeline
 from .errors import BundleError, one_line
 from .images import IMAGE_SUFFIXES, image_size
 from .inputs import describe_outputs, input_files, load_input_file
@@ -80,6 +81,8 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
 
 
 def cmd_infer(bundle, manifest, args):
+    if wants_pipeline(manifest, args):   # the parts run as one cascade on each photo
+        return cmd_infer_pipeline(bundle, manifest, args, result_keys(args.files))
     require_intact(bundle, manifest)
     part = one_part(manifest, args.part)
     files = input_files(args.files, part)

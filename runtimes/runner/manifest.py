@@ -13,6 +13,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .cascade_spec import pipeline_problem
 from .errors import BundleError, one_line
 from .task_spec import task_problem
 
@@ -211,6 +212,10 @@ def check_manifest(manifest):
         m.pop()
         m.pop()
     m.pop()
+    if "pipeline" in manifest:
+        problem = pipeline_problem(manifest["pipeline"], manifest["parts"])
+        if problem:
+            raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
 
 
 def select_parts(manifest, name=None):
@@ -247,10 +252,11 @@ RUNNER_FILE = "run.py"
 RUNNER_DIR = "runner"
 # The runner as every bundle ships it, each file hashed in the manifest: the entry script and its
 # package. run.py's RUNNER_MODULES names the same package files.
-RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
-                "runner/cli.py", "runner/errors.py", "runner/facts.py", "runner/images.py",
-                "runner/infer.py", "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
-                "runner/profile.py", "runner/report.py", "runner/serve.py",
+RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/cascade.py",
+                "runner/cascade_ocr.py", "runner/cascade_spec.py", "runner/check.py",
+                "runner/cli.py", "runner/closing.py", "runner/errors.py", "runner/facts.py",
+                "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/manifest.py",
+                "runner/metrics.py", "runner/profile.py", "runner/report.py", "runner/serve.py",
                 "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
                 "runner/tasks.py", "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on

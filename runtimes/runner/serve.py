@@ -12,6 +12,8 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .cascade import served_cascade, wants_pipeline
+from .closing import answer_and_close, busy_answer, drain, reject
 from .errors import BundleError, one_line
 from .infer import answer
 from .inputs import decode_body, json_limit
@@ -122,59 +124,6 @@ class Gate(object):
             return self.in_flight
 
 
-def busy_answer(why):
-    body = json.dumps({"error": "busy: %s; retry shortly" % why}).encode("utf-8")
-    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
-            % len(body)) + body
-
-
-def reject(sock, answer, done):
-    """Answer a connection over a cap with *answer* and close it, reading what it sent first
-    (closing a socket with unread bytes resets it, and the client would never see the 503)."""
-
-    try:
-        answer_and_close(sock, answer, 2.0)
-    finally:
-        done.release()
-
-
-def answer_and_close(sock, answer, seconds):
-    """Send *answer* on a connection we will not serve, then close it gracefully (what the
-    client sent first is read for at most 0.5 s)."""
-    import socket
-
-    try:
-        sock.settimeout(min(seconds, 0.5))
-        try:
-            sock.recv(1 << 16)
-        except socket.timeout:
-            pass
-        sock.sendall(answer)
-    except OSError:
-        pass
-    drain(sock, seconds)
-    sock.close()
-
-
-def drain(sock, seconds):
-    """Half-close *sock* and read what the client still sends (at most *seconds*, 8 MB):
-    closing with unread bytes resets the connection, and the client would lose its answer."""
-    import socket
-
-    try:
-        sock.shutdown(socket.SHUT_WR)
-        deadline, got = time.monotonic() + seconds, 0
-        while got < (8 << 20) and time.monotonic() < deadline:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = sock.recv(1 << 16)
-            if not data:
-                break
-            got += len(data)
-    except OSError:
-        pass
-
-
 def cmd_serve(bundle, manifest, args):
     """A small HTTP endpoint (stdlib only). Bad requests get a 4xx; the server keeps running."""
     import errno
@@ -199,7 +148,10 @@ def cmd_serve(bundle, manifest, args):
             part["name"], (time.perf_counter() - start) * 1000.0))
         sessions[part["name"]] = (part, session, names)
     default = parts[0]["name"] if len(parts) == 1 else None
+    # POST /infer of a pipeline bundle runs its parts as one cascade (?raw=1, /infer/<part>: one)
+    cascade = served_cascade(manifest, sessions) if wants_pipeline(manifest, args) else None
     metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
+                "pipeline": manifest.get("pipeline"),
                 "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
                            "preprocess": p.get("preprocess"), "labels": p.get("labels"),
                            "task": p.get("task") or {"kind": "raw"},
@@ -311,16 +263,18 @@ def cmd_serve(bundle, manifest, args):
                 return self.reply(404, {"error": "no such path %s: POST /infer" % path[:200]})
             name = path[len("/infer/"):] or parse_qs(query).get("part", [default])[0]
             self.raw = args.raw or parse_qs(query).get("raw", [""])[0] in ("1", "true")  # tensors
-            if name is None:
+            piped = name is None and cascade is not None and not self.raw
+            if name is None and not piped:
                 return self.reply(400, {"error": "this bundle holds several models (%s); "
                                                  "POST /infer/<part>" % ", ".join(sessions)})
-            if name not in sessions:
+            if not piped and name not in sessions:
                 return self.reply(404, {"error": "no part named %s (parts: %s)"
                                                  % (name[:200], ", ".join(sessions))})
             length = self.content_length()
             if length is None:
                 return None
-            part = sessions[name][0]
+            entry = cascade if piped else sessions[name]
+            part = entry[0]
             ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if ctype == "application/json" and length > json_limit(part):
                 self.close_connection = True   # its body is not read
@@ -332,7 +286,7 @@ def cmd_serve(bundle, manifest, args):
             self.deadline = self.started + args.timeout + length / BODY_RATE
             gate.begin()
             try:
-                self.answer(sessions[name], length)
+                self.answer(entry, length)
             finally:
                 gate.end()
 
@@ -412,6 +366,8 @@ def cmd_serve(bundle, manifest, args):
         def run_part(self, entry, body):
             """(status, answer) for one request's *body* to the part in *entry*."""
             part, session, names = entry
+            if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
+                return session.serve(body, max_pixels)
             try:
                 feed = decode_body(body, self.headers.get("Content-Type", ""), part, max_pixels)
                 start = time.perf_counter()

@@ -1,0 +1,252 @@
+"""A pipeline bundle's parts run as one cascade on a photo (`infer`, `serve`): OCR's detector,
+direction classifier and recogniser, with crops between them (runner/cascade_ocr.py).
+
+    Cascade(manifest, run_part)       run_part(part, feed) -> the part's outputs (a list, in
+                                      the order of the manifest's part["outputs"])
+    Cascade.read(image)               {"lines": [{"box", "text", "confidence", "rotated"}],
+                                       "image_size": [w, h]}
+    load_photo(path_or_bytes, spec)   (H, W, C) uint8 pixels of an image file (OpenCV) or an
+                                      .npy array (no OpenCV needed)
+    cmd_infer_pipeline(bundle, manifest, args)
+
+The host runs the same class with sessions on the original models to judge the bundle.
+"""
+
+import collections
+import io
+import time
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+from .cascade_ocr import crop, fit_crop, fit_image, reading_order, rotate180, text_boxes
+from .cascade_spec import stage_settings
+from .errors import BundleError, one_line
+from .images import MAX_PIXELS, decode_image
+from .manifest import require_intact
+from .sessions import open_session
+from .tasks import (
+    as_probabilities,
+    ctc_decode,
+    ctc_text,
+    input_to_image,
+    pick,
+    settings,
+    task_kind,
+)
+
+
+def wants_pipeline(manifest, args):
+    """Whether `infer`/`serve` run the bundle's pipeline: it has one and neither --part nor
+    --raw asks for one part's tensors."""
+    return bool(manifest.get("pipeline")) and getattr(args, "part", None) is None and \
+        not getattr(args, "raw", False)
+
+
+def load_photo(data, spec, path, max_pixels=MAX_PIXELS):
+    """(H, W, C) uint8 pixels of a photo: an image file's bytes (*data*, a uint8 array,
+    decoded in *spec*'s colour order) or an .npy array of them (H, W, C uint8, that order)."""
+    if bytes(data[:6]) == b"\x93NUMPY":
+        try:
+            image = np.load(io.BytesIO(data.tobytes()), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise BundleError("%s: cannot read it (%s); save it again with numpy.save"
+                              % (path, one_line(exc))) from None
+        if image.ndim == 2:
+            image = image[:, :, None]
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3) or \
+                min(image.shape[:2]) < 1:
+            raise BundleError("%s: an array of %s %s, not a photo's (H, W, 3) uint8 pixels; "
+                              "save the image's pixels, or pass the image file"
+                              % (path, image.dtype, list(image.shape)))
+        if image.shape[0] * image.shape[1] > max_pixels:
+            raise BundleError("%s: %dx%d pixels, over the %.0f MP limit; resize it, or raise "
+                              "--max-megapixels" % (path, image.shape[1], image.shape[0],
+                                                    max_pixels / 1e6))
+        return image if image.shape[2] == 3 else np.repeat(image, 3, axis=2)
+    return decode_image(data, spec, path, max_pixels)
+
+
+class Cascade(object):
+    """The pipeline of *manifest*, each stage's part run by *run_part(part, feed)* (its outputs
+    in the session's order)."""
+
+    def __init__(self, manifest, run_part):
+        parts = dict((p["name"], p) for p in manifest["parts"])
+        self.kind = manifest["pipeline"]["kind"]
+        self.stages = [(parts[s["part"]], stage_settings(s))
+                       for s in manifest["pipeline"]["stages"]]
+        self.run_part = run_part
+
+    def parts(self):
+        return [part for part, _ in self.stages]
+
+    def stage(self, step):
+        for part, conf in self.stages:
+            if conf["step"] == step:
+                return part, conf
+        return None, None
+
+    def run(self, part, tensor, timing):
+        """{output name: array} of *part* on its one input *tensor*; its milliseconds added to
+        *timing*."""
+        start = time.perf_counter()
+        try:
+            outputs = self.run_part(part, {part["inputs"][0]["name"]: tensor})
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise BundleError("part %s: onnxruntime refused its input (%s)"
+                              % (part["name"], one_line(exc))) from None
+        timing[part["name"]] = timing.get(part["name"], 0.0) + \
+            (time.perf_counter() - start) * 1000.0
+        return collections.OrderedDict(zip([o["name"] for o in part["outputs"]], outputs))
+
+    def detect(self, image, timing):
+        """Text boxes in the photo's pixels (N, 4), reading order, and their scores."""
+        part, conf = self.stage("detect")
+        spec = part["preprocess"]
+        prob = list(self.run(part, fit_image(image, spec), timing).values())[0]
+        boxes, scores = text_boxes(prob, conf)
+        if not len(boxes):
+            return boxes, scores
+        # the map's pixels are the input's (DB's map has the input's size), or a stride of it
+        width, height = spec["size"]
+        sx, sy = float(width) / prob.shape[-1], float(height) / prob.shape[-2]
+        convert = input_to_image(spec, (image.shape[1], image.shape[0]))
+        xs, ys = convert(boxes[:, [0, 2]] * sx, boxes[:, [1, 3]] * sy)
+        boxes = np.stack([xs[:, 0], ys[:, 0], xs[:, 1], ys[:, 1]], axis=1)
+        order = reading_order(boxes)
+        return boxes[order], scores[order]
+
+    def upright(self, piece, timing):
+        """(the crop turned 180 degrees when the classifier says so, whether it was, score)."""
+        part, conf = self.stage("direction")
+        if part is None:
+            return piece, False, None
+        task = settings(part.get("task") if task_kind(part.get("task")) == "classify"
+                        else {"kind": "classify"})
+        outputs = self.run(part, fit_crop(piece, part["preprocess"]), timing)
+        probs = as_probabilities(pick(outputs, task["output"]).reshape(-1), task["softmax"])
+        best = int(probs.argmax())
+        turn = best == conf["rotated"] and probs[best] > conf["threshold"]
+        return (rotate180(piece) if turn else piece), bool(turn), float(probs[best])
+
+    def recognize(self, piece, timing):
+        """(text, confidence) of one upright crop."""
+        part, _ = self.stage("recognize")
+        outputs = self.run(part, fit_crop(piece, part["preprocess"]), timing)
+        conf = settings(part["task"])
+        ids, confidence = ctc_decode(conf, outputs)
+        return ctc_text(conf, ids), confidence
+
+    def read(self, image, timing=None):
+        """The text lines of a photo (H, W, C pixels in the detector's colour order); each
+        part's milliseconds are added to *timing* (a dict) when given."""
+        timing = {} if timing is None else timing
+        boxes, scores = self.detect(image, timing)
+        _, conf = self.stage("recognize")
+        lines = []
+        for box, score in zip(boxes, scores):
+            piece = crop(image, box)
+            if piece is None:
+                continue
+            piece, turned, _ = self.upright(piece, timing)
+            text, confidence = self.recognize(piece, timing)
+            if confidence < conf["min_confidence"] or not text:
+                continue
+            lines.append({"box": [round(float(v), 1) for v in box], "text": text,
+                          "confidence": round(confidence, 5), "rotated": turned,
+                          "box_score": round(float(score), 5)})
+        return {"lines": lines, "image_size": [int(image.shape[1]), int(image.shape[0])]}
+
+
+def summary(result):
+    """The lines read, one a line: 'text (0.98)'."""
+    if not result["lines"]:
+        return "no text found"
+    return "%d line(s): %s" % (len(result["lines"]), "; ".join(
+        "%r %.2f" % (line["text"], line["confidence"]) for line in result["lines"]))
+
+
+def pipeline_sessions(bundle, manifest, args):
+    """{part name: session} for every part a stage runs."""
+    opened = {}
+    for stage in manifest["pipeline"]["stages"]:
+        part = [p for p in manifest["parts"] if p["name"] == stage["part"]][0]
+        session, _ = open_session(bundle, manifest, part, args)
+        opened[part["name"]] = session
+    return opened
+
+
+def session_runner(opened):
+    """run_part for Cascade over sessions from pipeline_sessions."""
+    def run_part(part, feed):
+        return opened[part["name"]].run([o["name"] for o in part["outputs"]], feed)
+    return run_part
+
+
+def printable(path):
+    """*path* as text that encodes (a non-UTF-8 file name's bytes become U+FFFD)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def cmd_infer_pipeline(bundle, manifest, args, keys):
+    """`infer` of a pipeline bundle: each file (a photo, or an .npy of its pixels) read whole;
+    *keys*: infer's result key for each file."""
+    require_intact(bundle, manifest)
+    opened = pipeline_sessions(bundle, manifest, args)
+    cascade = Cascade(manifest, session_runner(opened))
+    spec = cascade.stages[0][0]["preprocess"]
+    results = []
+    for path, key in zip(args.files, keys):
+        try:
+            data = np.fromfile(path, dtype=np.uint8)
+        except (OSError, ValueError) as exc:
+            raise BundleError("%s: cannot read it (%s)" % (printable(path), one_line(exc))) \
+                from None
+        timing = {}
+        result = cascade.read(load_photo(data, spec, printable(path),
+                                         args.max_megapixels * 1e6), timing)
+        results.append(dict(result, file=printable(path), key=key, summary=summary(result),
+                            latency_ms=dict((k, round(v, 3)) for k, v in timing.items())))
+    providers = dict((name, s.get_providers()) for name, s in opened.items())
+    return {"results": results, "pipeline": manifest["pipeline"]["kind"],
+            "providers": providers, "passed": True}
+
+
+class ServedCascade(object):
+    """The pipeline as `serve` runs it: a (part, session, names) triple of its own, whose
+    "session" answers a request's body (a photo, or an .npy of its pixels)."""
+
+    def __init__(self, manifest, sessions):
+        def run_part(part, feed):
+            return sessions[part["name"]][1].run([o["name"] for o in part["outputs"]], feed)
+        self.cascade = Cascade(manifest, run_part)
+        self.spec = self.cascade.stages[0][0]["preprocess"]
+        self.part = {"name": "pipeline", "inputs": [], "outputs": []}
+
+    def __getitem__(self, index):   # serve's (part, session, names): names None marks it
+        return (self.part, self, None)[index]
+
+    def serve(self, body, max_pixels):
+        """(HTTP status, answer) for one request's body."""
+        if not body:
+            return 400, {"error": "empty request body; POST a photo (an image file, or an .npy "
+                                  "of its (H, W, 3) uint8 pixels)"}
+        try:
+            start, timing = time.perf_counter(), {}
+            result = self.cascade.read(load_photo(np.frombuffer(body, dtype=np.uint8),
+                                                  self.spec, "request body", max_pixels), timing)
+        except BundleError as exc:
+            return exc.status, {"error": str(exc)}
+        return 200, dict(result, summary=summary(result), pipeline=self.cascade.kind,
+                         latency_ms=round((time.perf_counter() - start) * 1000.0, 3),
+                         stages_ms=dict((k, round(v, 3)) for k, v in timing.items()))
+
+
+def served_cascade(manifest, sessions):
+    """serve's entry for the pipeline, over its {part name: (part, session, names)}."""
+    return ServedCascade(manifest, sessions)

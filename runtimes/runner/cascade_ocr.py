@@ -1,0 +1,221 @@
+"""The OCR cascade's glue, numpy only (OpenCV resizes when it is there): a DB probability map to
+text boxes, crops from the photo, a crop fitted to a recogniser's input, the 180-degree turn.
+
+    text_boxes(prob, conf)                (boxes x1 y1 x2 y2 in map pixels, mean scores)
+    components(mask)                      each 4-connected blob's bounding box and pixel count
+    crop(image, box)                      the photo's pixels inside a box (upright: tall turns)
+    fit_crop(crop, spec)                  a crop as the model's tensor: the height fitted, the
+                                          aspect ratio kept, zeros padding the width
+    fit_image(image, spec)                a photo as the model's tensor per its preprocess
+    reading_order(boxes)                  top to bottom, left to right on one line
+"""
+
+import math
+
+try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
+    import numpy as np
+except ImportError:
+    np = None
+
+
+def resize(image, width, height):
+    """*image* (H, W, C) resized to *width* x *height*, bilinear with pixel centres aligned as
+    OpenCV's INTER_LINEAR does (OpenCV itself when it is installed)."""
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
+    if cv2 is not None:
+        out = cv2.resize(np.ascontiguousarray(image), (width, height),
+                         interpolation=cv2.INTER_LINEAR)
+        return out.reshape(height, width, -1)
+    h, w = image.shape[:2]
+    ys = np.clip((np.arange(height) + 0.5) * (float(h) / height) - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(width) + 0.5) * (float(w) / width) - 0.5, 0, w - 1)
+    y0, x0 = np.floor(ys).astype(np.int64), np.floor(xs).astype(np.int64)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    src = image.astype(np.float32).reshape(h, w, -1)
+    top = src[y0][:, x0] * (1 - fx) + src[y0][:, x1] * fx
+    bottom = src[y1][:, x0] * (1 - fx) + src[y1][:, x1] * fx
+    out = top * (1 - fy) + bottom * fy
+    if image.dtype == np.uint8:
+        return np.clip(np.round(out), 0, 255).astype(np.uint8)
+    return out.astype(image.dtype)
+
+
+def normalise(pixels, spec):
+    """(H, W, C) pixels as a tensor with a batch axis of 1, per *spec*'s dtype, scale, mean,
+    std and layout (runner/images.py's preprocess does the same after its resize)."""
+    dtype = spec.get("dtype", "float32")
+    if dtype == "uint8":
+        tensor = pixels
+    else:
+        tensor = pixels.astype(np.float32) * np.float32(spec.get("scale", 1.0))
+        if spec.get("mean") is not None:
+            tensor = tensor - np.asarray(spec["mean"], dtype=np.float32)
+        if spec.get("std") is not None:
+            tensor = tensor / np.asarray(spec["std"], dtype=np.float32)
+    if spec.get("layout", "nchw") == "nchw":
+        tensor = tensor.transpose(2, 0, 1)
+    return np.ascontiguousarray(tensor[None].astype(dtype))
+
+
+def fit_image(image, spec):
+    """A photo (H, W, C) as the detector's tensor: *spec*'s resize (stretch, letterbox or
+    center-crop) to its size, then its normalisation."""
+    width, height = spec["size"]
+    h, w = image.shape[:2]
+    mode = spec.get("resize", "stretch")
+    if mode == "letterbox":
+        r = min(float(width) / w, float(height) / h)
+        nw, nh = max(1, int(round(w * r))), max(1, int(round(h * r)))
+        out = np.full((height, width, image.shape[2]), spec.get("pad", 114), dtype=image.dtype)
+        top, left = (height - nh) // 2, (width - nw) // 2
+        out[top:top + nh, left:left + nw] = resize(image, nw, nh)
+    elif mode == "center-crop":
+        r = max(float(width) / w, float(height) / h)
+        nw, nh = max(width, int(round(w * r))), max(height, int(round(h * r)))
+        top, left = (nh - height) // 2, (nw - width) // 2
+        out = resize(image, nw, nh)[top:top + height, left:left + width]
+    else:
+        out = resize(image, width, height)
+    return normalise(out, spec)
+
+
+def fit_crop(crop, spec):
+    """A text crop (h, w, C) as a recogniser's or direction classifier's tensor, as PaddleOCR's
+    resize_norm_img makes it: resized to the input's height with its aspect ratio kept (at
+    most the input's width), normalised, then padded on the right with zeros."""
+    width, height = spec["size"]
+    h, w = crop.shape[:2]
+    rw = max(1, min(width, int(math.ceil(height * float(w) / max(h, 1)))))
+    tensor = normalise(resize(crop, rw, height), spec)
+    out = np.zeros((1, tensor.shape[1], height, width) if spec.get("layout", "nchw") == "nchw"
+                   else (1, height, width, tensor.shape[-1]), dtype=tensor.dtype)
+    if spec.get("layout", "nchw") == "nchw":
+        out[:, :, :, :rw] = tensor
+    else:
+        out[:, :, :rw, :] = tensor
+    return out
+
+
+def rotate180(image):
+    return np.ascontiguousarray(image[::-1, ::-1])
+
+
+def dilate(mask):
+    """*mask* grown by a 2x2 kernel (OpenCV's dilate with np.ones((2, 2)), as DB uses it)."""
+    out = mask.copy()
+    out[1:, :] |= mask[:-1, :]
+    out[:, 1:] |= mask[:, :-1]
+    out[1:, 1:] |= mask[:-1, :-1]
+    return out
+
+
+def runs(row):
+    """(starts, ends) of the runs of True in one row, ends exclusive."""
+    edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+    return np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+
+
+def components(mask):
+    """Every 4-connected blob of True in *mask* (H, W): a list of (x1, y1, x2, y2, pixels),
+    corners inclusive, top to bottom. Runs of each row are joined to the runs they touch in
+    the row above (union-find over runs: a text map has a few dozen runs a row)."""
+    parent = []
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    found = []   # (row, start, end) of each run
+    previous = []   # run indices of the row above
+    for y in range(mask.shape[0]):
+        starts, ends = runs(mask[y])
+        current = []
+        j = 0
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            index = len(found)
+            found.append((y, s, e))
+            parent.append(index)
+            current.append(index)
+            while j < len(previous) and found[previous[j]][2] <= s:
+                j += 1
+            k = j
+            while k < len(previous) and found[previous[k]][1] < e:
+                a, b = root(previous[k]), root(index)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+                k += 1
+        previous = current
+    boxes = {}
+    for index, (y, s, e) in enumerate(found):
+        r = root(index)
+        box = boxes.get(r)
+        if box is None:
+            boxes[r] = [s, y, e - 1, y, e - s]
+        else:
+            box[0], box[2] = min(box[0], s), max(box[2], e - 1)
+            box[3] = y
+            box[4] += e - s
+    return [tuple(boxes[r]) for r in sorted(boxes)]
+
+
+def text_boxes(prob, conf):
+    """(boxes (N, 4) x1 y1 x2 y2, scores (N,)) of a DB probability map (any shape ending in
+    H, W), in map pixels: blobs over conf["threshold"], each box's mean probability over
+    conf["box_threshold"], grown by DB's unclip distance, short sides of conf["min_size"]."""
+    prob = np.asarray(prob, np.float64)
+    prob = prob.reshape(prob.shape[-2:])
+    mask = prob > conf["threshold"]
+    if conf["dilate"]:
+        mask = dilate(mask)
+    height, width = prob.shape
+    found, scores = [], []
+    for x1, y1, x2, y2, _ in components(mask)[:conf["max_boxes"]]:
+        w, h = x2 - x1, y2 - y1   # between the outermost pixel centres, as minAreaRect sees it
+        if min(w, h) < conf["min_size"]:
+            continue
+        score = float(prob[y1:y2 + 1, x1:x2 + 1].mean())
+        if score < conf["box_threshold"]:
+            continue
+        grow = w * h * conf["unclip"] / max(2.0 * (w + h), 1e-9)
+        box = [x1 - grow, y1 - grow, x2 + grow, y2 + grow]
+        if min(box[2] - box[0], box[3] - box[1]) < conf["min_size"] + 2:
+            continue
+        found.append([min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
+                      min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)])
+        scores.append(score)
+    return np.asarray(found, np.float64).reshape(-1, 4), np.asarray(scores, np.float64)
+
+
+def reading_order(boxes, tolerance=10.0):
+    """Indices of *boxes* (x1 y1 x2 y2) top to bottom, and left to right among boxes whose tops
+    are within *tolerance* pixels (PaddleOCR's sorted_boxes)."""
+    order = sorted(range(len(boxes)), key=lambda i: (boxes[i][1], boxes[i][0]))
+    for i in range(len(order) - 1):
+        for j in range(i, -1, -1):
+            a, b = boxes[order[j]], boxes[order[j + 1]]
+            if abs(b[1] - a[1]) < tolerance and b[0] < a[0]:
+                order[j], order[j + 1] = order[j + 1], order[j]
+            else:
+                break
+    return order
+
+
+def crop(image, box):
+    """The pixels of *image* (H, W, C) inside *box* (x1 y1 x2 y2, image pixels), or None when
+    it holds under 2 pixels a side; a crop 1.5 times taller than wide is turned a quarter
+    (vertical text, as PaddleOCR's get_rotate_crop_image does)."""
+    h, w = image.shape[:2]
+    x1, y1 = int(max(0, math.floor(box[0]))), int(max(0, math.floor(box[1])))
+    x2, y2 = int(min(w, math.ceil(box[2]))), int(min(h, math.ceil(box[3])))
+    if x2 - x1 < 2 or y2 - y1 < 2:
+        return None
+    piece = image[y1:y2, x1:x2]
+    if piece.shape[0] >= 1.5 * piece.shape[1]:
+        piece = np.rot90(piece)
+    return np.ascontiguousarray(piece)

@@ -1,0 +1,149 @@
+"""A bundle's pipeline: its parts run as one cascade. The manifest's `pipeline` section, its
+defaults, and its check against the parts (one line naming the key that is wrong).
+
+    {"kind": "ocr",
+     "stages": [{"part": "det", "step": "detect", "threshold": 0.3, ...},
+                {"part": "cls", "step": "direction", "threshold": 0.9, ...},   (optional)
+                {"part": "rec", "step": "recognize", "min_confidence": 0.5}]}
+
+An OCR cascade: the text detector's probability map (a DB head, (1, 1, H, W)) gives text
+boxes; each box is cropped from the photo, turned upright by the direction classifier (classes
+0 and 180 degrees) and read by the recogniser (a ctc task with its alphabet). Every stage's part
+has a preprocess object: the detector's resizes the photo; a crop's size, colour order and
+normalisation come from it too, its resize is always "keep the height's ratio, pad the width".
+"""
+
+PIPELINE_KINDS = ("ocr",)
+# The steps of each kind in the order they run; the optional ones may be left out.
+STEPS = {"ocr": ("detect", "direction", "recognize")}
+OPTIONAL_STEPS = {"ocr": ("direction",)}
+# Each step's parameters and defaults (rapidocr's for PP-OCR: config.yaml of rapidocr 1.4).
+STEP_PARAMETERS = {
+    # threshold: a map pixel is text above it; box_threshold: a box's mean probability;
+    # unclip: DB's box growth (distance = area x unclip / perimeter); min_size: a box's short
+    # side in map pixels; dilate: grow the text mask by a 2x2 kernel first
+    "detect": {"threshold": 0.3, "box_threshold": 0.5, "unclip": 1.6, "min_size": 3,
+               "max_boxes": 1000, "dilate": True},
+    # a crop is turned 180 degrees when the classifier says class `rotated` above `threshold`
+    "direction": {"threshold": 0.9, "rotated": 1},
+    # lines read with a lower mean character confidence are left out
+    "recognize": {"min_confidence": 0.5},
+}
+MAX_BOXES = 100000
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def stage_settings(stage):
+    """A stage's parameters with their defaults filled in (its part and step included)."""
+    out = dict(STEP_PARAMETERS.get(stage.get("step"), {}))
+    out.update(stage)
+    return out
+
+
+def parameter_problem(step, key, value):
+    """What is wrong with one parameter of a *step* stage, or ''."""
+    if key in ("threshold", "box_threshold"):
+        if not is_number(value) or not 0.0 <= value <= 1.0:
+            return "must be a number from 0 to 1, got %r" % (str(value)[:40],)
+    elif key == "min_confidence":
+        if not is_number(value) or not 0.0 <= value <= 1.0:
+            return "must be a number from 0 to 1, got %r" % (str(value)[:40],)
+    elif key == "unclip":
+        if not is_number(value) or not 0.0 <= value <= 10.0:
+            return "must be a number from 0 to 10, got %r" % (str(value)[:40],)
+    elif key in ("min_size", "rotated"):
+        if not is_count(value) or not 0 <= value <= 100000:
+            return "must be a whole number from 0 to 100000, got %r" % (str(value)[:40],)
+    elif key == "max_boxes":
+        if not is_count(value) or not 1 <= value <= MAX_BOXES:
+            return "must be a whole number from 1 to %d, got %r" % (MAX_BOXES, str(value)[:40])
+    elif key == "dilate":
+        if not isinstance(value, bool):
+            return "must be true or false"
+    else:
+        return "is not a parameter of a %s stage (%s)" % (
+            step, ", ".join(["part", "step"] + sorted(STEP_PARAMETERS[step])))
+    return ""
+
+
+def image_input_problem(part):
+    """What keeps *part* from taking an image crop (one 4-D input, a preprocess with a size),
+    or ''."""
+    inputs = part.get("inputs") if isinstance(part.get("inputs"), list) else []
+    if len(inputs) != 1 or not isinstance(inputs[0], dict) or \
+            not isinstance(inputs[0].get("shape"), list) or len(inputs[0]["shape"]) != 4:
+        return "takes %d input(s), not one image tensor (1, C, H, W)" % len(inputs)
+    spec = part.get("preprocess")
+    if not isinstance(spec, dict) or not isinstance(spec.get("size"), list) or \
+            len(spec["size"]) != 2 or not all(is_count(v) and v > 0 for v in spec["size"]):
+        return "has no preprocess with a size (the crop's size and normalisation come from it)"
+    if spec.get("layout", "nchw") not in ("nchw", "nhwc"):
+        return "has preprocess.layout %r, not nchw or nhwc" % (str(spec.get("layout"))[:20],)
+    return ""
+
+
+def stage_problem(kind, i, stage, parts):
+    """What is wrong with stage *i*, or '' (the message starts with the key: 'stages[1].x ...')."""
+    where = "stages[%d]" % i
+    if not isinstance(stage, dict):
+        return "%s must be an object {part, step, ...}" % where
+    step = stage.get("step")
+    if step not in STEPS[kind]:
+        return "%s.step must be one of %s, got %r" % (where, ", ".join(STEPS[kind]),
+                                                      str(step)[:40])
+    name = stage.get("part")
+    if not isinstance(name, str) or name not in parts:
+        return "%s.part must name one of the bundle's parts (%s), got %r" % (
+            where, ", ".join(sorted(str(p)[:40] for p in parts)[:10]), str(name)[:40])
+    for key in sorted(str(k) for k in stage if k not in ("part", "step")):
+        problem = parameter_problem(step, key, stage[key])
+        if problem:
+            return "%s.%s %s" % (where, key[:40], problem)
+    part = parts[name]
+    problem = image_input_problem(part)
+    if problem:
+        return "%s.part %s %s" % (where, name[:40], problem)
+    task = part.get("task") if isinstance(part.get("task"), dict) else {}
+    if step == "recognize" and (task.get("kind") != "ctc" or not task.get("alphabet")):
+        return "%s.part %s has no ctc task with an alphabet: the recogniser's text comes " \
+               "from it" % (where, name[:40])
+    return ""
+
+
+def pipeline_problem(pipeline, parts):
+    """'' when *pipeline* (the manifest's section) fits the bundle's *parts* (the manifest's
+    list); else one line naming the key ('pipeline.stages[0].threshold must be ...')."""
+    if not isinstance(pipeline, dict):
+        return "pipeline must be an object {kind, stages}"
+    kind = pipeline.get("kind")
+    if kind not in PIPELINE_KINDS:
+        return "pipeline.kind must be one of %s, got %r" % (", ".join(PIPELINE_KINDS),
+                                                            str(kind)[:40])
+    for key in pipeline:
+        if key not in ("kind", "stages"):
+            return "pipeline.%s is not a key of a pipeline (kind, stages)" % str(key)[:40]
+    stages = pipeline.get("stages")
+    if not isinstance(stages, list) or not stages:
+        return "pipeline.stages must be a non-empty list of stages"
+    by_name = dict((p.get("name"), p) for p in parts if isinstance(p, dict))
+    for i, stage in enumerate(stages):
+        problem = stage_problem(kind, i, stage, by_name)
+        if problem:
+            return "pipeline." + problem
+    steps = [s["step"] for s in stages]
+    wanted = [s for s in STEPS[kind] if s in steps or s not in OPTIONAL_STEPS[kind]]
+    if steps != wanted:
+        return "pipeline.stages has steps %s; a %s pipeline runs %s in this order (%s " \
+               "optional)" % (", ".join(steps), kind, ", ".join(STEPS[kind]),
+                              ", ".join(OPTIONAL_STEPS[kind]))
+    names = [s["part"] for s in stages]
+    if len(set(names)) != len(names):
+        return "pipeline.stages name a part twice; each stage runs its own part"
+    return ""
