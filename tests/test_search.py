@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
@@ -353,7 +354,7 @@ def test_post_processing_after_the_last_heavy_op_stays_float(tmp_path):
     assert any("3 post-processing nodes after the last heavy op stay FP32" in x for x in lines)
 
 
-def test_a_tiny_last_conv_is_post_processing_a_large_one_is_not():
+def test_a_tiny_last_conv_is_post_processing_a_large_one_is_not(tmp_path):
     """YOLOv8's 16-to-1 DFL conv or a 1-channel heatmap head computes under 0.5% of the graph's
     multiply-adds: it and what follows stay FP32; the large convs before it do not."""
     from packager.quantization.search import macs, post_processing
@@ -375,5 +376,13 @@ def test_a_tiny_last_conv_is_post_processing_a_large_one_is_not():
     cost = macs(model.graph)
     assert cost[1] == 32 * 32 * 64 * 64 * 9 and cost[3] == 32 * 32 * 64
     assert post_processing(model.graph) == ["heatmap", "sigmoid"]
+    # the bisection builds no variant with under 4% of the multiply-adds left in INT8
+    path = save(model, tmp_path / "head.onnx")
+    one = [{"x": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)}]
+    search = Search(path, tmp_path, calib=one, held=one, budget=AccuracyBudget(min_cosine=0.99))
+    start = type("Start", (), {"config": QuantConfig(exclude=("heatmap",))})()
+    conv1 = cost[0] / sum(cost.values())
+    assert search.int8_share(start, ["conv2"], 1) == pytest.approx(conv1)   # 4.5%: built
+    assert search.int8_share(start, ["conv2", "conv1"], 2) == 0.0
     del model.graph.value_info[:]   # shapes unknown: no conv is taken for a tiny one
     assert post_processing(model.graph) == ["sigmoid"]

@@ -45,6 +45,10 @@ INTEGER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
                "DynamicQuantizeMatMul", "QGemm"}
 RETRIES = 4          # quantizer failures worked around per variant
 SEARCH_SECONDS = 300  # no new stage starts after this (the bisection finishes its probes)
+# A variant with under 4% of the multiply-adds in INT8 is not built: even infinitely fast INT8
+# kernels would leave 96% of the work, short of decision.MIN_GAIN (ocr-det's bisection built
+# variants with 1-5 of 113 ops in INT8, 4 of its 14 candidates)
+MIN_INT8_SHARE = 0.04
 
 
 @dataclass
@@ -493,6 +497,20 @@ class Search:
                             replace(start.config, exclude=tuple(
                                 dict.fromkeys(start.config.exclude + tuple(order[:k])))))
 
+    def int8_share(self, start: Candidate, order: Sequence[str], k: int) -> float:
+        """The share of the graph's heavy multiply-adds left in INT8 with *order*[:k] kept FP32
+        too (1.0 where some heavy op's size is unknown: no bound then)."""
+        cost = macs(self.graph)
+        if not cost or any(c is None for c in cost.values()):
+            return 1.0
+        nodes = list(self.graph.node)
+        excluded = set(start.config.exclude) | set(order[:k])
+        kinds = set(start.config.op_types) if start.config.op_types else None
+        total = sum(cost.values()) or 1
+        left = sum(c for i, c in cost.items() if nodes[i].name not in excluded and
+                   (kinds is None or nodes[i].op_type in kinds))
+        return left / total
+
     def ranking(self, cand: Candidate) -> list[str]:
         """Quantized nodes of *cand*, the ones that add most error first."""
         probe = worst_samples(self.fp32, cand.path, self.held, PROBE_SAMPLES)
@@ -521,6 +539,12 @@ class Search:
         lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
         while lo + 1 < hi:
             k = (lo + hi) // 2
+            share = self.int8_share(start, order, k)
+            if share < MIN_INT8_SHARE:   # it cannot be 5% faster whatever its INT8 kernels do
+                self.log(f"search: INT8, {k} most sensitive nodes FP32 not built: "
+                         f"{100 * share:.1f}% of the multiply-adds left in INT8")
+                hi = k
+                continue
             cand = self._keep(start, order, k)
             if cand.passed:
                 hi, found = k, cand
@@ -536,7 +560,8 @@ class Search:
                     self.log(f"search: stopped: {self.futile}")
                     self.explain()
                     break
-        if found is None and hi == len(order) and not self.futile:
+        if found is None and hi == len(order) and not self.futile and \
+                self.int8_share(start, order, hi) >= MIN_INT8_SHARE:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
         return found
