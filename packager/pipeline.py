@@ -160,6 +160,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           consts: Mapping[str, Any] = {},
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
           part_quant: Mapping[str, Mapping[str, Any]] = {},
+          part_preprocess: Mapping[str, dict[str, Any]] = {}, pipeline: dict | None = None,
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           timer: Any = None, log: Log = lambda _: None,
@@ -172,8 +173,10 @@ def build(model: Path | str, output: Path, *, target: Target | str,
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
     TorchScript, .pt2). *parts* maps part names to attribute paths in the PyTorch model (or to
-    factories of their own); their inputs are given as `PART/NAME:shape`, their calibration data
-    in *part_calib* and per-part quantization overrides in *part_quant*.
+    factories of their own, or .onnx files); their inputs are given as `PART/NAME:shape`,
+    their calibration data in *part_calib*, their preprocessing in *part_preprocess* and per-part quantization
+    overrides in *part_quant*; *pipeline* is the manifest's section that runs them as a cascade
+    (cascade/build.py).
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
@@ -198,14 +201,15 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     output = Path(output)
     # held from the first check to the publish: a second run to this -o fails at once
     with output_lock(output, archive_path(output)):
-        sources = input_paths(model, calib, part_calib, export_options)
+        sources = input_paths(model, calib, part_calib, export_options, parts)
         check_free(output, force=force, inputs=sources)
         check_free(archive_path(output), force=force, inputs=sources)
         # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
         check_writable(output, need_bytes=3 * sum(_size(p) for p in sources) + 10_000_000)
         requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess, quant=quant,
                               labels=labels, parts=parts, part_calib=part_calib,
-                              part_quant=part_quant, export_options=export_options)
+                              part_quant=part_quant, export_options=export_options,
+                              part_preprocess=part_preprocess)
         requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
         unknown_task = sorted(set(tasks) - {r.name for r in requests})
         if unknown_task:
@@ -234,7 +238,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
                                 "see the inputs with `edgepack inspect MODEL`")
             out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
-                         tune=tune, offline=offline)
+                         tune=tune, offline=offline, pipeline=pipeline)
             clock.lap("bundle")
         for entry in out.manifest["parts"] if offline else ():
             log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
@@ -263,13 +267,18 @@ def build(model: Path | str, output: Path, *, target: Target | str,
 
 
 def input_paths(model: Path | str, calib: Path | None, part_calib: Mapping[str, Path],
-                export_options: ExportOptions) -> list[Path]:
+                export_options: ExportOptions, parts: Mapping[str, str] = {}) -> list[Path]:
     """The files and folders a build reads, which its output must not replace or lie in."""
     text = str(model)
     path = Path(text.rsplit(":", 1)[0]) if is_torch_source(text) and ".py:" in text else \
         Path(text)
-    found = [path, calib, *part_calib.values(), export_options.weights]
+    found = [path, calib, *part_calib.values(), export_options.weights,
+             *(ref for ref in parts.values() if _is_onnx(ref))]
     return [Path(p) for p in found if p is not None and Path(p).exists()]
+
+
+def _is_onnx(ref: Any) -> bool:
+    return str(ref).lower().endswith(".onnx")
 
 
 def _size(path: Path) -> int:
@@ -282,7 +291,8 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
                preprocess: dict[str, Any] | None, quant: Mapping[str, Any],
                labels: Sequence[str] | None, parts: Mapping[str, str],
                part_calib: Mapping[str, Path], part_quant: Mapping[str, Mapping[str, Any]],
-               export_options: ExportOptions) -> list[PartRequest]:
+               export_options: ExportOptions,
+               part_preprocess: Mapping[str, dict[str, Any]] = {}) -> list[PartRequest]:
     """Turn the build arguments into one request per part, checking they fit together."""
     prefixed = [s for s in inputs if s.part]
     if not parts:
@@ -291,7 +301,7 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
                             "without --part" if prefixed else "per-part options need --part",
                             "declare the parts: --part NAME=ATTRIBUTE")
         return [PartRequest(SINGLE, model, tuple(inputs), calib, preprocess, quant, labels)]
-    if not is_torch_source(model):
+    if not is_torch_source(model) and not all(map(_is_onnx, parts.values())):
         raise SpecError("--part needs a PyTorch model (file.py:factory, pkg.module:factory)",
                         "an .onnx file is one part already; build it on its own")
     unknown = sorted(set(part_calib) - set(parts)) + sorted(set(part_quant) - set(parts)) + \
@@ -310,7 +320,10 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
     root = None
     requests = []
     for part, ref in parts.items():
-        if is_torch_source(ref):
+        loaded: Path | LoadedModel
+        if _is_onnx(ref):
+            loaded = Path(ref)
+        elif is_torch_source(ref):
             loaded = load_source(ref)
         else:
             if root is None:
@@ -324,7 +337,8 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
         data = part_calib.get(part)
         images = data is not None and is_image_source(list_sources(data))
         requests.append(PartRequest(part, loaded, tuple(s for s in inputs if s.part == part),
-                                    data, preprocess if images else None,
+                                    data, part_preprocess.get(part,
+                                                              preprocess if images else None),
                                     {**quant, **part_quant.get(part, {})},
                                     labels if len(parts) == 1 else None))
     return requests

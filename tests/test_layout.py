@@ -22,7 +22,7 @@ LAYERS = [
     ("quantization", {"quantization"}),
     ("bundle", {"bundle"}),
     ("device", {"device"}),
-    ("jobs", {"pipeline", "compare", "compare_engines", "demo", "chart"}),
+    ("jobs", {"pipeline", "compare", "compare_engines", "demo", "chart", "cascade"}),
     ("cli", {"cli"}),
     ("entry", {"__init__", "__main__"}),
 ]

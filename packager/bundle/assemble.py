@@ -270,7 +270,7 @@ quantization settings, checksums and tool versions.
 def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
            name: str | None = None, force: bool = False,
            inputs: Sequence[Path | str] = (), tune: Tuner | None = None,
-           offline: bool = False) -> BundleResult:
+           offline: bool = False, pipeline: dict[str, Any] | None = None) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
@@ -278,6 +278,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     times session options with the staged bundle's own runner; the manifest keeps the fastest.
     *offline*: also ship each part's graph optimised offline by this onnxruntime where it loads
     faster (offline.py); the runner loads it under the same onnxruntime version family.
+    *pipeline*: the manifest's section that runs the parts as one cascade (cascade/spec.py).
     """
     output = Path(output)
     archive = archive_path(output)
@@ -328,6 +329,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             budget={"latency_p90_ms": target.latency_p90_ms, "min_cosine": target.min_cosine},
             roofline=roofline,
             tools=tool_versions(),
+            pipeline=dict(pipeline or {}),
         )
         (tmp / "README.md").write_text(_readme(manifest, target))
         files = {p.relative_to(tmp).as_posix(): sha256(p) for p in sorted(tmp.rglob("*"))

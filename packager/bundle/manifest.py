@@ -51,9 +51,13 @@ class Manifest:
     tuning: dict[str, Any] = field(default_factory=dict)    # build --tune: what it tried, where
     created: str = ""
     schema_version: int = SCHEMA_VERSION
+    pipeline: dict[str, Any] = field(default_factory=dict)   # parts run as one cascade
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not out["pipeline"]:   # a bundle without one has no such key
+            del out["pipeline"]
+        return out
 
     def write(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

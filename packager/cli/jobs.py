@@ -60,7 +60,7 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
 
 
 @main.command("build")
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--target", default="x86_64-cpu", show_default=True,
               help="profile name or path to a .toml")
@@ -112,6 +112,12 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               "recall/precision, nearest neighbour, strings, pixels, speech frames) and run.py "
               "infer answers in its terms; e.g. detect:decoder=yolov8,score=0.25 or "
               "ctc:alphabet=@chars.txt (docs/tasks.md)")
+@click.option("--pipeline", type=click.Path(path_type=Path), default=None,
+              metavar="PIPELINE.toml",
+              help="instead of MODEL: build the parts a pipeline file names (their models, data, "
+              "preprocessing, tasks and the glue between them) into one bundle that run.py infer "
+              "runs as a cascade, e.g. an OCR detector, direction classifier and recogniser "
+              "(docs/pipelines.md)")
 @click.option("--keep", default=None, metavar="FIGURE=SHARE,...",
               help="what the task must keep against FP32 on the held-out samples, over its "
               "defaults (99%; box recall/precision 95%; CER at most 1%): e.g. top1=98%")
@@ -120,18 +126,18 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
 @export_options(dynamic=False)
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
+def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ...],
               preprocess: str | None, inputs: tuple[str, ...], consts: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
-              tasks: tuple[str, ...], keep: str | None,
+              tasks: tuple[str, ...], pipeline: Path | None, keep: str | None,
               force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
-    TorchScript, .pt2; see `edgepack export`).
+    TorchScript, .pt2; see `edgepack export`), or --pipeline FILE.toml names several.
 
     \b
     Example:
@@ -140,6 +146,7 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
         edgepack build tts.py:load --part encoder=enc --part decoder=dec \\
             --input encoder/ids:1x32:int64 --input decoder/feats:1x32x32 \\
             --calib encoder=enc.npz --calib decoder=dec.npz -o out/tts
+        edgepack build --pipeline ocr.toml -o out/ocr
     """
     from ..pipeline import ExportOptions, build
     from ..source.specs import parse_assignments, parse_consts, parse_input
@@ -147,6 +154,18 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
 
     opts = export_kwargs(kw)
     opts.pop("dynamic")
+    if (model is None) == (pipeline is None):
+        raise SpecError("build: give MODEL or --pipeline FILE.toml" if model is None else
+                        f"build: MODEL {model} and --pipeline {pipeline} both given",
+                        "build one model, or the parts a pipeline file names")
+    if pipeline is not None:
+        given = [n for n, v in (("--calib", calib), ("--preprocess", preprocess),
+                                ("--input", inputs), ("--part", parts), ("--task", tasks),
+                                ("--part-precision", part_precision), ("--labels", labels))
+                 if v]
+        if given:
+            raise SpecError(f"{given[0]} with --pipeline: the pipeline file sets it per stage",
+                            f"set it in {pipeline}'s [[stage]] tables (docs/pipelines.md)")
     single = [c for c in calib if "=" not in c or Path(c).exists()]
     if len(single) > 1 or (single and len(single) != len(calib)):
         raise SpecError("--calib: give one DIR, or PART=DIR for each part", "see --help")
@@ -158,22 +177,27 @@ def build_cmd(model: str, output: Path, target: str, calib: tuple[str, ...],
     part_names = list(parse_assignments(parts, "--part")) or ["model"]
     declared = parse_tasks(tasks, part_names)
     kept = keep_of(keep, None) if keep else None
-    r = build(model, output, target=target,
-              calib=Path(single[0]) if single else None,
-              part_calib={k: Path(v) for k, v in
-                          parse_assignments([c for c in calib if c not in single],
-                                            "--calib").items()},
-              preprocess=preprocess_option(preprocess),
-              inputs=[parse_input(v) for v in inputs], quant=quant_overrides(kw),
-              consts=parse_consts(consts), parts=parse_assignments(parts, "--part"),
-              part_quant={k: {"precision": v} for k, v in precisions.items()},
-              export_options=ExportOptions(**opts), holdout=holdout, golden=golden,
-              timer=_device_timer(time_on, ssh_config, device_python, target),
-              **budget_kwargs(kw),
-              labels=read_labels(labels), force=force, log=log, progress=progress_bar("calibration"),
-              fuse=fuse, tune=_tuner(tune, time_on, ssh_config, device_python, target),
-              steps=step_line("build", as_json), offline=offline, openvino=openvino,
-              tasks=declared, keep=kept)
+    common = dict(target=target, quant=quant_overrides(kw), holdout=holdout, golden=golden,
+                  timer=_device_timer(time_on, ssh_config, device_python, target),
+                  force=force, log=log, progress=progress_bar("calibration"), fuse=fuse,
+                  tune=_tuner(tune, time_on, ssh_config, device_python, target),
+                  steps=step_line("build", as_json), offline=offline, openvino=openvino,
+                  keep=kept, consts=parse_consts(consts),
+                  export_options=ExportOptions(**opts), **budget_kwargs(kw))
+    if pipeline is not None:
+        from ..cascade.build import build_pipeline
+
+        r = build_pipeline(pipeline, output, **common)
+    else:
+        r = build(model, output, calib=Path(single[0]) if single else None,
+                  part_calib={k: Path(v) for k, v in
+                              parse_assignments([c for c in calib if c not in single],
+                                                "--calib").items()},
+                  preprocess=preprocess_option(preprocess),
+                  inputs=[parse_input(v) for v in inputs],
+                  parts=parse_assignments(parts, "--part"),
+                  part_quant={k: {"precision": v} for k, v in precisions.items()},
+                  labels=read_labels(labels), tasks=declared, **common)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(

@@ -1,0 +1,185 @@
+"""A pipeline file (`build --pipeline PIPELINE.toml`): the parts of one bundle that run as a
+cascade, each with its model, data, preprocessing, task, precision and glue parameters.
+
+    kind = "ocr"
+
+    [[stage]]
+    part = "det"                  # the part's name in the bundle
+    step = "detect"               # detect, direction (optional), recognize
+    model = "det.onnx"            # paths are relative to this file
+    calib = "photos/"             # images (or .npy/.npz); a crop stage may leave it out: its
+                                  # crops then come from the detector on the detect stage's
+    preprocess = "size=640x640,resize=letterbox,pad=0,color=bgr,scale=1/255,mean=0.5,std=0.5"
+    task = "segment:threshold=0.3"            # --task's forms (KIND:key=value | FILE.toml)
+    precision = "auto"            # int8, fp16, fp32 or auto (the part's own decision)
+    threshold = 0.3               # glue: runner/cascade_spec.py's STEP_PARAMETERS
+"""
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._runtimes.runner.cascade_spec import (
+    OPTIONAL_STEPS,
+    PIPELINE_KINDS,
+    STEP_PARAMETERS,
+    STEPS,
+    parameter_problem,
+)
+from ..errors import PackagerError, SpecError
+from ..quantization.preprocessing import parse_preprocess
+from ..tasks.declare import parse_task
+
+PART_KEYS = ("part", "step", "model", "calib", "preprocess", "task", "precision")
+PRECISIONS = ("int8", "fp16", "fp32", "auto")
+MAX_PIPELINE_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its part and what the build needs of it, and its glue parameters."""
+
+    part: str
+    step: str
+    model: Path
+    preprocess: dict[str, Any]
+    calib: Path | None = None
+    task: dict[str, Any] | None = None
+    precision: str | None = None
+    glue: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    path: Path
+    kind: str
+    stages: tuple[Stage, ...]
+
+    def section(self) -> dict[str, Any]:
+        """The manifest's `pipeline` section (runner/cascade_spec.py reads it)."""
+        return {"kind": self.kind,
+                "stages": [{"part": s.part, "step": s.step, **dict(s.glue)} for s in self.stages]}
+
+    def stage(self, step: str) -> Stage | None:
+        return next((s for s in self.stages if s.step == step), None)
+
+
+def _fail(path: Path, where: str, problem: str, fix: str) -> SpecError:
+    return SpecError(f"{path}: {where} {problem}", fix)
+
+
+def _relative(path: Path, value: Any, where: str, *, folder: bool) -> Path:
+    if not isinstance(value, str) or not value:
+        raise _fail(path, where, "must be a path", "give a path relative to the pipeline file")
+    found = (path.parent / value).resolve()
+    if not (found.is_dir() if folder else found.is_file()):
+        raise _fail(path, where, f"= {value!r:.80}: no such {'folder' if folder else 'file'} "
+                    f"({found})", "give a path relative to the pipeline file")
+    return found
+
+
+def _task(path: Path, value: Any, where: str) -> dict[str, Any]:
+    """The stage's task from --task's text forms, an @FILE or a .toml relative to *path*."""
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, where, "must be text like --task's (KIND[:key=value,...] or "
+                    "FILE.toml)", "e.g. task = \"ctc:alphabet=@chars.txt\"")
+    text = value.strip()
+    if text.endswith(".toml"):
+        text = str(path.parent / text)
+    else:   # an @FILE list is read relative to the pipeline file
+        text = ",".join(item.split("=", 1)[0] + "=@" + str(path.parent / item.split("=@", 1)[1])
+                        if "=@" in item else item for item in text.split(","))
+    try:
+        return parse_task(text)
+    except PackagerError as exc:
+        raise _fail(path, where, f"({exc.message})", exc.hint) from None
+
+
+def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
+    where = f"stage[{i}]"
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "is not a table", "write [[stage]] and its keys under it")
+    step = raw.get("step")
+    if step not in STEPS[kind]:
+        raise _fail(path, f"{where}.step", f"= {step!r:.40} is not a step of an {kind} pipeline",
+                    f"use one of {', '.join(STEPS[kind])}")
+    part = raw.get("part")
+    if not isinstance(part, str) or not part:
+        raise _fail(path, f"{where}.part", "must name the part", f"e.g. part = \"{step[:3]}\"")
+    for key in ("model", "preprocess"):
+        if key not in raw:
+            raise _fail(path, where, f"has no {key}", f"add {key} = ..." + (
+                " (the crops' size and normalisation come from it)"
+                if key == "preprocess" else " (an .onnx file)"))
+    model = _relative(path, raw["model"], f"{where}.model", folder=False)
+    if model.suffix.lower() != ".onnx":
+        raise _fail(path, f"{where}.model", f"= {raw['model']!r:.80} is not an .onnx file",
+                    "export the stage's model to ONNX first (edgepack export)")
+    if not isinstance(raw["preprocess"], str):
+        raise _fail(path, f"{where}.preprocess", "must be text like --preprocess's",
+                    "e.g. preprocess = \"size=320x48,color=bgr,scale=1/255,mean=0.5,std=0.5\"")
+    try:
+        preprocess = parse_preprocess(raw["preprocess"])
+    except PackagerError as exc:
+        raise _fail(path, f"{where}.preprocess", f"({exc.message})", exc.hint) from None
+    calib = _relative(path, raw["calib"], f"{where}.calib", folder=True) \
+        if "calib" in raw else None
+    if calib is None and step == STEPS[kind][0]:
+        raise _fail(path, where, "has no calib", "add calib = \"photos/\": the detector needs "
+                    "images, and the later stages' crops come from them")
+    task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
+    precision = raw.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
+                    f"use one of {', '.join(PRECISIONS)}")
+    glue = {k: v for k, v in raw.items() if k not in PART_KEYS}
+    for key, value in glue.items():
+        problem = parameter_problem(step, key, value)
+        if problem:
+            raise _fail(path, f"{where}.{key}", problem, f"{step} stages take "
+                        f"{', '.join(list(PART_KEYS) + sorted(STEP_PARAMETERS[step]))}")
+    return Stage(part, step, model, preprocess, calib, task, precision, glue)
+
+
+def load_pipeline(path: Path | str) -> PipelineSpec:
+    """The pipeline file at *path*, checked: SpecError naming the file and key."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_PIPELINE_BYTES:
+            raise SpecError(f"{path}: over {MAX_PIPELINE_BYTES // 1_000_000} MB, not a pipeline "
+                            "file", "pass the pipeline's .toml")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"--pipeline {path}: no such file", "pass a pipeline .toml "
+                        "(docs/pipelines.md)") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"--pipeline {path}: cannot read it ({exc})",
+                        "fix the TOML (kind = \"ocr\", then one [[stage]] table a part)") from None
+    kind = data.get("kind")
+    if kind not in PIPELINE_KINDS:
+        raise _fail(path, "kind", f"= {kind!r:.40} is not a pipeline kind",
+                    f"use one of {', '.join(PIPELINE_KINDS)}")
+    unknown = sorted(set(data) - {"kind", "stage"})
+    if unknown:
+        raise _fail(path, unknown[0][:40], "is not a key of a pipeline file",
+                    "its keys: kind and [[stage]] tables")
+    raw = data.get("stage")
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, "stage", "is missing", "add one [[stage]] table per part")
+    stages = tuple(_stage(path, i, kind, s) for i, s in enumerate(raw))
+    steps = [s.step for s in stages]
+    wanted = [s for s in STEPS[kind] if s in steps or s not in OPTIONAL_STEPS[kind]]
+    if steps != wanted:
+        raise _fail(path, "stage", f"steps are {', '.join(steps)}",
+                    f"an {kind} pipeline runs {', '.join(STEPS[kind])} in this order "
+                    f"({', '.join(OPTIONAL_STEPS[kind])} optional)")
+    names = [s.part for s in stages]
+    if len(set(names)) != len(names):
+        raise _fail(path, "stage", "names a part twice", "give each stage its own part name")
+    rec = stages[-1]
+    if not rec.task or rec.task.get("kind") != "ctc" or not rec.task.get("alphabet"):
+        raise _fail(path, f"stage[{len(stages) - 1}].task", "must be a ctc task with its "
+                    "alphabet (the text comes from it)", "e.g. task = \"ctc:alphabet=@chars.txt\"")
+    return PipelineSpec(path, kind, stages)
