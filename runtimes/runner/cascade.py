@@ -69,6 +69,13 @@ def load_photo(data, spec, path, max_pixels=MAX_PIXELS):
     return decode_image(data, spec, path, max_pixels)
 
 
+class PipelineMisfit(BundleError):
+    """The bundle's pipeline does not fit its parts (exit 2; in `serve`, 500: the bundle's
+    fault, not the request's)."""
+
+    status = 500
+
+
 class Cascade(object):
     """The pipeline of *manifest*, each stage's part run by *run_part(part, feed)* (its outputs
     in the session's order)."""
@@ -144,8 +151,18 @@ class Cascade(object):
 
     def read(self, image, timing=None):
         """The text lines of a photo (H, W, C pixels in the detector's colour order); each
-        part's milliseconds are added to *timing* (a dict) when given."""
-        timing = {} if timing is None else timing
+        part's milliseconds are added to *timing* (a dict) when given. A pipeline that cannot
+        read its parts' outputs (a manifest that does not fit the models) is a BundleError."""
+        try:
+            return self.lines(image, {} if timing is None else timing)
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise PipelineMisfit("the %s pipeline cannot run its parts on this photo (%s); "
+                                 "pass --part NAME for one part, or rebuild the bundle"
+                                 % (self.kind, one_line(exc))) from None
+
+    def lines(self, image, timing):
         boxes, scores = self.detect(image, timing)
         _, conf = self.stage("recognize")
         lines = []

@@ -49,6 +49,9 @@ def stage_settings(stage):
 
 def parameter_problem(step, key, value):
     """What is wrong with one parameter of a *step* stage, or ''."""
+    if key not in STEP_PARAMETERS[step]:
+        return "is not a parameter of a %s stage (%s)" % (
+            step, ", ".join(["part", "step"] + sorted(STEP_PARAMETERS[step])))
     if key in ("threshold", "box_threshold"):
         if not is_number(value) or not 0.0 <= value <= 1.0:
             return "must be a number from 0 to 1, got %r" % (str(value)[:40],)
@@ -64,12 +67,8 @@ def parameter_problem(step, key, value):
     elif key == "max_boxes":
         if not is_count(value) or not 1 <= value <= MAX_BOXES:
             return "must be a whole number from 1 to %d, got %r" % (MAX_BOXES, str(value)[:40])
-    elif key == "dilate":
-        if not isinstance(value, bool):
-            return "must be true or false"
-    else:
-        return "is not a parameter of a %s stage (%s)" % (
-            step, ", ".join(["part", "step"] + sorted(STEP_PARAMETERS[step])))
+    elif key == "dilate" and not isinstance(value, bool):
+        return "must be true or false"
     return ""
 
 
@@ -86,6 +85,19 @@ def image_input_problem(part):
         return "has no preprocess with a size (the crop's size and normalisation come from it)"
     if spec.get("layout", "nchw") not in ("nchw", "nhwc"):
         return "has preprocess.layout %r, not nchw or nhwc" % (str(spec.get("layout"))[:20],)
+    if spec.get("dtype", "float32") not in ("float32", "float16", "uint8"):
+        return "has preprocess.dtype %r, not float32, float16 or uint8" % (
+            str(spec.get("dtype"))[:20],)
+    for key in ("scale", "pad", "mean", "std"):
+        value = spec.get(key)
+        values = value if isinstance(value, list) and key in ("mean", "std") else [value]
+        if value is not None and (not values or not all(is_number(v) and abs(v) <= 1e6
+                                                        for v in values) or
+                                  len(values) not in (1, 3) or
+                                  key == "std" and 0 in values):
+            return "has preprocess.%s %r, not a number up to 1e6%s" % (
+                key, str(value)[:20], " (or 3), none of them 0" if key == "std" else
+                " (or 3)" if key == "mean" else "")
     return ""
 
 
