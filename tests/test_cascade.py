@@ -7,6 +7,7 @@ same glue on the host."""
 import copy
 import json
 import os
+import re
 import shutil
 import sys
 import urllib.request
@@ -93,6 +94,18 @@ def test_resize_without_opencv_matches_opencv_within_one_level(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)   # `import cv2` raises ImportError
     got = glue.resize(image, 120, 48)
     assert got.shape == want.shape and np.abs(got.astype(int) - want).max() <= 1
+
+
+def test_end_to_end_lines_match_by_box_overlap_and_text():
+    from packager.cascade.judge import match_lines
+
+    want = [{"box": [0, 0, 100, 20], "text": "a"}, {"box": [0, 40, 100, 60], "text": "b"},
+            {"box": [0, 80, 100, 100], "text": "c"}]
+    got = [{"box": [2, 41, 100, 61], "text": "b"}, {"box": [1, 0, 99, 21], "text": "x"},
+           {"box": [0, 0, 100, 20], "text": "a"}, {"box": [300, 80, 400, 100], "text": "c"}]
+    # a: the exact box wins over the near one that misreads; b matches; c's box is elsewhere
+    assert match_lines(want, got) == 2
+    assert match_lines(want, []) == 0
 
 
 def test_reading_order_is_top_to_bottom_then_left_to_right_on_one_line():
@@ -294,6 +307,9 @@ def ocr_bundle(tmp_path_factory):
                                   "--openvino", "no"])
     assert r.exit_code == 0, r.output
     assert "[cls] calibration: the crops the original detector finds in" in r.output
+    # two of the ten photos held out judge the FP32 stages end to end: every line alike
+    found = re.search(r"end to end: (\d+) of the original's (\d+) text lines read alike", r.output)
+    assert found and found.group(1) == found.group(2) != "0", r.output
     return folder
 
 

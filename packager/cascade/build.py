@@ -1,32 +1,88 @@
 """build_pipeline(): a pipeline file's parts built into one bundle, each with its own precision
-decision, the manifest's `pipeline` section telling the runner to run them as a cascade."""
+decision, the manifest's `pipeline` section telling the runner to run them as a cascade, and
+the whole pipeline judged end to end on held-out photos against the original models."""
 
+import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import BudgetMissed
 from ..pipeline import BuildResult, build
-from .host import crop_calibration
+from .host import crop_calibration, photos
+from .judge import end_to_end
 from .spec import PipelineSpec, load_pipeline
+
+HELD_OUT_EVERY = 5   # every 5th photo of the detect stage's calib judges the pipeline end to end
 
 
 def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
-                   log: Callable[[str], None] = lambda _: None, **options: Any) -> BuildResult:
+                   log: Callable[[str], None] = lambda _: None,
+                   **options: Any) -> tuple[BuildResult, dict[str, Any]]:
     """Build every stage of *pipeline* (a pipeline .toml, spec.py) as a part of one bundle at
-    *output*; *options* are build()'s (target, quant, holdout, golden, force, tune...). A crop
-    stage without calib calibrates on the crops the original detector finds in the detect
-    stage's images."""
+    *output*; *options* are build()'s (target, quant, holdout, golden, force, tune...).
+
+    Every 5th photo of the detect stage's calib is held out of every stage's calibration and
+    judges the bundle end to end (judge.py: the original's text lines read alike). A bundle
+    that misses that budget with a stage below FP32 is built again with every stage at FP32,
+    said in one line. A crop stage without calib calibrates on the crops the original
+    detector finds in the detect stage's (other) photos. Returns (the build, the figure)."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    detect = spec.stages[0]
+    assert detect.calib is not None   # load_pipeline requires it of the detect stage
+    found = photos(detect.calib)
+    held = found[HELD_OUT_EVERY - 1::HELD_OUT_EVERY] if len(found) >= 2 * HELD_OUT_EVERY else []
     with tempfile.TemporaryDirectory(prefix="edgepack-pipeline-") as tmp:
+        if held:
+            folder = Path(tmp) / f"{detect.part}-photos"
+            folder.mkdir()
+            for k, path in enumerate(p for p in found if p not in held):
+                shutil.copyfile(path, folder / f"{k:05d}{path.suffix.lower()}")
+            spec = replace(spec, stages=(replace(detect, calib=folder), *spec.stages[1:]))
         made = crop_calibration(spec, Path(tmp))
         for part in made:
             log(f"[{part}] calibration: the crops the original detector finds in "
-                f"{spec.stages[0].calib}")
-        return build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
-                     part_calib={s.part: s.calib or made[s.part] for s in spec.stages},
-                     part_preprocess={s.part: s.preprocess for s in spec.stages},
-                     part_quant={s.part: {"precision": s.precision} for s in spec.stages
-                                 if s.precision},
-                     tasks={s.part: s.task for s in spec.stages if s.task},
-                     pipeline=spec.section(), log=log, **options)
+                f"{detect.calib}")
+        result = _build(spec, output, made, log, options)
+        if not held:
+            log(f"end to end: not judged: {detect.calib} holds {len(found)} photo(s); "
+                f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
+            return result, {"photos": 0, "passed": True, "shown": False}
+        figure = end_to_end(spec, result.bundle.directory, held)
+        log(figure["text"])
+        lower = [s.part for s in spec.stages if s.precision != "fp32"]
+        if figure["passed"]:
+            return result, figure
+        if not lower:
+            _refuse(spec, result, figure)
+        log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
+        spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
+        result = _build(spec, output, made, log, {**options, "force": True})
+        figure = end_to_end(spec, result.bundle.directory, held)
+        log(figure["text"])
+        if not figure["passed"]:
+            _refuse(spec, result, figure)
+        return result, figure
+
+
+def _refuse(spec: PipelineSpec, result: BuildResult, figure: dict[str, Any]) -> None:
+    """Remove a bundle that misses its end-to-end budget at FP32 and say so: a bundle is never
+    below its budget."""
+    shutil.rmtree(result.bundle.directory, ignore_errors=True)
+    result.bundle.archive.unlink(missing_ok=True)
+    raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with every "
+                       f"stage at FP32 ({figure['text']}); {result.bundle.directory} was removed",
+                       "check the glue parameters against the models' own pipeline")
+
+
+def _build(spec: PipelineSpec, output: Path, made: dict[str, Path],
+           log: Callable[[str], None], options: dict[str, Any]) -> BuildResult:
+    return build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
+                 part_calib={s.part: s.calib or made[s.part] for s in spec.stages},
+                 part_preprocess={s.part: s.preprocess for s in spec.stages},
+                 part_quant={s.part: {"precision": s.precision} for s in spec.stages
+                             if s.precision},
+                 tasks={s.part: s.task for s in spec.stages if s.task},
+                 pipeline=spec.section(), log=log, **options)

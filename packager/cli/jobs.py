@@ -187,7 +187,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
     if pipeline is not None:
         from ..cascade.build import build_pipeline
 
-        r = build_pipeline(pipeline, output, **common)
+        r, _ = build_pipeline(pipeline, output, **common)   # the figure: logged
     else:
         r = build(model, output, calib=Path(single[0]) if single else None,
                   part_calib={k: Path(v) for k, v in
