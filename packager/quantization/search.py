@@ -44,7 +44,11 @@ HEAVY_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 INTEGER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
                "DynamicQuantizeMatMul", "QGemm"}
 RETRIES = 4          # quantizer failures worked around per variant
-SEARCH_SECONDS = 300  # no new stage starts after this (the bisection finishes its probes)
+# No new stage starts after SEARCH_SECONDS, and the bisection starts no probe after
+# BISECT_SECONDS: zoo builds took up to 264 s (CenterFace), mostly in searches that found no
+# INT8 variant within budget, and users wait on every build
+SEARCH_SECONDS = 40
+BISECT_SECONDS = 50
 # A variant with under 4% of the multiply-adds in INT8 is not built: even infinitely fast INT8
 # kernels would leave 96% of the work, short of decision.MIN_GAIN (ocr-det's bisection built
 # variants with 1-5 of 113 ops in INT8, 4 of its 14 candidates)
@@ -538,6 +542,10 @@ class Search:
                  f"(worst: {', '.join(order[:3])})")
         lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
         while lo + 1 < hi:
+            if self.elapsed > BISECT_SECONDS:
+                self.log(f"search: bisection stopped after {self.elapsed:.0f} s with k between "
+                         f"{lo} and {hi} of {len(order)} nodes")
+                break
             k = (lo + hi) // 2
             share = self.int8_share(start, order, k)
             if share < MIN_INT8_SHARE:   # it cannot be 5% faster whatever its INT8 kernels do
@@ -561,6 +569,7 @@ class Search:
                     self.explain()
                     break
         if found is None and hi == len(order) and not self.futile and \
+                self.elapsed <= BISECT_SECONDS and \
                 self.int8_share(start, order, hi) >= MIN_INT8_SHARE:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
