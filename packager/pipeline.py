@@ -161,6 +161,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
           part_quant: Mapping[str, Mapping[str, Any]] = {},
           part_preprocess: Mapping[str, dict[str, Any]] = {}, pipeline: dict | None = None,
+          judge: Callable[[Path], dict[str, Any]] | None = None,
           export_options: ExportOptions = ExportOptions(), min_cosine: float | None = None,
           max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
           timer: Any = None, log: Log = lambda _: None,
@@ -176,7 +177,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     factories of their own, or .onnx files); their inputs are given as `PART/NAME:shape`,
     their calibration data in *part_calib*, their preprocessing in *part_preprocess* and per-part quantization
     overrides in *part_quant*; *pipeline* is the manifest's section that runs them as a cascade
-    (cascade/build.py).
+    (cascade/build.py), and *judge* measures it end to end on the staged bundle.
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
@@ -238,7 +239,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
                                 "see the inputs with `edgepack inspect MODEL`")
             out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
-                         tune=tune, offline=offline, pipeline=pipeline)
+                         tune=tune, offline=offline, pipeline=pipeline, judge=judge)
             clock.lap("bundle")
         for entry in out.manifest["parts"] if offline else ():
             log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "

@@ -324,6 +324,9 @@ def test_the_ocr_pipeline_bundle_reads_text_lines_as_the_original_models_do(ocr_
     assert all(p["precision"]["decision"] for p in manifest["parts"])   # one decision a part
     assert manifest["pipeline"]["stages"][1] == {"part": "cls", "step": "direction",
                                                  "threshold": 0.9}
+    accuracy = manifest["pipeline"]["accuracy"]   # the end-to-end figure, in the manifest
+    assert accuracy["passed"] and accuracy["same"] == accuracy["lines"] > 0, accuracy
+    assert accuracy["photos"] == 2 and not accuracy["shown"]   # too few lines to show 99%
     photos = [ocr_bundle / "text.png"] + sorted((ocr_bundle / "photos").glob("*.png"))[:3]
     r = run_py(bundle, "infer", *map(str, photos), "--json")
     assert r.returncode == 0, r.stderr
@@ -387,6 +390,9 @@ def test_a_photo_as_npy_pixels_needs_no_opencv_and_a_damaged_pipeline_never_cras
     np.save(tmp_path / "flat.npy", np.zeros((4, 4), np.float32))
     r = run_py(bundle, "infer", str(tmp_path / "flat.npy"))
     assert r.returncode == 2 and "not a photo's (H, W, 3) uint8 pixels" in r.stderr, r.stderr
+    r = run_py(bundle, "infer", str(tmp_path / "text.npy"), "--out", str(tmp_path / "o.npz"))
+    assert r.returncode == 2 and "--part NAME --out" in r.stderr and not list(
+        tmp_path.glob("o.npz*")), r.stderr
     # every key of the pipeline section and of its parts' preprocessing damaged: the
     # manifest is refused in one line, or the cascade reads (or refuses) the photo
     manifest = json.loads((bundle / "manifest.json").read_text())

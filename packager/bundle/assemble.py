@@ -270,7 +270,8 @@ quantization settings, checksums and tool versions.
 def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
            name: str | None = None, force: bool = False,
            inputs: Sequence[Path | str] = (), tune: Tuner | None = None,
-           offline: bool = False, pipeline: dict[str, Any] | None = None) -> BundleResult:
+           offline: bool = False, pipeline: dict[str, Any] | None = None,
+           judge: Callable[[Path], dict[str, Any]] | None = None) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
@@ -278,7 +279,9 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     times session options with the staged bundle's own runner; the manifest keeps the fastest.
     *offline*: also ship each part's graph optimised offline by this onnxruntime where it loads
     faster (offline.py); the runner loads it under the same onnxruntime version family.
-    *pipeline*: the manifest's section that runs the parts as one cascade (cascade/spec.py).
+    *pipeline*: the manifest's section that runs the parts as one cascade (cascade/spec.py);
+    *judge* measures the staged bundle's pipeline end to end (cascade/judge.py), recorded as
+    its `accuracy` (judge raises to publish nothing).
     """
     output = Path(output)
     archive = archive_path(output)
@@ -341,6 +344,12 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             _remove_unlisted(tmp, files)   # e.g. cache folders a GPU provider made
             manifest = Manifest(**{**manifest.__dict__, "session": tuning["chosen"],
                                    "tuning": tuning})
+            manifest.write(tmp / MANIFEST)
+        if judge is not None:
+            accuracy = judge(tmp)
+            _remove_unlisted(tmp, files)
+            manifest = Manifest(**{**manifest.__dict__,
+                                   "pipeline": {**manifest.pipeline, "accuracy": accuracy}})
             manifest.write(tmp / MANIFEST)
         write_archive(tmp, tar_tmp, output.name, created)
     return BundleResult(output, archive, manifest.to_dict(),

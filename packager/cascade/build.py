@@ -27,8 +27,10 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
     Every 5th photo of the detect stage's calib is held out of every stage's calibration and
     judges the bundle end to end (judge.py: the original's text lines read alike). A bundle
     that misses that budget with a stage below FP32 is built again with every stage at FP32,
-    said in one line. A crop stage without calib calibrates on the crops the original
-    detector finds in the detect stage's (other) photos. Returns (the build, the figure)."""
+    said in one line; one that misses it at FP32 is refused (BudgetMissed), nothing written.
+    The figure is the manifest's pipeline.accuracy. A crop stage without calib calibrates on
+    the crops the original detector finds in the detect stage's (other) photos. Returns (the
+    build, the figure)."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     detect = spec.stages[0]
     assert detect.calib is not None   # load_pipeline requires it of the detect stage
@@ -45,44 +47,49 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
         for part in made:
             log(f"[{part}] calibration: the crops the original detector finds in "
                 f"{detect.calib}")
-        result = _build(spec, output, made, log, options)
         if not held:
             log(f"end to end: not judged: {detect.calib} holds {len(found)} photo(s); "
                 f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
-            return result, {"photos": 0, "passed": True, "shown": False}
-        figure = end_to_end(spec, result.bundle.directory, held)
-        log(figure["text"])
+            return _build(spec, output, made, log, options, None)
         lower = [s.part for s in spec.stages if s.precision != "fp32"]
-        if figure["passed"]:
-            return result, figure
-        if not lower:
-            _refuse(spec, result, figure)
-        log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
+        try:
+            return _build(spec, output, made, log, options, _judge(spec, held, log, bool(lower)))
+        except Missed:
+            log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
         spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
-        result = _build(spec, output, made, log, {**options, "force": True})
-        figure = end_to_end(spec, result.bundle.directory, held)
+        return _build(spec, output, made, log, options, _judge(spec, held, log, False))
+
+
+class Missed(BudgetMissed):
+    """The staged bundle misses its end-to-end budget with a stage below FP32: built again."""
+
+
+def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], retry: bool
+           ) -> Callable[[Path], dict[str, Any]]:
+    """bundle()'s judge: the staged bundle end to end on *held*, its figure logged; a miss
+    raises (nothing is published): Missed when *retry* (a stage is below FP32), else
+    BudgetMissed."""
+    def judge(staged: Path) -> dict[str, Any]:
+        figure = end_to_end(spec, staged, held)
         log(figure["text"])
         if not figure["passed"]:
-            _refuse(spec, result, figure)
-        return result, figure
+            if retry:
+                raise Missed(figure["text"])
+            raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with "
+                               f"every stage at FP32 ({figure['text']})",
+                               "check the glue parameters against the models' own pipeline")
+        return figure
+    return judge
 
 
-def _refuse(spec: PipelineSpec, result: BuildResult, figure: dict[str, Any]) -> None:
-    """Remove a bundle that misses its end-to-end budget at FP32 and say so: a bundle is never
-    below its budget."""
-    shutil.rmtree(result.bundle.directory, ignore_errors=True)
-    result.bundle.archive.unlink(missing_ok=True)
-    raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with every "
-                       f"stage at FP32 ({figure['text']}); {result.bundle.directory} was removed",
-                       "check the glue parameters against the models' own pipeline")
-
-
-def _build(spec: PipelineSpec, output: Path, made: dict[str, Path],
-           log: Callable[[str], None], options: dict[str, Any]) -> BuildResult:
-    return build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
-                 part_calib={s.part: s.calib or made[s.part] for s in spec.stages},
-                 part_preprocess={s.part: s.preprocess for s in spec.stages},
-                 part_quant={s.part: {"precision": s.precision} for s in spec.stages
-                             if s.precision},
-                 tasks={s.part: s.task for s in spec.stages if s.task},
-                 pipeline=spec.section(), log=log, **options)
+def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callable[[str], None],
+           options: dict[str, Any], judge: Callable[[Path], dict[str, Any]] | None
+           ) -> tuple[BuildResult, dict[str, Any]]:
+    result = build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
+                   part_calib={s.part: s.calib or made[s.part] for s in spec.stages},
+                   part_preprocess={s.part: s.preprocess for s in spec.stages},
+                   part_quant={s.part: {"precision": s.precision} for s in spec.stages
+                               if s.precision},
+                   tasks={s.part: s.task for s in spec.stages if s.task},
+                   pipeline=spec.section(), judge=judge, log=log, **options)
+    return result, result.bundle.manifest["pipeline"].get("accuracy", {"photos": 0})

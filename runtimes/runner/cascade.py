@@ -5,9 +5,10 @@ direction classifier and recogniser, with crops between them (runner/cascade_ocr
                                       the order of the manifest's part["outputs"])
     Cascade.read(image)               {"lines": [{"box", "text", "confidence", "rotated"}],
                                        "image_size": [w, h]}
-    load_photo(path_or_bytes, spec)   (H, W, C) uint8 pixels of an image file (OpenCV) or an
-                                      .npy array (no OpenCV needed)
-    cmd_infer_pipeline(bundle, manifest, args)
+    load_photo(data, spec, path)      (H, W, C) uint8 pixels of an image file's bytes
+                                      (OpenCV) or an .npy array's (no OpenCV needed)
+    cmd_infer_pipeline(bundle, manifest, args, keys)
+    ServedCascade(manifest, sessions)   serve's entry: .serve(body, max_pixels)
 
 The host runs the same class with sessions on the original models to judge the bundle.
 """
@@ -213,6 +214,10 @@ def printable(path):
 def cmd_infer_pipeline(bundle, manifest, args, keys):
     """`infer` of a pipeline bundle: each file (a photo, or an .npy of its pixels) read whole;
     *keys*: infer's result key for each file."""
+    if getattr(args, "out", None):
+        raise BundleError("--out writes output tensors; a pipeline bundle answers in text lines "
+                          "(--json prints them), or pass --part NAME --out %s for one part's"
+                          % printable(args.out))
     require_intact(bundle, manifest)
     opened = pipeline_sessions(bundle, manifest, args)
     cascade = Cascade(manifest, session_runner(opened))

@@ -139,8 +139,11 @@ def pipeline_problem(pipeline, parts):
         return "pipeline.kind must be one of %s, got %r" % (", ".join(PIPELINE_KINDS),
                                                             str(kind)[:40])
     for key in pipeline:
-        if key not in ("kind", "stages"):
-            return "pipeline.%s is not a key of a pipeline (kind, stages)" % str(key)[:40]
+        if key not in ("kind", "stages", "accuracy"):
+            return "pipeline.%s is not a key of a pipeline (kind, stages, accuracy)" % \
+                str(key)[:40]
+    if not isinstance(pipeline.get("accuracy", {}), dict):
+        return "pipeline.accuracy must be an object (the build's end-to-end figure)"
     stages = pipeline.get("stages")
     if not isinstance(stages, list) or not stages:
         return "pipeline.stages must be a non-empty list of stages"
