@@ -250,8 +250,8 @@ WORDS = [("HELLO WORLD", 2.0, 4), ("edge bundle 2026", 1.5, 3), ("ONNX Runtime",
 
 
 def zoo_files():
-    """(det, cls, rec .onnx, a folder of real text photos, the recogniser's alphabet), else
-    skip (or fail under EDGEPACK_REQUIRE_ZOO=1, as CI runs)."""
+    """(det, cls, rec .onnx, the recogniser's alphabet) from the rapidocr wheel, else skip (or
+    fail under EDGEPACK_REQUIRE_ZOO=1, as CI runs)."""
     import zoo
     import zoo_tasks
 
@@ -259,13 +259,35 @@ def zoo_files():
         models = [zoo.package_file("rapidocr-onnxruntime", RAPIDOCR + name) for name in (
             "ch_PP-OCRv4_det_infer.onnx", "ch_ppocr_mobile_v2.0_cls_infer.onnx",
             "ch_PP-OCRv4_rec_infer.onnx")]
-        photos = zoo.by_name("ocr-det").prepared().calib
         chars = zoo_tasks.rec_chars()
     except (zoo.FetchError, OSError) as exc:
         if os.environ.get("EDGEPACK_REQUIRE_ZOO") == "1":
             pytest.fail(f"zoo packages unavailable and EDGEPACK_REQUIRE_ZOO=1: {exc}")
         pytest.skip(f"the rapidocr models are not in the zoo cache (no PyPI?): {exc}")
-    return models, photos, chars
+    return models, chars
+
+
+LEXICON = ["invoice", "TOTAL", "42.50", "Station", "exit 3", "Monday", "OPEN", "receipt",
+           "Platform 9", "coffee", "tea", "2026-11-24", "north", "SALE", "bundle", "device"]
+FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX,
+         cv2.FONT_HERSHEY_TRIPLEX]
+
+
+def text_photos(folder: Path, count: int = 10) -> Path:
+    """*count* 640x480 photos of printed words, drawn by OpenCV: a few lines each in one of
+    four fonts, scales and inks on a tinted page with some noise (seeded)."""
+    rng = np.random.default_rng(25)
+    folder.mkdir()
+    for n in range(count):
+        page = np.full((480, 640, 3), rng.integers(200, 256, 3), np.uint8)
+        for k in range(int(rng.integers(3, 6))):
+            words = " ".join(rng.choice(LEXICON, int(rng.integers(1, 4))))
+            cv2.putText(page, words, (int(rng.integers(10, 120)), 70 + 90 * k),
+                        FONTS[int(rng.integers(0, 4))], float(rng.uniform(0.9, 1.6)),
+                        tuple(int(v) for v in rng.integers(0, 90, 3)), int(rng.integers(2, 4)))
+        noise = rng.normal(0, 6, page.shape)
+        cv2.imwrite(str(folder / f"{n:02d}.png"), np.clip(page + noise, 0, 255).astype(np.uint8))
+    return folder
 
 
 def rendered_text() -> np.ndarray:
@@ -288,11 +310,9 @@ def ocr_bundle(tmp_path_factory):
 
     from packager.cli import main
 
-    (det, cls, rec), photos, chars = zoo_files()
+    (det, cls, rec), chars = zoo_files()
     folder = tmp_path_factory.mktemp("ocr")
-    (folder / "photos").mkdir()
-    for path in sorted(photos.glob("*.png"))[::5]:   # ten real text photos
-        shutil.copy(path, folder / "photos" / path.name)
+    text_photos(folder / "photos")
     (folder / "chars.txt").write_text("\n".join(chars) + "\n", encoding="utf-8")
     toml = write_toml(folder, [
         f'part = "det"\nstep = "detect"\nmodel = "{det}"\ncalib = "photos"\nprecision = "fp32"\n'
