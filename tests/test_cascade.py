@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -404,9 +405,20 @@ def test_a_photo_as_npy_pixels_needs_no_opencv_and_a_damaged_pipeline_never_cras
 
     bundle = ocr_bundle / "out"
     np.save(tmp_path / "text.npy", rendered_text())
-    r = run_py(bundle, "infer", str(tmp_path / "text.npy"), "--json")
+
+    def without_opencv(photo):   # a device without OpenCV: `import cv2` fails in the runner
+        blocked = ("import runpy, sys; sys.modules['cv2'] = None; sys.argv = ['run.py', "
+                   f"'infer', {str(photo)!r}, '--json']; runpy.run_path('run.py', "
+                   "run_name='__main__')")
+        return subprocess.run([sys.executable, "-I", "-c", blocked], cwd=bundle,
+                              capture_output=True, text=True, timeout=300)
+
+    r = without_opencv(tmp_path / "text.npy")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["results"][0]["lines"][0]["text"] == "HELLO WORLD"
+    assert [line["text"] for line in json.loads(r.stdout)["results"][0]["lines"]] == [
+        w for w, _, _ in WORDS] + ["upside down"]
+    r = without_opencv(ocr_bundle / "text.png")
+    assert r.returncode == 2 and "image input needs OpenCV" in r.stderr, r.stderr
     np.save(tmp_path / "flat.npy", np.zeros((4, 4), np.float32))
     r = run_py(bundle, "infer", str(tmp_path / "flat.npy"))
     assert r.returncode == 2 and "not a photo's (H, W, 3) uint8 pixels" in r.stderr, r.stderr
