@@ -334,6 +334,8 @@ def ocr_bundle(tmp_path_factory):
     return folder
 
 
+@pytest.mark.zoo
+@pytest.mark.slow
 def test_the_ocr_pipeline_bundle_reads_text_lines_as_the_original_models_do(ocr_bundle):
     from conftest import run_py
     from packager.cascade.host import original_cascade
@@ -367,6 +369,8 @@ def test_the_ocr_pipeline_bundle_reads_text_lines_as_the_original_models_do(ocr_
     assert human.returncode == 0 and "4 line(s): 'HELLO WORLD'" in human.stdout, human.stdout
 
 
+@pytest.mark.zoo
+@pytest.mark.slow
 def test_one_part_of_a_pipeline_bundle_still_answers_alone_and_serve_runs_the_pipeline(
         ocr_bundle, tmp_path):
     from conftest import run_py, start_server
@@ -398,6 +402,8 @@ def test_one_part_of_a_pipeline_bundle_still_answers_alone_and_serve_runs_the_pi
         proc.wait(timeout=30)
 
 
+@pytest.mark.zoo
+@pytest.mark.slow
 def test_a_photo_as_npy_pixels_needs_no_opencv_and_a_damaged_pipeline_never_crashes(
         ocr_bundle, tmp_path):
     from conftest import run_py
