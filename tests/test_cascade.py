@@ -97,6 +97,20 @@ def test_resize_without_opencv_matches_opencv_within_one_level(monkeypatch):
     assert got.shape == want.shape and np.abs(got.astype(int) - want).max() <= 1
 
 
+def test_a_long_line_is_cut_between_words_into_pieces_the_input_takes():
+    line = np.full((20, 400, 3), 255, np.uint8)
+    for x in range(5, 395, 60):             # "words" 48 wide, 12-pixel gaps
+        line[4:16, x:x + 48] = 0
+    pieces = glue.split_line(line, 40, 160)   # at height 20, one input holds 80 columns
+    widths = [p.shape[1] for p, _ in pieces]
+    assert sum(widths) == 400 and all(40 <= w <= 80 for w in widths[:-1]), widths
+    cuts = np.cumsum(widths)[:-1]
+    assert all(line[:, c].min() == 255 for c in cuts), cuts   # every cut in a gap
+    assert pieces[0][1] == 0 and all(gap == 12 for _, gap in pieces[1:])
+    assert [(p.shape, g) for p, g in glue.split_line(line[:, :70], 40, 160)] == [
+        ((20, 70, 3), 0)]   # a short line stays whole
+
+
 def test_end_to_end_lines_match_by_box_overlap_and_text():
     from packager.cascade.judge import match_lines
 

@@ -22,7 +22,15 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .cascade_ocr import crop, fit_crop, fit_image, reading_order, rotate180, text_boxes
+from .cascade_ocr import (
+    crop,
+    fit_crop,
+    fit_image,
+    reading_order,
+    rotate180,
+    split_line,
+    text_boxes,
+)
 from .cascade_spec import stage_settings
 from .errors import BundleError, one_line
 from .images import MAX_PIXELS, decode_image
@@ -143,12 +151,23 @@ class Cascade(object):
         return (rotate180(piece) if turn else piece), bool(turn), float(probs[best])
 
     def recognize(self, piece, timing):
-        """(text, confidence) of one upright crop."""
-        part, _ = self.stage("recognize")
-        outputs = self.run(part, fit_crop(piece, part["preprocess"]), timing)
+        """(text, confidence) of one upright crop; a line longer than the recogniser's input
+        holds is read in pieces cut at pale columns (a space where the cut is a word gap)."""
+        part, stage = self.stage("recognize")
         conf = settings(part["task"])
-        ids, confidence = ctc_decode(conf, outputs)
-        return ctc_text(conf, ids), confidence
+        width, height = part["preprocess"]["size"]
+        pieces = split_line(piece, height, width) if stage["split"] else [(piece, 0)]
+        texts, scores = [], []
+        for k, (cut, gap) in enumerate(pieces):
+            ids, confidence = ctc_decode(conf, self.run(part, fit_crop(cut, part["preprocess"]),
+                                                        timing))
+            text = ctc_text(conf, ids) or ""
+            if k and gap >= 0.15 * piece.shape[0] and texts and not texts[-1].endswith(" ") \
+                    and not text.startswith(" "):
+                text = " " + text
+            texts.append(text)
+            scores += [confidence] * max(1, len(text.strip()))
+        return "".join(texts).strip(), float(np.mean(scores)) if scores else 0.0
 
     def read(self, image, timing=None):
         """The text lines of a photo (H, W, C pixels in the detector's colour order); each

@@ -219,3 +219,48 @@ def crop(image, box):
     if piece.shape[0] >= 1.5 * piece.shape[1]:
         piece = np.rot90(piece)
     return np.ascontiguousarray(piece)
+
+
+def ink(piece):
+    """Each column's ink: its mean distance from the crop's background (its median level)."""
+    grey = piece.astype(np.float32).mean(axis=2) if piece.ndim == 3 else \
+        piece.astype(np.float32)
+    return np.abs(grey - np.median(grey)).mean(axis=0)
+
+
+def split_line(piece, height, width):
+    """A text crop wider than a recogniser's input takes without squeezing (*width* at
+    *height*) cut into pieces that fit, each cut at the palest column near its even share
+    (between words where there is room): [(piece, blank columns around its left cut)]."""
+    h, w = piece.shape[:2]
+    fits = max(1, int(width * float(h) / height))   # crop pixels one input width holds
+    if w <= fits:
+        return [(piece, 0)]
+    profile = ink(piece)
+    smooth = np.convolve(profile, np.ones(3, np.float32) / 3, mode="same")
+    faint = profile <= 0.1 * max(float(profile.max()), 1e-6)
+    out, start, left_gap = [], 0, 0
+    # each column's faint run: its length, and where it starts
+    run, begin = np.zeros(w, np.int64), np.zeros(w, np.int64)
+    k = 0
+    while k < w:
+        end = k
+        while end < w and faint[end]:
+            end += 1
+        if end > k:
+            run[k:end], begin[k:end] = end - k, k
+            k = end
+        else:
+            k += 1
+    while w - start > fits:
+        low, high = start + fits // 2, start + fits   # never a piece under half the width
+        if run[low:high].max() > 0:   # the middle of the widest pale gap (between words)
+            at = low + int(np.argmax(run[low:high]))
+            cut = min(max(int(begin[at] + run[at] // 2), low), high - 1)
+            gap = int(run[at])
+        else:
+            cut, gap = low + int(np.argmin(smooth[low:high])), 0
+        out.append((piece[:, start:cut], left_gap))
+        start, left_gap = cut, gap
+    out.append((piece[:, start:], left_gap))
+    return [(p, g) for p, g in out if p.shape[1] >= 2]

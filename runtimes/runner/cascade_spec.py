@@ -26,8 +26,9 @@ STEP_PARAMETERS = {
                "max_boxes": 1000, "dilate": True},
     # a crop is turned 180 degrees when the classifier says class `rotated` above `threshold`
     "direction": {"threshold": 0.9, "rotated": 1},
-    # lines read with a lower mean character confidence are left out
-    "recognize": {"min_confidence": 0.5},
+    # lines read with a lower mean character confidence are left out; split: a line longer
+    # than the input holds at its height is read in pieces cut at pale columns (else squeezed)
+    "recognize": {"min_confidence": 0.5, "split": True},
 }
 MAX_BOXES = 100000
 
@@ -67,7 +68,7 @@ def parameter_problem(step, key, value):
     elif key == "max_boxes":
         if not is_count(value) or not 1 <= value <= MAX_BOXES:
             return "must be a whole number from 1 to %d, got %r" % (MAX_BOXES, str(value)[:40])
-    elif key == "dilate" and not isinstance(value, bool):
+    elif key in ("dilate", "split") and not isinstance(value, bool):
         return "must be true or false"
     return ""
 
