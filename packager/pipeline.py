@@ -175,9 +175,10 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
     TorchScript, .pt2). *parts* maps part names to attribute paths in the PyTorch model (or to
     factories of their own, or .onnx files); their inputs are given as `PART/NAME:shape`,
-    their calibration data in *part_calib*, their preprocessing in *part_preprocess* and per-part quantization
-    overrides in *part_quant*; *pipeline* is the manifest's section that runs them as a cascade
-    (cascade/build.py), and *judge* measures it end to end on the staged bundle.
+    their calibration data in *part_calib*, their preprocessing in *part_preprocess* and
+    per-part quantization overrides in *part_quant*; *pipeline* is the manifest's section that
+    runs them as a cascade (cascade/build.py), and *judge* measures it end to end on the
+    staged bundle.
     *quant* overrides fields of the target's quantization preset (precision, mode, format,
     activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
@@ -302,7 +303,9 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
                             "without --part" if prefixed else "per-part options need --part",
                             "declare the parts: --part NAME=ATTRIBUTE")
         return [PartRequest(SINGLE, model, tuple(inputs), calib, preprocess, quant, labels)]
-    if not is_torch_source(model) and not all(map(_is_onnx, parts.values())):
+    # .onnx parts come from a pipeline file (cascade/build.py), which is the model given
+    if not is_torch_source(model) and not (str(model).endswith(".toml") and
+                                           all(map(_is_onnx, parts.values()))):
         raise SpecError("--part needs a PyTorch model (file.py:factory, pkg.module:factory)",
                         "an .onnx file is one part already; build it on its own")
     unknown = sorted(set(part_calib) - set(parts)) + sorted(set(part_quant) - set(parts)) + \
