@@ -48,6 +48,27 @@ def test_a_probability_map_with_two_text_blobs_gives_two_boxes_grown_by_the_uncl
     assert scores == pytest.approx([0.9, 0.8], abs=1e-6)
 
 
+def test_a_tilted_blob_gets_a_tilted_quad_and_its_crop_comes_out_level():
+    prob = np.zeros((120, 200), np.float32)
+    cv2.line(prob, (20, 90), (180, 30), 0.9, 9)   # a text line rising 20.6 degrees
+    quads, scores = glue.text_quads(prob, dict(DETECT, dilate=False))
+    assert len(quads) == 1 and scores[0] > 0.8
+    top = quads[0][1] - quads[0][0]
+    assert np.degrees(np.arctan2(-top[1], top[0])) == pytest.approx(20.6, abs=1.5)
+    assert glue.bounding_boxes(quads)[0] == pytest.approx(glue.text_boxes(
+        prob, dict(DETECT, dilate=False))[0][0])
+    photo = np.full((120, 200, 3), 255, np.uint8)
+    cv2.line(photo, (20, 90), (180, 30), (0, 0, 0), 9)
+    piece = glue.crop_quad(photo, quads[0])
+    assert piece.shape[1] > 4 * piece.shape[0]    # level: long and flat
+    rows = piece.mean(axis=(1, 2))
+    assert rows[len(rows) // 2] < 60 and rows[0] > 150 and rows[-1] > 150   # ink in the middle
+    level = np.zeros((60, 200), np.float32)
+    level[20:30, 20:180] = 0.9                      # within 2 degrees: the axis-aligned box
+    quad = glue.text_quads(level, dict(DETECT, dilate=False))[0][0]
+    assert quad[0][1] == quad[1][1] and quad[0][0] == quad[3][0]
+
+
 def test_box_threshold_drops_a_faint_blob_and_dilation_joins_touching_diagonals():
     prob = np.zeros((32, 32), np.float32)
     prob[4:12, 4:20] = 0.35                # over the pixel line, under the box score
@@ -378,6 +399,7 @@ def test_the_ocr_pipeline_bundle_reads_text_lines_as_the_original_models_do(ocr_
         assert [w["text"] for w in want["lines"]] == [g["text"] for g in result["lines"]], path
         for w, g in zip(want["lines"], result["lines"], strict=True):
             assert np.allclose(w["box"], g["box"], atol=0.2)
+            assert np.allclose(w["polygon"], g["polygon"], atol=0.2)
             assert abs(w["confidence"] - g["confidence"]) < 1e-3
     human = run_py(bundle, "infer", str(photos[0]))
     assert human.returncode == 0 and "4 line(s): 'HELLO WORLD'" in human.stdout, human.stdout

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._runtimes.runner.cascade import Cascade
-from .._runtimes.runner.cascade_ocr import crop, fit_crop, rotate180
+from .._runtimes.runner.cascade_ocr import crop_quad, fit_crop, rotate180
 from .._runtimes.runner.images import IMAGE_SUFFIXES, read_image
 from ..errors import CalibrationError
 from .spec import PipelineSpec
@@ -60,8 +60,8 @@ def crop_calibration(spec: PipelineSpec, folder: Path) -> dict[str, Path]:
     pieces = []
     for path in photos(detect.calib):
         image = read_image(path, detect.preprocess)
-        boxes, _ = cascade.detect(image, {})
-        pieces += [p for p in (crop(image, box) for box in boxes) if p is not None]
+        quads, _ = cascade.detect(image, {})
+        pieces += [p for p in (crop_quad(image, quad) for quad in quads) if p is not None]
     if not pieces:
         raise CalibrationError(f"{detect.calib}: the detector finds no text in its images, so "
                                "the later stages have no crops to calibrate on",

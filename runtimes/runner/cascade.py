@@ -3,7 +3,8 @@ direction classifier and recogniser, with crops between them (runner/cascade_ocr
 
     Cascade(manifest, run_part)       run_part(part, feed) -> the part's outputs (a list, in
                                       the order of the manifest's part["outputs"])
-    Cascade.read(image)               {"lines": [{"box", "text", "confidence", "rotated"}],
+    Cascade.read(image)               {"lines": [{"box", "polygon", "text", "confidence",
+                                                  "rotated", "box_score"}],
                                        "image_size": [w, h]}
     load_photo(data, spec, path)      (H, W, C) uint8 pixels of an image file's bytes
                                       (OpenCV) or an .npy array's (no OpenCV needed)
@@ -23,13 +24,14 @@ except ImportError:
     np = None
 
 from .cascade_ocr import (
-    crop,
+    bounding_boxes,
+    crop_quad,
     fit_crop,
     fit_image,
     reading_order,
     rotate180,
     split_line,
-    text_boxes,
+    text_quads,
 )
 from .cascade_spec import stage_settings
 from .errors import BundleError, one_line
@@ -121,21 +123,22 @@ class Cascade(object):
         return collections.OrderedDict(zip([o["name"] for o in part["outputs"]], outputs))
 
     def detect(self, image, timing):
-        """Text boxes in the photo's pixels (N, 4), reading order, and their scores."""
+        """Text quads in the photo's pixels (N, 4, 2: corners x, y), reading order, and their
+        scores."""
         part, conf = self.stage("detect")
         spec = part["preprocess"]
         prob = list(self.run(part, fit_image(image, spec), timing).values())[0]
-        boxes, scores = text_boxes(prob, conf)
-        if not len(boxes):
-            return boxes, scores
+        quads, scores = text_quads(prob, conf)
+        if not len(quads):
+            return quads, scores
         # the map's pixels are the input's (DB's map has the input's size), or a stride of it
         width, height = spec["size"]
         sx, sy = float(width) / prob.shape[-1], float(height) / prob.shape[-2]
         convert = input_to_image(spec, (image.shape[1], image.shape[0]))
-        xs, ys = convert(boxes[:, [0, 2]] * sx, boxes[:, [1, 3]] * sy)
-        boxes = np.stack([xs[:, 0], ys[:, 0], xs[:, 1], ys[:, 1]], axis=1)
-        order = reading_order(boxes)
-        return boxes[order], scores[order]
+        xs, ys = convert(quads[:, :, 0] * sx, quads[:, :, 1] * sy)
+        quads = np.stack([xs, ys], axis=2)
+        order = reading_order(bounding_boxes(quads))
+        return quads[order], scores[order]
 
     def upright(self, piece, timing):
         """(the crop turned 180 degrees when the classifier says so, whether it was, score)."""
@@ -183,18 +186,20 @@ class Cascade(object):
                                  % (self.kind, one_line(exc))) from None
 
     def lines(self, image, timing):
-        boxes, scores = self.detect(image, timing)
+        quads, scores = self.detect(image, timing)
         _, conf = self.stage("recognize")
         lines = []
-        for box, score in zip(boxes, scores):
-            piece = crop(image, box)
+        for quad, score in zip(quads, scores):
+            piece = crop_quad(image, quad)
             if piece is None:
                 continue
             piece, turned, _ = self.upright(piece, timing)
             text, confidence = self.recognize(piece, timing)
             if confidence < conf["min_confidence"] or not text:
                 continue
-            lines.append({"box": [round(float(v), 1) for v in box], "text": text,
+            lines.append({"box": [round(float(v), 1) for v in bounding_boxes(quad)[0]],
+                          "polygon": [[round(float(x), 1), round(float(y), 1)] for x, y in quad],
+                          "text": text,
                           "confidence": round(confidence, 5), "rotated": turned,
                           "box_score": round(float(score), 5)})
         return {"lines": lines, "image_size": [int(image.shape[1]), int(image.shape[0])]}

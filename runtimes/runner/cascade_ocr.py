@@ -1,9 +1,12 @@
 """The OCR cascade's glue, numpy only (OpenCV resizes when it is there): a DB probability map to
 text boxes, crops from the photo, a crop fitted to a recogniser's input, the 180-degree turn.
 
-    text_boxes(prob, conf)                (boxes x1 y1 x2 y2 in map pixels, mean scores)
+    text_quads(prob, conf)                (quads: 4 corners x, y in map pixels, mean scores),
+                                          each blob boxed along its principal axis
+    text_boxes(prob, conf)                the same as axis-aligned boxes x1 y1 x2 y2
     components(mask)                      each 4-connected blob's bounding box and pixel count
-    crop(image, box)                      the photo's pixels inside a box (upright: tall turns)
+    crop(image, box), crop_quad(image, quad)   the photo's pixels inside a box or a tilted
+                                          quad, upright (a tall crop turns a quarter)
     fit_crop(crop, spec)                  a crop as the model's tensor: the height fitted, the
                                           aspect ratio kept, zeros padding the width
     fit_image(image, spec)                a photo as the model's tensor per its preprocess
@@ -119,10 +122,11 @@ def runs(row):
     return np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
 
 
-def components(mask):
+def components(mask, labels=False):
     """Every 4-connected blob of True in *mask* (H, W): a list of (x1, y1, x2, y2, pixels),
-    corners inclusive, top to bottom. Runs of each row are joined to the runs they touch in
-    the row above (union-find over runs: a text map has a few dozen runs a row)."""
+    corners inclusive, top to bottom; with *labels*, also an (H, W) int32 map holding k + 1 on
+    the pixels of blob k. Runs of each row are joined to the runs they touch in the row above
+    (union-find over runs: a text map has a few dozen runs a row)."""
     parent = []
 
     def root(i):
@@ -152,8 +156,8 @@ def components(mask):
                 k += 1
         previous = current
     boxes = {}
-    for index, (y, s, e) in enumerate(found):
-        r = root(index)
+    roots = [root(index) for index in range(len(found))]
+    for (y, s, e), r in zip(found, roots):
         box = boxes.get(r)
         if box is None:
             boxes[r] = [s, y, e - 1, y, e - s]
@@ -161,12 +165,52 @@ def components(mask):
             box[0], box[2] = min(box[0], s), max(box[2], e - 1)
             box[3] = y
             box[4] += e - s
-    return [tuple(boxes[r]) for r in sorted(boxes)]
+    order = sorted(boxes)
+    blobs = [tuple(boxes[r]) for r in order]
+    if not labels:
+        return blobs
+    number = dict((r, k + 1) for k, r in enumerate(order))
+    image = np.zeros(mask.shape, np.int32)
+    for (y, s, e), r in zip(found, roots):
+        image[y, s:e] = number[r]
+    return blobs, image
 
 
-def text_boxes(prob, conf):
-    """(boxes (N, 4) x1 y1 x2 y2, scores (N,)) of a DB probability map (any shape ending in
-    H, W), in map pixels: blobs over conf["threshold"], each box's mean probability over
+SNAP = math.radians(2.0)   # a blob tilted less than this is boxed axis-aligned
+
+
+def oriented_rect(xs, ys):
+    """(angle in (-45, 45] degrees as radians, u range, v range) of the rectangle around the
+    points along their principal axis (the more horizontal one); 0 when nearly level. u runs
+    along x cos a + y sin a, v along -x sin a + y cos a."""
+    angle = 0.0
+    if len(xs) >= 3:
+        dx, dy = xs - xs.mean(), ys - ys.mean()
+        angle = 0.5 * math.atan2(2.0 * float((dx * dy).mean()),
+                                 float((dx * dx).mean() - (dy * dy).mean()))
+        if angle > math.pi / 4:
+            angle -= math.pi / 2
+        elif angle <= -math.pi / 4:
+            angle += math.pi / 2
+        if abs(angle) < SNAP:
+            angle = 0.0
+    c, s = math.cos(angle), math.sin(angle)
+    u, v = xs * c + ys * s, -xs * s + ys * c
+    return angle, (float(u.min()), float(u.max())), (float(v.min()), float(v.max()))
+
+
+def rect_corners(angle, us, vs):
+    """The 4 corners (x, y) of a (u, v) rectangle: top-left, top-right, bottom-right,
+    bottom-left as the text reads."""
+    c, s = math.cos(angle), math.sin(angle)
+    return np.asarray([[u * c - v * s, u * s + v * c] for u, v in (
+        (us[0], vs[0]), (us[1], vs[0]), (us[1], vs[1]), (us[0], vs[1]))], np.float64)
+
+
+def text_quads(prob, conf):
+    """(quads (N, 4, 2) of corners x, y, scores (N,)) of a DB probability map (any shape ending
+    in H, W), in map pixels: blobs over conf["threshold"], each boxed along its principal axis
+    (axis-aligned when within 2 degrees of level), the box's mean probability over
     conf["box_threshold"], grown by DB's unclip distance, short sides of conf["min_size"]."""
     prob = np.asarray(prob, np.float64)
     prob = prob.reshape(prob.shape[-2:])
@@ -174,22 +218,47 @@ def text_boxes(prob, conf):
     if conf["dilate"]:
         mask = dilate(mask)
     height, width = prob.shape
+    blobs, labels = components(mask, labels=True)
     found, scores = [], []
-    for x1, y1, x2, y2, _ in components(mask)[:conf["max_boxes"]]:
-        w, h = x2 - x1, y2 - y1   # between the outermost pixel centres, as minAreaRect sees it
+    for k, (x1, y1, x2, y2, _) in enumerate(blobs[:conf["max_boxes"]]):
+        ys, xs = np.nonzero(labels[y1:y2 + 1, x1:x2 + 1] == k + 1)
+        angle, us, vs = oriented_rect(xs.astype(np.float64), ys.astype(np.float64))
+        w, h = us[1] - us[0], vs[1] - vs[0]   # between the outermost pixel centres
         if min(w, h) < conf["min_size"]:
             continue
-        score = float(prob[y1:y2 + 1, x1:x2 + 1].mean())
+        if angle == 0.0:
+            score = float(prob[y1:y2 + 1, x1:x2 + 1].mean())
+        else:   # the mean over the tilted rectangle's pixels
+            gy, gx = np.mgrid[0:y2 - y1 + 1, 0:x2 - x1 + 1].astype(np.float64)
+            u = gx * math.cos(angle) + gy * math.sin(angle)
+            v = -gx * math.sin(angle) + gy * math.cos(angle)
+            inside = (u >= us[0] - 0.5) & (u <= us[1] + 0.5) & (v >= vs[0] - 0.5) & \
+                (v <= vs[1] + 0.5)
+            score = float(prob[y1:y2 + 1, x1:x2 + 1][inside].mean())
         if score < conf["box_threshold"]:
             continue
         grow = w * h * conf["unclip"] / max(2.0 * (w + h), 1e-9)
-        box = [x1 - grow, y1 - grow, x2 + grow, y2 + grow]
-        if min(box[2] - box[0], box[3] - box[1]) < conf["min_size"] + 2:
+        if min(w, h) + 2 * grow < conf["min_size"] + 2:
             continue
-        found.append([min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
-                      min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)])
+        quad = rect_corners(angle, (us[0] - grow, us[1] + grow), (vs[0] - grow, vs[1] + grow))
+        quad += [x1, y1]
+        quad[:, 0] = np.clip(quad[:, 0], 0.0, width)
+        quad[:, 1] = np.clip(quad[:, 1], 0.0, height)
+        found.append(quad)
         scores.append(score)
-    return np.asarray(found, np.float64).reshape(-1, 4), np.asarray(scores, np.float64)
+    return np.asarray(found, np.float64).reshape(-1, 4, 2), np.asarray(scores, np.float64)
+
+
+def bounding_boxes(quads):
+    """(N, 4) x1 y1 x2 y2 around each quad (N, 4, 2)."""
+    quads = np.asarray(quads, np.float64).reshape(-1, 4, 2)
+    return np.concatenate([quads.min(axis=1), quads.max(axis=1)], axis=1)
+
+
+def text_boxes(prob, conf):
+    """(boxes (N, 4) x1 y1 x2 y2 around text_quads' quads, scores)."""
+    quads, scores = text_quads(prob, conf)
+    return bounding_boxes(quads), scores
 
 
 def reading_order(boxes, tolerance=10.0):
@@ -204,6 +273,35 @@ def reading_order(boxes, tolerance=10.0):
             else:
                 break
     return order
+
+
+def crop_quad(image, quad):
+    """The pixels of *image* inside *quad* (4 corners x, y as text_quads orders them, image
+    pixels) sampled upright (bilinear, edges repeated), or None when under 2 pixels a side; an
+    axis-aligned quad is cut out as crop() does."""
+    quad = np.asarray(quad, np.float64)
+    if abs(quad[0, 1] - quad[1, 1]) < 1e-6 and abs(quad[0, 0] - quad[3, 0]) < 1e-6:
+        return crop(image, [quad[0, 0], quad[0, 1], quad[2, 0], quad[2, 1]])
+    across, down = quad[1] - quad[0], quad[3] - quad[0]
+    w, h = int(round(math.hypot(*across))), int(round(math.hypot(*down)))
+    if w < 2 or h < 2:
+        return None
+    i = (np.arange(w) + 0.5) / w
+    j = (np.arange(h) + 0.5) / h
+    xs = quad[0, 0] + i[None, :] * across[0] + j[:, None] * down[0] - 0.5
+    ys = quad[0, 1] + i[None, :] * across[1] + j[:, None] * down[1] - 0.5
+    H, W = image.shape[:2]
+    xs, ys = np.clip(xs, 0, W - 1), np.clip(ys, 0, H - 1)
+    x0, y0 = np.floor(xs).astype(np.int64), np.floor(ys).astype(np.int64)
+    x1, y1 = np.minimum(x0 + 1, W - 1), np.minimum(y0 + 1, H - 1)
+    fx, fy = (xs - x0)[..., None], (ys - y0)[..., None]
+    src = image.astype(np.float32).reshape(H, W, -1)
+    out = (src[y0, x0] * (1 - fx) + src[y0, x1] * fx) * (1 - fy) + \
+        (src[y1, x0] * (1 - fx) + src[y1, x1] * fx) * fy
+    piece = np.clip(np.round(out), 0, 255).astype(np.uint8)
+    if piece.shape[0] >= 1.5 * piece.shape[1]:
+        piece = np.rot90(piece)
+    return np.ascontiguousarray(piece)
 
 
 def crop(image, box):
