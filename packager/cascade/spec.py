@@ -111,8 +111,9 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
     for key in ("model", "preprocess"):
         if key not in raw:
             raise _fail(path, where, f"has no {key}", f"add {key} = ..." + (
-                " (the crops' size and normalisation come from it)"
-                if key == "preprocess" else " (an .onnx file)"))
+                " (an .onnx file)" if key == "model" else
+                " (the photo's resize and normalisation for the detector)" if step == "detect"
+                else " (the crops' size and normalisation come from it)"))
     model = _relative(path, raw["model"], f"{where}.model", folder=False)
     if model.suffix.lower() != ".onnx":
         raise _fail(path, f"{where}.model", f"= {raw['model']!r:.80} is not an .onnx file",
