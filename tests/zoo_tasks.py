@@ -19,6 +19,8 @@ import cv2
 import numpy as np
 from zoo import CheckResult, Prepared, ZooModel, match_boxes, nms, package_file, unpacked
 
+from packager._runtimes.runner.task_figures import edit_distance
+
 EVAL_EVERY = 5
 SR = 16000
 
@@ -306,15 +308,6 @@ def rec_task(folder: Path) -> str:
     if not chars.is_file():
         chars.write_text("\n".join(rec_chars()) + "\n", encoding="utf-8")
     return f"ctc:alphabet=@{chars}"
-
-
-def edit_distance(a: str, b: str) -> int:
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
 
 
 def check_rec(bundle, orig, samples) -> CheckResult:

@@ -20,6 +20,8 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .images import normalise
+
 
 def resize(image, width, height):
     """*image* (H, W, C) resized to *width* x *height*, bilinear with pixel centres aligned as
@@ -45,23 +47,6 @@ def resize(image, width, height):
     if image.dtype == np.uint8:
         return np.clip(np.round(out), 0, 255).astype(np.uint8)
     return out.astype(image.dtype)
-
-
-def normalise(pixels, spec):
-    """(H, W, C) pixels as a tensor with a batch axis of 1, per *spec*'s dtype, scale, mean,
-    std and layout (runner/images.py's preprocess does the same after its resize)."""
-    dtype = spec.get("dtype", "float32")
-    if dtype == "uint8":
-        tensor = pixels
-    else:
-        tensor = pixels.astype(np.float32) * np.float32(spec.get("scale", 1.0))
-        if spec.get("mean") is not None:
-            tensor = tensor - np.asarray(spec["mean"], dtype=np.float32)
-        if spec.get("std") is not None:
-            tensor = tensor / np.asarray(spec["std"], dtype=np.float32)
-    if spec.get("layout", "nchw") == "nchw":
-        tensor = tensor.transpose(2, 0, 1)
-    return np.ascontiguousarray(tensor[None].astype(dtype))
 
 
 def fit_image(image, spec):

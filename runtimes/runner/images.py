@@ -174,12 +174,17 @@ def preprocess(image, spec):
         out = resized[top:top + height, left:left + width]
     else:
         raise BundleError("unknown resize mode %r (stretch, letterbox, center-crop)" % mode)
-    out = out.reshape(height, width, -1)
+    return normalise(out.reshape(height, width, -1), spec)
+
+
+def normalise(pixels, spec):
+    """(H, W, C) pixels as a tensor with a batch axis of 1, per *spec*'s dtype, scale, mean,
+    std and layout (preprocess after its resize; the OCR cascade's crops too)."""
     dtype = spec.get("dtype", "float32")
     if dtype == "uint8":
-        tensor = out
+        tensor = pixels
     else:
-        tensor = out.astype(np.float32) * np.float32(spec.get("scale", 1.0))
+        tensor = pixels.astype(np.float32) * np.float32(spec.get("scale", 1.0))
         if spec.get("mean") is not None:
             tensor = tensor - np.asarray(spec["mean"], dtype=np.float32)
         if spec.get("std") is not None:
