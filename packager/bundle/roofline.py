@@ -133,17 +133,6 @@ def _conv(kind: str, conv: dict[str, Any], activation: int, qdq: bool = False) -
         "value", wtype, [1], [0.01 if kind == "fp32" else 1]))]
     if kind == "fp32":
         nodes.append(helper.make_node("Conv", ["x", "w"], ["y"], **attrs))
-    elif qdq:   # the form a QDQ bundle has: onnxruntime fuses it, OpenVINO runs it in INT8
-        depth = int(np.prod(conv["w"][1:]))
-        init += [helper.make_tensor("xs", T.FLOAT, [], [0.02]), helper.make_tensor("xz", x, [], [0]),
-                 helper.make_tensor("ws", T.FLOAT, [], [0.01]),
-                 helper.make_tensor("wz", T.INT8, [], [0]),
-                 helper.make_tensor("ys", T.FLOAT, [], [max(depth, 1) / 50]),
-                 helper.make_tensor("yz", x, [], [0])]
-        nodes += [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
-                  helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"]),
-                  helper.make_node("Conv", ["xf", "wf"], ["yf"], **attrs),
-                  helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]
     else:
         depth = int(np.prod(conv["w"][1:]))
         init += [helper.make_tensor("xs", T.FLOAT, [], [0.02]), helper.make_tensor("xz", x, [], [0]),
@@ -151,8 +140,15 @@ def _conv(kind: str, conv: dict[str, Any], activation: int, qdq: bool = False) -
                  helper.make_tensor("wz", T.INT8, [], [0]),
                  helper.make_tensor("ys", T.FLOAT, [], [max(depth, 1) / 50]),
                  helper.make_tensor("yz", x, [], [0])]
-        nodes.append(helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
-                                      ["y"], **attrs))
+        if qdq:   # the form a QDQ bundle has: onnxruntime fuses it, OpenVINO runs it in INT8
+            nodes += [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+                      helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"]),
+                      helper.make_node("Conv", ["xf", "wf"], ["yf"], **attrs),
+                      helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]
+        else:
+            nodes.append(helper.make_node("QLinearConv",
+                                          ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
+                                          ["y"], **attrs))
     return _model(nodes, "roofline_conv", [helper.make_tensor_value_info("x", x, conv["x"])],
                   helper.make_tensor_value_info("y", x, conv_output(conv)), init)
 
