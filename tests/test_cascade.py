@@ -169,7 +169,7 @@ PIPELINE = {"kind": "ocr", "stages": [{"part": "det", "step": "detect", "thresho
 
 
 @pytest.mark.parametrize("change, key", [
-    (lambda p, s: p.update(kind="face"), "pipeline.kind"),
+    (lambda p, s: p.update(kind="pose"), "pipeline.kind"),
     (lambda p, s: p.update(stages=[]), "pipeline.stages"),
     (lambda p, s: p.update(extra=1), "pipeline.extra"),
     (lambda p, s: s[0].update(threshold=2), "pipeline.stages[0].threshold"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import BudgetMissed
 from ..pipeline import BuildResult, build
+from .face_calib import face_calibration
 from .host import crop_calibration, photos
 from .judge import end_to_end
 from .spec import PipelineSpec, load_pipeline
@@ -43,10 +44,12 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
             for k, path in enumerate(p for p in found if p not in held):
                 shutil.copyfile(path, folder / f"{k:05d}{path.suffix.lower()}")
             spec = replace(spec, stages=(replace(detect, calib=folder), *spec.stages[1:]))
-        made = crop_calibration(spec, Path(tmp))
+        face = spec.kind == "face"   # every MTCNN stage calibrates on what it sees there
+        made = (face_calibration if face else crop_calibration)(spec, Path(tmp))
         for part in made:
-            log(f"[{part}] calibration: the crops the original detector finds in "
-                f"{detect.calib}")
+            log(f"[{part}] calibration: " + ("the inputs it gets from the original cascade on "
+                                             if face else "the crops the original detector "
+                                             "finds in ") + str(detect.calib))
         if not held:
             log(f"end to end: not judged: {detect.calib} holds {len(found)} photo(s); "
                 f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
@@ -86,7 +89,7 @@ def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callabl
            options: dict[str, Any], judge: Callable[[Path], dict[str, Any]] | None
            ) -> tuple[BuildResult, dict[str, Any]]:
     result = build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
-                   part_calib={s.part: s.calib or made[s.part] for s in spec.stages},
+                   part_calib={s.part: made.get(s.part) or s.calib for s in spec.stages},
                    part_preprocess={s.part: s.preprocess for s in spec.stages},
                    part_quant={s.part: {"precision": s.precision} for s in spec.stages
                                if s.precision},

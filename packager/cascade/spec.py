@@ -1,5 +1,7 @@
 """A pipeline file (`build --pipeline PIPELINE.toml`): the parts of one bundle that run as a
 cascade, each with its model, data, preprocessing, task, precision and glue parameters.
+Two kinds: "ocr" (below) and "face" (MTCNN: steps propose, refine, output; each stage's
+preprocess gives its input's size and normalisation, the propose stage's calib the photos).
 
     kind = "ocr"
 
@@ -66,6 +68,10 @@ class PipelineSpec:
         return next((s for s in self.stages if s.step == step), None)
 
 
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
 def _fail(path: Path, where: str, problem: str, fix: str) -> SpecError:
     return SpecError(f"{path}: {where} {problem}", fix)
 
@@ -103,7 +109,7 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
         raise _fail(path, where, "is not a table", "write [[stage]] and its keys under it")
     step = raw.get("step")
     if step not in STEPS[kind]:
-        raise _fail(path, f"{where}.step", f"= {step!r:.40} is not a step of an {kind} pipeline",
+        raise _fail(path, f"{where}.step", f"= {step!r:.40} is not a step of {_a(kind)} pipeline",
                     f"use one of {', '.join(STEPS[kind])}")
     part = raw.get("part")
     if not isinstance(part, str) or not part:
@@ -128,8 +134,9 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
     calib = _relative(path, raw["calib"], f"{where}.calib", folder=True) \
         if "calib" in raw else None
     if calib is None and step == STEPS[kind][0]:
-        raise _fail(path, where, "has no calib", "add calib = \"photos/\": the detector needs "
-                    "images, and the later stages' crops come from them")
+        raise _fail(path, where, "has no calib", "add calib = \"photos/\": the "
+                    f"{'proposal net' if kind == 'face' else 'detector'} needs images, and the "
+                    "later stages' crops come from them")
     task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
     precision = raw.get("precision")
     if precision is not None and precision not in PRECISIONS:
@@ -174,13 +181,15 @@ def load_pipeline(path: Path | str) -> PipelineSpec:
     wanted = [s for s in STEPS[kind] if s in steps or s not in OPTIONAL_STEPS[kind]]
     if steps != wanted:
         raise _fail(path, "stage", f"steps are {', '.join(steps)}",
-                    f"an {kind} pipeline runs {', '.join(STEPS[kind])} in this order "
-                    f"({', '.join(OPTIONAL_STEPS[kind])} optional)")
+                    f"{_a(kind)} pipeline runs {', '.join(STEPS[kind])} in this order" +
+                    (f" ({', '.join(OPTIONAL_STEPS[kind])} optional)" if OPTIONAL_STEPS[kind]
+                     else ""))
     names = [s.part for s in stages]
     if len(set(names)) != len(names):
         raise _fail(path, "stage", "names a part twice", "give each stage its own part name")
     rec = stages[-1]
-    if not rec.task or rec.task.get("kind") != "ctc" or not rec.task.get("alphabet"):
+    if kind == "ocr" and (not rec.task or rec.task.get("kind") != "ctc" or
+                          not rec.task.get("alphabet")):
         raise _fail(path, f"stage[{len(stages) - 1}].task", "must be a ctc task with its "
                     "alphabet (the text comes from it)", "e.g. task = \"ctc:alphabet=@chars.txt\"")
     return PipelineSpec(path, kind, stages)

@@ -1,5 +1,6 @@
 """A pipeline bundle's parts run as one cascade on a photo (`infer`, `serve`): OCR's detector,
-direction classifier and recogniser, with crops between them (runner/cascade_ocr.py).
+direction classifier and recogniser, with crops between them (runner/cascade_ocr.py), or
+MTCNN's P-Net, R-Net and O-Net (runner/cascade_face.py: {"faces": [...]}).
 
     Cascade(manifest, run_part)       run_part(part, feed) -> the part's outputs (a list, in
                                       the order of the manifest's part["outputs"])
@@ -23,6 +24,8 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .cascade_face import find_faces
+from .cascade_face import summary as face_summary
 from .cascade_ocr import (
     bounding_boxes,
     crop_quad,
@@ -177,7 +180,10 @@ class Cascade(object):
         part's milliseconds are added to *timing* (a dict) when given. A pipeline that cannot
         read its parts' outputs (a manifest that does not fit the models) is a BundleError."""
         try:
-            return self.lines(image, {} if timing is None else timing)
+            timing = {} if timing is None else timing
+            if self.kind == "face":   # MTCNN: runner/cascade_face.py
+                return find_faces(self, image, timing)
+            return self.lines(image, timing)
         except BundleError:
             raise
         except Exception as exc:
@@ -206,7 +212,9 @@ class Cascade(object):
 
 
 def summary(result):
-    """The lines read, one a line: 'text (0.98)'."""
+    """The lines read, one a line: 'text (0.98)' (or the faces found)."""
+    if "faces" in result:
+        return face_summary(result)
     if not result["lines"]:
         return "no text found"
     return "%d line(s): %s" % (len(result["lines"]), "; ".join(

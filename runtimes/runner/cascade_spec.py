@@ -1,6 +1,13 @@
 """A bundle's pipeline: its parts run as one cascade. The manifest's `pipeline` section, its
 defaults, and its check against the parts (one line naming the key that is wrong).
 
+Two kinds: "ocr" (below) and "face", an MTCNN cascade (runner/cascade_face.py):
+
+    {"kind": "face",
+     "stages": [{"part": "pnet", "step": "propose", "min_face": 20, "factor": 0.709, ...},
+                {"part": "rnet", "step": "refine", "threshold": 0.7, "nms": 0.7},
+                {"part": "onet", "step": "output", "threshold": 0.7, "nms": 0.7}]}
+
     {"kind": "ocr",
      "stages": [{"part": "det", "step": "detect", "threshold": 0.3, ...},
                 {"part": "cls", "step": "direction", "threshold": 0.9, ...},   (optional)
@@ -13,10 +20,10 @@ has a preprocess object: the detector's resizes the photo; a crop's size, colour
 normalisation come from it too, its resize is always "keep the height's ratio, pad the width".
 """
 
-PIPELINE_KINDS = ("ocr",)
+PIPELINE_KINDS = ("ocr", "face")
 # The steps of each kind in the order they run; the optional ones may be left out.
-STEPS = {"ocr": ("detect", "direction", "recognize")}
-OPTIONAL_STEPS = {"ocr": ("direction",)}
+STEPS = {"ocr": ("detect", "direction", "recognize"), "face": ("propose", "refine", "output")}
+OPTIONAL_STEPS = {"ocr": ("direction",), "face": ()}
 # Each step's parameters and defaults (rapidocr's for PP-OCR: config.yaml of rapidocr 1.4).
 STEP_PARAMETERS = {
     # threshold: a map pixel is text above it; box_threshold: a box's mean probability;
@@ -29,6 +36,14 @@ STEP_PARAMETERS = {
     # lines read with a lower mean character confidence are left out; split: a line longer
     # than the input holds at its height is read in pieces cut at pale columns (else squeezed)
     "recognize": {"min_confidence": 0.5, "split": True},
+    # MTCNN, facenet-pytorch's detect_face: P-Net's pyramid starts at 12 / min_face and shrinks
+    # by factor; a cell proposes a face at threshold; NMS at nms within a level, nms_all
+    # across levels
+    "propose": {"min_face": 20, "factor": 0.709, "threshold": 0.6, "nms": 0.5, "nms_all": 0.7},
+    # R-Net keeps a 24x24 crop over threshold, then NMS (IoU) at nms
+    "refine": {"threshold": 0.7, "nms": 0.7},
+    # O-Net keeps a 48x48 crop over threshold, then NMS at nms over the smaller box ("Min")
+    "output": {"threshold": 0.7, "nms": 0.7},
 }
 MAX_BOXES = 100000
 
@@ -53,7 +68,7 @@ def parameter_problem(step, key, value):
     if key not in STEP_PARAMETERS[step]:
         return "is not a parameter of a %s stage (%s)" % (
             step, ", ".join(["part", "step"] + sorted(STEP_PARAMETERS[step])))
-    if key in ("threshold", "box_threshold"):
+    if key in ("threshold", "box_threshold", "nms", "nms_all"):
         if not is_number(value) or not 0.0 <= value <= 1.0:
             return "must be a number from 0 to 1, got %r" % (str(value)[:40],)
     elif key == "min_confidence":
@@ -68,6 +83,12 @@ def parameter_problem(step, key, value):
     elif key == "max_boxes":
         if not is_count(value) or not 1 <= value <= MAX_BOXES:
             return "must be a whole number from 1 to %d, got %r" % (MAX_BOXES, str(value)[:40])
+    elif key == "min_face":   # 12 / min_face scales the photo: a tiny one makes huge levels
+        if not is_number(value) or not 6 <= value <= 100000:
+            return "must be a number from 6 to 100000 (pixels), got %r" % (str(value)[:40],)
+    elif key == "factor":     # each pyramid level's scale times factor: near 1, endless levels
+        if not is_number(value) or not 0.1 <= value <= 0.95:
+            return "must be a number from 0.1 to 0.95, got %r" % (str(value)[:40],)
     elif key in ("dilate", "split") and not isinstance(value, bool):
         return "must be true or false"
     return ""
@@ -123,6 +144,9 @@ def stage_problem(kind, i, stage, parts):
     problem = image_input_problem(part)
     if problem:
         return "%s.part %s %s" % (where, name[:40], problem)
+    if step == "propose" and min(part["preprocess"]["size"]) < 12:
+        return "%s.part %s takes %s pixels; P-Net's input needs 12 or more a side" % (
+            where, name[:40], "x".join(str(v) for v in part["preprocess"]["size"]))
     task = part.get("task") if isinstance(part.get("task"), dict) else {}
     if step == "recognize" and (task.get("kind") != "ctc" or not task.get("alphabet")):
         return "%s.part %s has no ctc task with an alphabet: the recogniser's text comes " \
@@ -156,9 +180,9 @@ def pipeline_problem(pipeline, parts):
     steps = [s["step"] for s in stages]
     wanted = [s for s in STEPS[kind] if s in steps or s not in OPTIONAL_STEPS[kind]]
     if steps != wanted:
-        return "pipeline.stages has steps %s; a %s pipeline runs %s in this order (%s " \
-               "optional)" % (", ".join(steps), kind, ", ".join(STEPS[kind]),
-                              ", ".join(OPTIONAL_STEPS[kind]))
+        return "pipeline.stages has steps %s; a %s pipeline runs %s in this order%s" % (
+            ", ".join(steps), kind, ", ".join(STEPS[kind]),
+            " (%s optional)" % ", ".join(OPTIONAL_STEPS[kind]) if OPTIONAL_STEPS[kind] else "")
     names = [s["part"] for s in stages]
     if len(set(names)) != len(names):
         return "pipeline.stages name a part twice; each stage runs its own part"

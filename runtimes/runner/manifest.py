@@ -253,12 +253,13 @@ RUNNER_DIR = "runner"
 # The runner as every bundle ships it, each file hashed in the manifest: the entry script and its
 # package. run.py's RUNNER_MODULES names the same package files.
 RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/cascade.py",
-                "runner/cascade_ocr.py", "runner/cascade_spec.py", "runner/check.py",
-                "runner/cli.py", "runner/closing.py", "runner/errors.py", "runner/facts.py",
-                "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/manifest.py",
-                "runner/metrics.py", "runner/profile.py", "runner/report.py", "runner/serve.py",
-                "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
-                "runner/tasks.py", "runner/tuning.py")
+                "runner/cascade_face.py", "runner/cascade_ocr.py", "runner/cascade_spec.py",
+                "runner/check.py", "runner/cli.py", "runner/closing.py", "runner/errors.py",
+                "runner/facts.py", "runner/images.py", "runner/infer.py", "runner/inputs.py",
+                "runner/manifest.py", "runner/metrics.py", "runner/profile.py",
+                "runner/report.py", "runner/serve.py", "runner/sessions.py",
+                "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
+                "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
 IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))
