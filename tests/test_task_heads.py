@@ -174,6 +174,45 @@ def test_vad_flags_each_frame():
     assert seq["speech"] == [False, True, True, False]
 
 
+def test_multilabel_lists_the_labels_on_in_each_frame():
+    probs = np.array([[[0.9, 0.1, 0.6, 0.2],      # frame 0: a, c
+                       [0.1, 0.1, 0.1, 0.1],      # frame 1: nothing on (left out)
+                       [0.5, 0.5, 0.49, 0.7]]])   # frame 2: a, b, d (0.5 is on)
+    result = tasks.apply({"kind": "multilabel", "labels": list("abcd")}, {"probs": probs})
+    assert result == {"outputs": [{"output": "probs", "threshold": 0.5, "frames": 3, "classes": 4,
+                                   "on": [{"frame": 0, "on": ["a", "c"]},
+                                          {"frame": 2, "on": ["a", "b", "d"]}]}]}
+    high = tasks.apply({"kind": "multilabel", "threshold": 0.65}, {"probs": probs},
+                       labels=list("wxyz"))     # the part's labels where the task names none
+    assert high["outputs"][0]["on"] == [{"frame": 0, "on": ["w"]}, {"frame": 2, "on": ["z"]}]
+    assert tasks.summary({"kind": "multilabel"}, high) == "probs: 2 label(s) on in 2 of 3 frame(s)"
+
+
+def test_multilabel_reads_the_outputs_named_each_at_its_threshold():
+    notes = np.array([[[0.35, 0.2], [0.1, 0.8]]])
+    onsets = np.array([[[0.35, 0.6], [0.1, 0.4]]])
+    both = tasks.apply({"kind": "multilabel", "output": ["onsets", "notes"],
+                        "threshold": [0.5, 0.3], "labels": ["C4", "D4"]},
+                       {"notes": notes, "onsets": onsets, "other": np.ones((1, 3))})
+    assert [(o["output"], o["threshold"], o["on"]) for o in both["outputs"]] == [
+        ("onsets", 0.5, [{"frame": 0, "on": ["D4"]}]),
+        ("notes", 0.3, [{"frame": 0, "on": ["C4"]}, {"frame": 1, "on": ["D4"]}])]
+    # by index in a list of arrays; labels that do not count an output's last axis: indices
+    one = tasks.apply({"kind": "multilabel", "output": 1, "labels": ["x", "y", "z"]},
+                      [notes, onsets])
+    assert one["outputs"] == [{"output": "output 1", "threshold": 0.5, "frames": 2,
+                               "classes": 2, "on": [{"frame": 0, "on": [1]}]}]
+    # logits go through a sigmoid (the threshold is a probability); a (1, C) output is one frame
+    logits = np.array([[-2.0, 0.5, 3.0]])
+    assert tasks.apply({"kind": "multilabel"}, [logits])["outputs"][0]["on"] == [
+        {"frame": 0, "on": [1, 2]}]
+    assert tasks.apply({"kind": "multilabel", "sigmoid": True}, [np.array([[0.1, 0.9]])])[
+        "outputs"][0]["on"] == [{"frame": 0, "on": [0, 1]}]   # sigmoid(0.1) = 0.52
+    with pytest.raises(tasks.TaskMisfit, match="the multilabel task of m cannot read"):
+        tasks.part_result({"name": "m", "task": {"kind": "multilabel", "threshold": [0.5, 0.5]}},
+                          ["y"], [logits])
+
+
 # ---------------------------------------------------------------------------------------------
 # figures and judgement
 
@@ -267,6 +306,50 @@ def test_pixel_and_frame_agreement():
     assert frames["frames"] == {"value": 0.75, "n": 4, "matched": 3, "speech": 2, "samples": 4}
 
 
+def posteriorgram(seed, frames=20, labels=8):
+    return [np.random.default_rng(seed).random((1, frames, labels))]
+
+
+def test_multilabel_f1_counts_every_label_turned_on_or_off():
+    task = {"kind": "multilabel"}
+    ref = [posteriorgram(k) for k in range(4)]
+    on = int(sum((r[0] >= 0.5).sum() for r in ref))
+    same = tf.figures(task, ref, ref)["f1"]
+    assert same["value"] == 1.0 and same["n"] == on and same["matched"] == on and on >= 100
+    assert tf.judge(task, {"f1": same})["passed"] and tf.judge(task, {"f1": same})["shown"]
+
+    off = [[r[0].copy()] for r in ref]
+    frame, label = np.argwhere(off[1][0][0] >= 0.5)[0]
+    off[1][0][0, frame, label] = 0.2                  # one label on turned off
+    fig = tf.figures(task, ref, off)["f1"]
+    assert fig["value"] == pytest.approx(2.0 * (on - 1) / (2 * on - 1))
+    assert (fig["matched"], fig["candidate"]) == (on - 1, on - 1)
+    extra = [[r[0].copy()] for r in ref]
+    frame, label = np.argwhere(extra[2][0][0] < 0.5)[0]
+    extra[2][0][0, frame, label] = 0.9                 # one label off turned on
+    assert tf.figures(task, ref, extra)["f1"]["value"] == pytest.approx(2.0 * on / (2 * on + 1))
+
+
+def test_multilabel_f1_cannot_be_met_by_turning_every_label_off():
+    """A sparse reference (one label on in 1 of 100 frames): frames that agree would be 99%
+    for a model that never turns a label on; F1 is 0 and fails."""
+    task = {"kind": "multilabel", "threshold": 0.5}
+    sparse = np.full((1, 100, 6), 0.1)
+    sparse[0, 40, 3] = 0.9
+    silent = np.full((1, 100, 6), 0.1)
+    fig = tf.figures(task, [[sparse]], [[silent]])["f1"]
+    assert fig["value"] == 0.0 and fig["n"] == 1 and fig["candidate"] == 0
+    assert not tf.judge(task, {"f1": fig}, {"f1": 0.5})["passed"]
+    # nothing on in either: no figure to judge, said, not passed as shown
+    quiet = tf.judge(task, tf.figures(task, [[silent]], [[silent]]))
+    assert quiet["passed"] and not quiet["shown"]
+    assert "labels on agree (F1) on: no labels on in the reference among 1 samples" in quiet["text"]
+    # one output's labels all turned off, the other's kept: each output's own F1 is said too
+    two = tf.figures({"kind": "multilabel"}, [{"a": sparse, "b": sparse}],
+                     [{"a": silent, "b": sparse}])["f1"]
+    assert two["outputs"] == {"a": 0.0, "b": 1.0} and two["value"] == pytest.approx(2 / 3)
+
+
 def test_figures_from_stacked_golden_arrays():
     stacked = {"scores": np.stack([scores(i % 4)[0] for i in range(6)]),
                "extra": np.zeros((6, 1, 2))}
@@ -282,6 +365,8 @@ def test_parse_keep_and_its_errors():
     assert tf.parse_keep("recall=0.9, precision=90%,cer=1%") == {
         "recall": 0.9, "precision": pytest.approx(0.9), "cer": pytest.approx(0.01)}
     assert tf.parse_keep("cosine=0.98") == {"cosine_min": 0.98}
+    assert tf.parse_keep("F1=98%") == {"f1": pytest.approx(0.98)}
+    assert tf.keep_for({"kind": "multilabel"}) == {"f1": 0.99}
     for bad, says in (("top1", "FIGURE=VALUE"), ("speed=99%", "no figure 'speed'"),
                       ("top1=150%", "not a share"), ("top1=abc", "not a share"),
                       ("top1=99", "not a share")):
@@ -324,6 +409,14 @@ def test_needed_counts():
                                                     "a classify task (top1)"),
     ({"kind": "ctc", "keep": {"cer": 2}}, "task.keep cer must be a share from 0 to 1"),
     ({"kind": "vad", "keep": 0.99}, "task.keep must be an object"),
+    ({"kind": "multilabel", "output": []}, "task.output must not be an empty list"),
+    ({"kind": "multilabel", "output": ["scores", "scores"]}, "task.output names an output twice"),
+    ({"kind": "multilabel", "output": ["scores", "probs"]}, "task.output names output 'probs'"),
+    ({"kind": "multilabel", "threshold": [0.5, 2]}, "task.threshold must be a number in (0, 1]"),
+    ({"kind": "multilabel", "threshold": [0.3, 0.5]}, "task.threshold lists 2 values for 1 "
+                                                      "output(s) read"),
+    ({"kind": "multilabel", "sigmoid": "yes"}, "task.sigmoid must be \"auto\", true or false"),
+    ({"kind": "multilabel", "keep": {"top1": 0.9}}, "not a figure of a multilabel task (f1)"),
 ])
 def test_task_problem_names_the_key(task, says):
     assert says in tasks.task_problem(task, ["scores"])
@@ -342,6 +435,9 @@ HEADS = {"logits": [1, 10], "yolo": [1, 6, 8400], "tokens": [1, 12, 8], "steps":
     ({"kind": "detect", "decoder": "centernet", "outputs": ["heat", "wh", "logits"]},
      "task.outputs: offset output logits has shape [1, 10]"),
     ({"kind": "segment", "output": "logits"}, "not (1, classes, H, W)"),
+    ({"kind": "multilabel", "output": ["tokens", "steps"], "labels": ["a"] * 8},
+     "task.labels has 8 entries, output steps has 6 labels (its last axis)"),
+    ({"kind": "multilabel", "labels": ["a"] * 10}, "task.labels has 10 entries, output 1 has 8400"),
 ])
 def test_task_problem_checks_the_shapes_the_manifest_gives(task, says):
     outputs = [{"name": k, "shape": v} for k, v in HEADS.items()]
@@ -354,7 +450,9 @@ def test_task_problem_passes_heads_that_fit():
                  {"kind": "embed", "output": "tokens", "pooling": "mean"},
                  {"kind": "ctc", "output": "steps", "alphabet": list("-abcde")},
                  {"kind": "detect", "decoder": "centernet",
-                  "outputs": ["heat", "wh", "wh", "marks"]}):
+                  "outputs": ["heat", "wh", "wh", "marks"]},
+                 {"kind": "multilabel", "output": ["tokens", 3], "threshold": [0.3, 0.5]},
+                 {"kind": "multilabel", "output": "tokens", "labels": list("abcdefgh")}):
         assert tasks.task_problem(task, outputs) == "", task
 
 
@@ -363,7 +461,9 @@ def test_task_problem_passes_good_tasks():
                  {"kind": "detect", "decoder": "yolov5", "score": 0.4, "labels": ["a"]},
                  {"kind": "embed", "pooling": "mean", "normalize": False},
                  {"kind": "ctc", "alphabet": ["-", "a"], "softmax": False},
-                 {"kind": "vad", "threshold": 0.6}, {"kind": "segment"}):
+                 {"kind": "vad", "threshold": 0.6}, {"kind": "segment"},
+                 {"kind": "multilabel", "output": ["scores"], "threshold": [0.3], "labels": ["a"],
+                  "sigmoid": False, "keep": {"f1": 0.95}}):
         assert tasks.task_problem(task, ["scores"]) == "", task
 
 
@@ -375,7 +475,8 @@ def test_odd_task_values_are_refused_or_run_never_crash():
     runs (a raw tensor of the right rank for each kind)."""
     outputs = {"classify": [np.zeros((1, 4))], "detect": [yolov8(TWO_BOXES)],
                "embed": [np.ones((1, 3, 4))], "ctc": [ctc_matrix("he", ALPHABET)],
-               "segment": [np.zeros((1, 2, 3, 3))], "vad": [np.array([[0.4]])]}
+               "segment": [np.zeros((1, 2, 3, 3))], "vad": [np.array([[0.4]])],
+               "multilabel": [np.array([[[0.2, 0.7], [0.9, 0.1]]])]}
     for kind, params in tasks.PARAMETERS.items():
         for key in params:
             for value in ODD:
@@ -411,13 +512,16 @@ def test_bad_task_in_manifest_is_refused_with_its_key(built, tmp_path):
         read_manifest(bundle)
 
 
-def test_damaged_task_fields_are_one_line_errors_naming_the_key(built, tmp_path, capfd):
+@pytest.mark.parametrize("task", [
+    {"kind": "classify", "output": "scores", "labels": ["a"] * 10, "top": 3, "softmax": "auto",
+     "keep": {"top1": 0.98}},
+    {"kind": "multilabel", "output": ["scores"], "threshold": [0.4], "labels": ["a"] * 10,
+     "sigmoid": "auto", "keep": {"f1": 0.98}}], ids=["classify", "multilabel"])
+def test_damaged_task_fields_are_one_line_errors_naming_the_key(built, tmp_path, capfd, task):
     """Each field of a part's task replaced by odd values: `run.py check` passes or exits 2
     naming parts[0].task, never a traceback (tests/test_fuzz_manifest.py's rule, on the task)."""
     from packager._runtimes.runner import cli
 
-    task = {"kind": "classify", "output": "scores", "labels": ["a"] * 10, "top": 3,
-            "softmax": "auto", "keep": {"top1": 0.98}}
     bundle = with_task(built, tmp_path / "b", task)
     path = bundle / "manifest.json"
     manifest = json.loads(path.read_text())

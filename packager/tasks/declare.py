@@ -8,6 +8,7 @@ read (runtimes/runner/task_spec.py holds its kinds, parameters and their check).
     --task ctc:alphabet=@chars.txt,blank=0   @FILE: a list, one entry per line
     --task ocr.toml                          kind = "ctc", alphabet = [...], [keep] top1 = 0.99
     --task rec=ctc:alphabet=@keys.txt        one part of a --part build
+    --task multilabel:output=notes|onsets,threshold=0.3|0.5   a list: entries split by '|'
 """
 
 import tomllib
@@ -21,6 +22,7 @@ from .._runtimes.runner.task_spec import KINDS, PARAMETERS, task_kind, task_prob
 from ..errors import SpecError
 
 LIST_KEYS = ("labels", "alphabet", "outputs")   # parameters that are lists (@FILE reads one)
+NUMBER_LISTS = ("output", "threshold")   # multilabel's: 'a|b' lists, each entry a number or name
 MAX_LIST_FILE = 10_000_000
 
 
@@ -77,7 +79,7 @@ def parse_task(text: str) -> dict[str, Any]:
 def _example(kind: str) -> str:
     return {"classify": "top=5", "detect": "decoder=yolov8,score=0.25", "embed": "pooling=mean",
             "ctc": "alphabet=@chars.txt", "segment": "threshold=0.5",
-            "vad": "threshold=0.5"}.get(kind, "key=value")
+            "vad": "threshold=0.5", "multilabel": "threshold=0.5"}.get(kind, "key=value")
 
 
 def _value(key: str, value: str, text: str) -> Any:
@@ -85,6 +87,8 @@ def _value(key: str, value: str, text: str) -> Any:
         return _list_file(Path(value[1:]), f"--task {text[:60]}: {key}")
     if key in LIST_KEYS and "|" in value:
         return value.split("|")
+    if key in NUMBER_LISTS and "|" in value:
+        return [_value(key, v.strip(), text) for v in value.split("|")]
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -153,7 +157,8 @@ def keep_of(text: str, task: Mapping[str, Any] | None) -> dict[str, float]:
     except BundleError as exc:
         raise SpecError(str(exc), "for example --keep top1=99% (figures: top1 for classify, "
                         "recall and precision for detect, retrieval1 and cosine for embed, "
-                        "exact and cer for ctc, pixels for segment, frames for vad)") from None
+                        "exact and cer for ctc, pixels for segment, frames for vad, f1 for "
+                        "multilabel)") from None
     return keep
 
 
@@ -172,5 +177,6 @@ def check_task(task: Mapping[str, Any] | None, outputs: Sequence[Mapping[str, An
         return
     problem = task_problem(dict(task), [dict(o) for o in outputs])
     if problem:
+        shapes = ", ".join(o["name"] + " " + "x".join(map(str, o["shape"])) for o in outputs)
         raise SpecError(f"--task {task['kind']} does not fit {where}: {problem}",
-                        f"outputs: {', '.join(o['name'] + ' ' + 'x'.join(map(str, o['shape'])) for o in outputs)}")
+                        f"outputs: {shapes}")

@@ -11,7 +11,7 @@ from .._runtimes.runner.task_figures import keep_for
 from .._runtimes.runner.task_spec import task_kind
 from ..graph.inspection import io_specs
 from .declare import check_keep, check_task
-from .suggest import suggest
+from .suggest import sigmoid_outputs, suggest
 
 
 def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
@@ -27,14 +27,16 @@ def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
         from ..errors import SpecError
 
         raise SpecError("--keep needs a task to judge: the model's task is raw",
-                        "declare it: --task classify (or detect, embed, ctc, segment, vad)")
+                        "declare it: --task classify (or detect, embed, ctc, segment, vad, "
+                        "multilabel)")
     return None
 
 
 def say_suggestion(graph: onnx.ModelProto, reference: Mapping[str, np.ndarray],
                    labels: Sequence[str] | None, log: Callable[[str], None]) -> None:
     """One line where a model that declares no task looks like one (suggest.py)."""
-    found = suggest(io_specs(graph.graph.output), reference, labels)
+    found = suggest(io_specs(graph.graph.output), reference, labels,
+                    sigmoid_outputs(graph.graph))
     if found:
         text, why = found
         log(f"task: none declared; {why}: --task {text} would judge the candidates by that "

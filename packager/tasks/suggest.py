@@ -1,23 +1,41 @@
 """What a model's outputs look like when it declares no task: a suggestion the build says in one
 line, never a task it takes on silently (`raw` stays the default)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
+import onnx
 
 from .._runtimes.runner.tasks import is_distribution
 
 MIN_CLASSES = 2
 MIN_BOXES = 100       # a (1, 4 + C, N) head with fewer anchors is more likely something else
 MAX_YOLO_CLASSES = 1000
+# ops that move values without changing them: a Sigmoid behind them still feeds the output
+RESHAPING = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def sigmoid_outputs(graph: onnx.GraphProto) -> set[str]:
+    """The graph's outputs whose values come straight from a Sigmoid (through reshapes only)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    found = set()
+    for output in graph.output:
+        node = producer.get(output.name)
+        while node is not None and node.op_type in RESHAPING and node.input:
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type == "Sigmoid":
+            found.add(output.name)
+    return found
 
 
 def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.ndarray],
-            labels: Sequence[str] | None) -> tuple[str, str] | None:
+            labels: Sequence[str] | None, sigmoid: Set[str] = frozenset()
+            ) -> tuple[str, str] | None:
     """(task text for --task, why) where the outputs make one task clear, else None.
     *outputs*: the model's {name, shape}; *reference*: FP32's outputs on the held-out samples
-    (stacked over samples), which tell a distribution from logits."""
+    (stacked over samples), which tell a distribution from logits; *sigmoid*: the outputs a
+    Sigmoid feeds (sigmoid_outputs)."""
     if len(outputs) == 1:
         shape = [int(d) for d in outputs[0]["shape"]]
         name = outputs[0]["name"]
@@ -48,7 +66,22 @@ def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.nda
                 "outputs are a 1-channel heatmap, 2-channel scale and offset maps"
                 f"{' and landmarks' if len(outputs) == 4 else ''} of one size: CenterNet/"
                 "CenterFace's layout")
-    return None
+    return multilabel(outputs, sigmoid)
+
+
+def multilabel(outputs: Sequence[Mapping[str, Any]], sigmoid: Set[str]) -> tuple[str, str] | None:
+    """multilabel where Sigmoids feed (1, T, C) outputs with C > 1: an independent probability
+    per label and frame (a softmax would make it one class a frame; C = 1 is vad's)."""
+    shapes = {o["name"]: [int(d) for d in o["shape"]] for o in outputs}
+    read = [n for n, s in shapes.items()
+            if n in sigmoid and len(s) == 3 and s[0] == 1 and s[2] > 1]
+    if not read or any(c in n for n in read for c in ",|="):
+        return None
+    text = "multilabel" if len(read) == len(outputs) else "multilabel:output=" + "|".join(read)
+    listed = ", ".join(f"'{n}' {_dims(shapes[n])}" for n in read)
+    return text, (f"output{'s' if len(read) > 1 else ''} {listed} come{'' if len(read) > 1 else 's'}"
+                  " from a Sigmoid: an independent probability per label (last axis) and frame,"
+                  " a multi-label answer")
 
 
 def _dims(shape: Sequence[int]) -> str:

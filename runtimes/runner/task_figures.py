@@ -30,6 +30,7 @@ from .tasks import (
     decode_boxes,
     embedding,
     iou_matrix,
+    multilabel_reads,
     pick,
     segment_map,
     settings,
@@ -46,6 +47,7 @@ DEFAULT_KEEP = {
     "ctc": {"exact": 0.99, "cer": 0.01},
     "segment": {"pixels": 0.99},
     "vad": {"frames": 0.99},
+    "multilabel": {"f1": 0.99},
 }
 AT_MOST = ("cer",)        # lower is better
 NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
@@ -60,6 +62,7 @@ WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "cer": ("character error rate", "characters"),
     "pixels": ("pixels agree on", "pixels"),
     "frames": ("speech frames agree on", "frames"),
+    "f1": ("labels on agree (F1) on", "labels on in the reference"),
 }
 LOOSE = 0.6   # a box above the score line in one model is looked for above 0.6 x it in the other
 
@@ -142,6 +145,30 @@ def ctc_figures(conf, reference, candidate):
                     "n": chars, "errors": errors, "samples": len(ref)}}
 
 
+def multilabel_figures(conf, reference, candidate):
+    """F1 of the candidate's labels on against the reference's, over every frame, label and
+    output read. Not the share of frames (or cells) that agree: most frames of a sparse
+    posteriorgram are silent, so a model that turns every label off would score high on that;
+    F1 counts only labels on, so all-off against a reference with labels on scores 0."""
+    hits = on_ref = on_got = 0
+    per = {}
+    for r, g in zip(reference, candidate):
+        for (name, threshold, a), (_, _, b) in zip(multilabel_reads(conf, r),
+                                                   multilabel_reads(conf, g)):
+            a, b = a >= threshold, b >= threshold
+            hit = int(np.sum(a & b)) if a.shape == b.shape else 0
+            counts = per.setdefault(name, [0, 0, 0])
+            for k, v in enumerate((hit, int(a.sum()), int(b.sum()))):
+                counts[k] += v
+            hits, on_ref, on_got = hits + hit, on_ref + int(a.sum()), on_got + int(b.sum())
+
+    def f1(hit, ref, got):
+        return 2.0 * hit / (ref + got) if ref + got else None
+    return {"f1": {"value": f1(hits, on_ref, on_got), "n": on_ref, "matched": hits,
+                   "candidate": on_got, "samples": len(reference),
+                   "outputs": dict((k, f1(*v)) for k, v in per.items())}}
+
+
 def split_samples(stacked, names=None):
     """Per-sample outputs (or feeds) from arrays stacked over samples, as golden .npz files
     and check hold them ({name: (samples, 1, ...)}): [{name: (1, ...)}], in *names*' order."""
@@ -182,6 +209,8 @@ def figures(task, reference, candidate, feeds=None):
         flags_r, flags_g = ref >= conf["threshold"], got >= conf["threshold"]
         return {"frames": share(int(np.sum(flags_r == flags_g)), len(ref),
                                 speech=int(flags_r.sum()), samples=len(reference))}
+    if kind == "multilabel":
+        return multilabel_figures(conf, reference, candidate)
     return {}
 
 

@@ -1,7 +1,7 @@
 """A part's task: its kinds, parameters and defaults, and the check of a task object against the
 model's outputs (names, and shapes where known), naming the key that is wrong."""
 
-KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad")
+KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
 DECODERS = ("yolov8", "yolov5", "centernet")
 POOLINGS = ("none", "mean", "cls")
 # Each kind's parameters and their defaults ("labels" of classify: the part's own labels).
@@ -14,6 +14,8 @@ PARAMETERS = {
     "ctc": {"output": 0, "alphabet": None, "blank": 0, "softmax": "auto"},
     "segment": {"output": 0, "threshold": 0.5},
     "vad": {"output": 0, "threshold": 0.5},
+    # output None: every output; output and threshold may be lists (one threshold per output)
+    "multilabel": {"output": None, "threshold": 0.5, "labels": None, "sigmoid": "auto"},
 }
 # Each kind's figures (runner/task_figures.py): what `keep` (and --keep) may name for it.
 FIGURES = {
@@ -24,6 +26,7 @@ FIGURES = {
     "ctc": ("exact", "cer"),
     "segment": ("pixels",),
     "vad": ("frames",),
+    "multilabel": ("f1",),
 }
 
 
@@ -70,8 +73,42 @@ def string_list_problem(value, what):
     return ""
 
 
+def multilabel_problem(key, value, output_names):
+    """What is wrong with a multilabel task's output (None, one, or a list) or threshold (one, or
+    a list), or ''."""
+    if isinstance(value, list) and not value:
+        return "must not be an empty list"
+    if key == "output":
+        if value is None:
+            return ""
+        for ref in (value if isinstance(value, list) else [value]):
+            problem = output_problem(ref, output_names)
+            if problem:
+                return problem
+        if isinstance(value, list) and len(set(map(repr, value))) != len(value):
+            return "names an output twice"
+        return ""
+    for number in (value if isinstance(value, list) else [value]):
+        if not is_number(number) or not 0.0 < number <= 1.0:
+            return "must be a number in (0, 1] or a list of them, got %r" % (str(number)[:40],)
+    return ""
+
+
+def multilabel_refs(conf, count):
+    """The outputs a multilabel task reads (indices or names) and each one's threshold, for a
+    model of *count* outputs; (refs, thresholds) of different lengths when the task lists a
+    threshold count that does not match."""
+    refs = conf["output"]
+    refs = list(range(count)) if refs is None else refs if isinstance(refs, list) else [refs]
+    thresholds = conf["threshold"]
+    thresholds = thresholds if isinstance(thresholds, list) else [thresholds] * len(refs)
+    return refs, thresholds
+
+
 def value_problem(kind, key, value, output_names):
     """What is wrong with one parameter of a *kind* task, or ''."""
+    if kind == "multilabel" and key in ("output", "threshold"):
+        return multilabel_problem(key, value, output_names)
     if key == "output":
         return output_problem(value, output_names)
     if key == "outputs":
@@ -93,7 +130,7 @@ def value_problem(kind, key, value, output_names):
         if not is_count(value) or not 1 <= value <= 100000:
             return "must be a whole number from 1 to 100000, got %r" % (str(value)[:40],)
         return ""
-    if key == "softmax":
+    if key in ("softmax", "sigmoid"):
         return "" if value in ("auto", True, False) else \
             "must be \"auto\", true or false, got %r" % (str(value)[:40],)
     if key in ("score", "iou", "threshold"):
@@ -161,9 +198,30 @@ def size(shape):
     return total
 
 
+def multilabel_shape_problem(conf, names, shapes):
+    refs, thresholds = multilabel_refs(conf, len(names))
+    if len(thresholds) != len(refs):
+        return "task.threshold lists %d values for %d output(s) read: give one per output" % (
+            len(thresholds), len(refs))
+    labels = conf["labels"]
+    for ref in refs:
+        shape = shape_of(ref, names, shapes)
+        if shape is None:
+            continue
+        if not shape or size(shape) < 1:
+            return "task.output: output %s has shape %s, no labels on its last axis" % (
+                ref, shape)
+        if labels and len(labels) != shape[-1]:
+            return "task.labels has %d entries, output %s has %d labels (its last axis)" % (
+                len(labels), ref, shape[-1])
+    return ""
+
+
 def shape_problem(conf, names, shapes):
     """What makes the output the task reads the wrong shape for it, or ''."""
     kind = conf["kind"]
+    if kind == "multilabel":
+        return multilabel_shape_problem(conf, names, shapes)
     if kind == "detect" and conf["decoder"] == "centernet":
         refs = conf["outputs"] or list(range(min(4, len(names))))
         wanted = ((1, "heatmap"), (2, "scale"), (2, "offset"), (None, "landmarks"))

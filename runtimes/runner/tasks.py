@@ -29,6 +29,7 @@ from .task_spec import (  # noqa: F401  (task_problem, KINDS...: this module's A
     PARAMETERS,
     POOLINGS,
     is_count,
+    multilabel_refs,
     settings,
     task_kind,
     task_problem,
@@ -297,6 +298,41 @@ def vad(conf, outputs):
             "probability": [float(p) for p in probs]}
 
 
+def multilabel_reads(conf, outputs):
+    """[(output name, threshold, (frames, labels) probabilities)] of the outputs a multilabel
+    task reads: labels on the last axis, every axis before it frames (a (1, C) output is one
+    frame); logits (values outside [0, 1]) go through a sigmoid, as the threshold is a
+    probability."""
+    names, arrays = named(outputs)
+    refs, thresholds = multilabel_refs(conf, len(arrays))
+    if len(thresholds) != len(refs):
+        raise ValueError("%d thresholds for %d outputs" % (len(thresholds), len(refs)))
+    reads = []
+    for ref, threshold in zip(refs, thresholds):
+        x = np.asarray(pick(outputs, ref), np.float64)
+        x = x.reshape((-1, x.shape[-1])) if x.ndim else x.reshape(1, 1)
+        if conf["sigmoid"] is True or (conf["sigmoid"] == "auto" and x.size and
+                                       (x.min() < 0.0 or x.max() > 1.0)):
+            x = 1.0 / (1.0 + np.exp(-np.clip(x, -60.0, 60.0)))
+        name = ref if not is_count(ref) else names[ref] if names else "output %d" % ref
+        reads.append((str(name), float(threshold), x))
+    return reads
+
+
+def multilabel(conf, outputs, part_labels=None):
+    found = []
+    for name, threshold, x in multilabel_reads(conf, outputs):
+        labels = conf["labels"] or part_labels
+        labels = labels if labels and len(labels) == x.shape[1] else None
+        on = x >= threshold
+        frames = [{"frame": int(t), "on": [labels[c] if labels else int(c)
+                                           for c in np.nonzero(on[t])[0]]}
+                  for t in np.nonzero(on.any(axis=1))[0]]
+        found.append({"output": name, "threshold": threshold, "frames": int(x.shape[0]),
+                      "classes": int(x.shape[1]), "on": frames})
+    return {"outputs": found}
+
+
 def apply(task, outputs, feed=None, labels=None):
     """One sample's result in *task*'s terms (see the module's docstring for *outputs* and
     *feed*; *labels* are the part's own, used when the task names none):
@@ -305,7 +341,8 @@ def apply(task, outputs, feed=None, labels=None):
     y2] in the model's input pixels, "score", "class", "label"[, "landmarks": [[x, y]]]}]};
     embed {"embedding", "norm"}; ctc {"text" (None without an alphabet, then "ids"),
     "confidence"}; segment {"classes": {id: pixel share}, "shape", "_map"}; vad {"speech",
-    "probability"}; raw {}.
+    "probability"}; multilabel {"outputs": [{"output", "threshold", "frames", "classes",
+    "on": [{"frame", "on": [label or index]}] (frames with a label on only)}]}; raw {}.
     """
     conf = settings(task)
     kind = conf["kind"]
@@ -321,6 +358,8 @@ def apply(task, outputs, feed=None, labels=None):
         return segment(conf, outputs)
     if kind == "vad":
         return vad(conf, outputs)
+    if kind == "multilabel":
+        return multilabel(conf, outputs, labels)
     return {}
 
 
@@ -412,4 +451,8 @@ def summary(task, result):
     if kind == "vad":
         flags = result["speech"]
         return "speech in %d of %d frame(s)" % (sum(flags), len(flags))
+    if kind == "multilabel":
+        return "; ".join("%s: %d label(s) on in %d of %d frame(s)" % (
+            o["output"], sum(len(f["on"]) for f in o["on"]), len(o["on"]), o["frames"])
+            for o in result["outputs"])
     return ""
