@@ -16,6 +16,7 @@ ceil-mode pooling sees one pixel past the level, sees that pixel repeated instea
     level_size(width, height, scale)                    a level's (w, h) in pixels
     area_resize(image, width, height)                   torch's interpolate(mode="area")
     map_blocks(rows, cols, in_h, in_w)                  a level's map cut and packed into inputs
+    level_map(run, level, spec)                         P-Net's map of a level through them
     proposals(prob, reg, scale, threshold)              P-Net cells -> boxes in photo pixels
     nms(boxes, scores, threshold, mode)                 "union" (torchvision) or "min" (facenet)
     regress(boxes, reg, plus_one), square(boxes)        bounding-box regression, squaring
@@ -216,12 +217,31 @@ def by_width(outputs, step, wanted):
     return found
 
 
+def level_map(run, level, spec):
+    """P-Net's face probability (rows, cols) and regression (4, rows, cols) over a whole level
+    (h, w, C pixels), P-Net run by *run(tensor)* -> {name: output} on inputs of *spec*'s size
+    holding the level's blocks (map_blocks)."""
+    in_w, in_h = spec["size"]
+    cols, rows = map_size(level.shape[1], level.shape[0])
+    prob, reg = np.zeros((rows, cols), np.float32), np.zeros((4, rows, cols), np.float32)
+    blocks = map_blocks(rows, cols, in_h, in_w)
+    for canvas in range(blocks[-1][0] + 1 if blocks else 0):
+        pixels = np.zeros((in_h, in_w, level.shape[2]), np.float32)
+        mine = [b for b in blocks if b[0] == canvas]
+        for _, y, x, r, c, n, m in mine:
+            pixels[y:y + 2 * n + MARGIN, x:x + 2 * m + MARGIN] = block_pixels(level, r, c, n, m)
+        out = by_width(run(normalise(pixels, spec)), "propose", {"prob": 2, "reg": 4})
+        for _, y, x, r, c, n, m in mine:
+            prob[r:r + n, c:c + m] = out["prob"][0, 1, y // 2:y // 2 + n, x // 2:x // 2 + m]
+            reg[:, r:r + n, c:c + m] = out["reg"][0, :, y // 2:y // 2 + n, x // 2:x // 2 + m]
+    return prob, reg
+
+
 def propose(cascade, image, conf, timing):
     """P-Net over the photo's pyramid: (N, 5) boxes x1 y1 x2 y2 score after its NMS, moved by
     the regression and squared."""
     part, _ = cascade.stage("propose")
     spec = part["preprocess"]
-    in_w, in_h = spec["size"]
     h, w = image.shape[:2]
     scales = pyramid_scales(w, h, conf["min_face"], conf["factor"])
     if sum(level_size(w, h, s)[0] * level_size(w, h, s)[1] for s in scales) > MAX_LEVEL_PIXELS:
@@ -231,21 +251,8 @@ def propose(cascade, image, conf, timing):
     photo = image.astype(np.float32)
     found = []
     for scale in scales:
-        lw, lh = level_size(w, h, scale)
-        level = area_resize(photo, lw, lh)
-        cols, rows = map_size(lw, lh)
-        prob, reg = np.zeros((rows, cols), np.float32), np.zeros((4, rows, cols), np.float32)
-        blocks = map_blocks(rows, cols, in_h, in_w)
-        for canvas in range(blocks[-1][0] + 1 if blocks else 0):
-            pixels = np.zeros((in_h, in_w, level.shape[2]), np.float32)
-            mine = [b for b in blocks if b[0] == canvas]
-            for _, y, x, r, c, n, m in mine:
-                pixels[y:y + 2 * n + MARGIN, x:x + 2 * m + MARGIN] = block_pixels(level, r, c, n, m)
-            out = by_width(cascade.run(part, normalise(pixels, spec), timing), "propose",
-                           {"prob": 2, "reg": 4})
-            for _, y, x, r, c, n, m in mine:
-                prob[r:r + n, c:c + m] = out["prob"][0, 1, y // 2:y // 2 + n, x // 2:x // 2 + m]
-                reg[:, r:r + n, c:c + m] = out["reg"][0, :, y // 2:y // 2 + n, x // 2:x // 2 + m]
+        level = area_resize(photo, *level_size(w, h, scale))
+        prob, reg = level_map(lambda tensor: cascade.run(part, tensor, timing), level, spec)
         boxes = proposals(prob, reg, scale, conf["threshold"])
         found.append(boxes[nms(boxes[:, :4], boxes[:, 4], conf["nms"])])
     boxes = np.concatenate(found) if found else np.zeros((0, 9), np.float32)
