@@ -198,3 +198,129 @@ def test_an_output_of_a_few_values_is_held_to_an_absolute_error(tmp_path):
     assert any("output 'scores' (3 values a sample): max abs" in f and "a cosine cannot judge"
                in f for f in moved["budget"]["failures"])
     assert budget.evaluate(fp32, fp32, held)["budget"]["passed"]
+
+
+# ---------------------------------------------------------------------------------------------
+# multilabel: a Sigmoid head of (1, frames, labels), as basic-pitch's posteriorgrams
+
+
+def sigmoid_head(path, weights, bias, frames=5, extra=False):
+    """probs = sigmoid(x @ W + b) as (1, frames, labels) (and, with *extra*, the logits too)."""
+    labels = weights.shape[1] // frames
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Add", ["xw", "b"], ["logits"]),
+             helper.make_node("Sigmoid", ["logits"], ["p"]),
+             helper.make_node("Reshape", ["p", "shape"], ["probs"])]
+    outputs = [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, frames, labels])]
+    if extra:
+        nodes.append(helper.make_node("Reshape", ["logits", "shape"], ["scores"]))
+        outputs.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                     [1, frames, labels]))
+    graph = helper.make_graph(
+        nodes, "tagger", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                        [1, weights.shape[0]])], outputs,
+        [numpy_helper.from_array(weights.astype(np.float32), "w"),
+         numpy_helper.from_array(np.asarray(bias, np.float32), "b"),
+         numpy_helper.from_array(np.array([1, frames, labels], np.int64), "shape")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_candidate_that_flips_labels_misses_its_multilabel_budget(tmp_path):
+    """Every logit 0.1 higher: cosine 0.9998, but the labels just under 0.5 turn on."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 40)) * 0.5
+    held = [{"x": rng.normal(size=(1, 16)).astype(np.float32)} for _ in range(40)]
+    fp32 = sigmoid_head(tmp_path / "fp32.onnx", w, np.zeros(40))
+    cand = sigmoid_head(tmp_path / "cand.onnx", w, np.full(40, 0.1))
+    raw = AccuracyBudget(min_cosine=0.99).evaluate(cand, fp32, held)
+    assert raw["budget"]["passed"] and raw["cosine_min"] > 0.999
+    judged = AccuracyBudget(min_cosine=0.99, task={"kind": "multilabel"}).evaluate(cand, fp32,
+                                                                                   held)
+    f1 = judged["task"]["figures"]["f1"]
+    assert not judged["budget"]["passed"] and not f1["passed"] and f1["shown"]
+    assert 0.9 < f1["value"] < 0.99 and "f1 >= 99%" in judged["budget"]["spec"]
+    assert any(f.startswith("labels on agree (F1) on ") and "needs 99%" in f
+               for f in judged["budget"]["failures"])
+    # a higher threshold that the shift cannot cross as often, or a looser keep, lets it by
+    loose = AccuracyBudget(min_cosine=0.99, task={"kind": "multilabel"}, keep={"f1": 0.9})
+    assert loose.evaluate(cand, fp32, held)["budget"]["passed"]
+    same = AccuracyBudget(task={"kind": "multilabel"}).evaluate(fp32, fp32, held)["task"]
+    assert same["passed"] and same["figures"]["f1"]["value"] == 1.0
+
+
+def test_multilabel_task_text_forms(tmp_path):
+    assert parse_task("multilabel") == {"kind": "multilabel"}
+    assert parse_task("multilabel:output=notes:1|onsets,threshold=0.3|0.5,keep=f1=98%") == {
+        "kind": "multilabel", "output": ["notes:1", "onsets"], "threshold": [0.3, 0.5],
+        "keep": {"f1": pytest.approx(0.98)}}
+    assert parse_task("multilabel:output=1|0,threshold=0.4")["output"] == [1, 0]
+    (tmp_path / "keys.txt").write_text("C4\nD4\n")
+    assert parse_task(f"multilabel:labels=@{tmp_path / 'keys.txt'}")["labels"] == ["C4", "D4"]
+    (tmp_path / "t.toml").write_text('kind = "multilabel"\noutput = ["a", "b"]\n'
+                                     'threshold = [0.3, 0.5]\n[keep]\nf1 = 0.97\n')
+    assert parse_task(str(tmp_path / "t.toml")) == {
+        "kind": "multilabel", "output": ["a", "b"], "threshold": [0.3, 0.5], "keep": {"f1": 0.97}}
+    with pytest.raises(SpecError, match="a multilabel task has no top1 figure"):
+        parse_task("multilabel:keep=top1=0.9")
+
+
+def test_a_sigmoid_fed_posteriorgram_suggests_multilabel(tmp_path):
+    from packager.tasks.part import say_suggestion
+    from packager.tasks.suggest import sigmoid_outputs
+
+    w = np.random.default_rng(0).normal(size=(16, 40))
+    model = onnx.load(sigmoid_head(tmp_path / "m.onnx", w, np.zeros(40), extra=True))
+    assert sigmoid_outputs(model.graph) == {"probs"}      # through the Reshape; the logits are not
+    probs = [{"name": "probs", "shape": [1, 5, 8]}]
+    both = probs + [{"name": "scores", "shape": [1, 5, 8]}]
+    assert suggest(probs, {}, None, {"probs"})[0] == "multilabel"
+    assert suggest(both, {}, None, {"probs"})[0] == "multilabel:output=probs"
+    assert suggest(probs, {}, None) is None          # no Sigmoid: nothing says so
+    assert suggest([{"name": "probs", "shape": [1, 5, 1]}], {}, None, {"probs"}) is None  # vad's
+    lines = []
+    say_suggestion(model, {}, None, lines.append)
+    assert lines == ["task: none declared; output 'probs' (1, 5, 8) comes from a Sigmoid: an "
+                     "independent probability per label (last axis) and frame, a multi-label "
+                     "answer: --task multilabel:output=probs would judge the candidates by that "
+                     "task's figures and make run.py infer answer in its terms (raw tensors and "
+                     "cosine kept)"]
+
+
+def test_a_built_multilabel_tagger_answers_with_its_labels_on(tmp_path):
+    rng = np.random.default_rng(1)
+    model = sigmoid_head(tmp_path / "tagger.onnx", rng.normal(size=(16, 40)) * 0.5,
+                         np.zeros(40))
+    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(60, 16)).astype(np.float32))
+    keys = [f"tag{i}" for i in range(8)]
+    (tmp_path / "keys.txt").write_text("\n".join(keys) + "\n")
+    common = ["build", str(model), "--calib", str(tmp_path / "calib.npz")]
+    bad = CliRunner().invoke(main, [*common, "--task", "multilabel:labels=a|b", "-o",
+                                    str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "task.labels has 2 entries, output 0 has 8 labels" in bad.output
+    assert not (tmp_path / "bad").exists() and "Traceback" not in bad.output
+
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, [*common, "--task", f"multilabel:threshold=0.4,labels=@"
+                                  f"{tmp_path / 'keys.txt'}", "--keep", "f1=95%", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "multilabel: labels on agree (F1) on " in r.output
+    part = json.loads((out / "manifest.json").read_text())["parts"][0]
+    assert part["task"] == {"kind": "multilabel", "threshold": 0.4, "labels": keys,
+                            "keep": {"f1": 0.95}}
+    assert all("task" in c for c in part["precision"]["decision"]["candidates"]
+               if c["error"] is None)
+
+    sample = tmp_path / "x.npy"
+    np.save(sample, rng.normal(size=(1, 16)).astype(np.float32))
+    infer = run_py(out, "infer", str(sample), "--json", "--out", str(tmp_path / "o.npz"))
+    assert infer.returncode == 0, infer.stderr
+    [answer] = json.loads(infer.stdout)["results"][0]["task"]["outputs"]
+    probs = np.load(tmp_path / "o.npz")["x.npy/probs"][0]    # the bundle's own tensors
+    assert answer["frames"] == 5 and answer["classes"] == 8 and answer["threshold"] == 0.4
+    assert answer["on"] == [{"frame": t, "on": [keys[c] for c in np.nonzero(row >= 0.4)[0]]}
+                            for t, row in enumerate(probs) if (row >= 0.4).any()]
+    assert answer["on"]      # a random tagger turns some labels on
+    check = run_py(out, "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "model: multilabel vs the FP32 reference: labels on agree (F1) on " in check.stdout

@@ -522,6 +522,16 @@ def basic_pitch_prepare(model: ZooModel, path: Path, folder: Path) -> Prepared:
     return Prepared(folder / "calib", [{BP_INPUT: w} for w in held])
 
 
+def basic_pitch_task(folder: Path) -> str:
+    """Notes and onsets as basic-pitch reads them (frames over 0.3, onsets over 0.5), named by
+    their piano keys (A0..C8, MIDI 21..108)."""
+    keys = folder / "keys.txt"
+    names = "C C# D D# E F F# G G# A A# B".split()
+    keys.write_text("".join(f"{names[m % 12]}{m // 12 - 1}\n" for m in range(21, 109)))
+    return ("multilabel:output=StatefulPartitionedCall:1|StatefulPartitionedCall:2,"
+            f"threshold=0.3|0.5,labels=@{keys}")
+
+
 def f1(a: np.ndarray, b: np.ndarray) -> float:
     tp = float(np.sum(a & b))
     return 1.0 if not a.any() and not b.any() else 2 * tp / max(1.0, float(a.sum() + b.sum()))
@@ -683,7 +693,7 @@ MODELS = [
     ZooModel("basic-pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx", "tf2onnx 1.15",
              "music transcription (note/onset/contour posteriorgrams)",
              inputs=[f"{BP_INPUT}:1x{BP_SAMPLES}x1"], prepare=basic_pitch_prepare,
-             check=check_basic_pitch),
+             check=check_basic_pitch, declare=basic_pitch_task),
     ZooModel("oww-embedding", "openwakeword", "openwakeword/resources/models/embedding_model.onnx",
              "tf2onnx 1.9", "speech embedding for wake words (mel frames in, NHWC)",
              inputs=["input_1:1x76x32x1"], prepare=oww_prepare, check=self_retrieval_check(),
