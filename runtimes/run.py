@@ -33,7 +33,7 @@ sys.path[:] = [p for p in sys.path
 RUNNER = "runner"
 # The runner package's files (runner/manifest.py's RUNNER_FILES less run.py): anything else in
 # runner/ (a .so, a .pyc, __pycache__/, another .py) could be imported in place of one of them.
-RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py",
+RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "cascade_judge.py",
                   "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
                   "errors.py", "facts.py", "images.py", "infer.py", "inputs.py", "manifest.py",
                   "metrics.py", "profile.py", "report.py", "serve.py", "sessions.py",

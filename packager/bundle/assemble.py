@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._runtimes.runner.cascade_judge import GOLDEN_DIR
 from .._runtimes.runner.manifest import read_npz
 from ..atomic import atomic_pair, check_free
 from ..errors import BundleError
@@ -347,8 +348,12 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
             manifest.write(tmp / MANIFEST)
         if judge is not None:
             accuracy = judge(tmp)
+            # the photos and answers the judge keeps for `run.py check`: listed and hashed
+            files = dict(sorted({**files, **{p.relative_to(tmp).as_posix(): sha256(p) for p in
+                                             (tmp / GOLDEN_DIR).rglob("*") if p.is_file()}
+                                 }.items()))
             _remove_unlisted(tmp, files)
-            manifest = Manifest(**{**manifest.__dict__,
+            manifest = Manifest(**{**manifest.__dict__, "files": files,
                                    "pipeline": {**manifest.pipeline, "accuracy": accuracy}})
             manifest.write(tmp / MANIFEST)
         write_archive(tmp, tar_tmp, output.name, created)

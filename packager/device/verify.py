@@ -197,6 +197,11 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
                                "passed": task["passed"], "detail": task["text"] + (
                                    "" if task["shown"] or not task["passed"] else
                                    " (too few golden samples to show it)")})
+        pipeline = check.get("pipeline")
+        if pipeline:   # the whole cascade on the golden photos (docs/pipelines.md)
+            checks.append({"name": f"pipeline:{pipeline['kind']}", "passed": pipeline["passed"],
+                           "detail": pipeline["text"], **({} if pipeline.get("checked") else
+                                                          {"skipped": True})})
         progress(f"bench: {runs} runs after {warmup} warm-up")
         roofline = ["--roofline"] if manifest.get("roofline") else []   # (newer bundles)
         _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),

@@ -13,6 +13,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .cascade_judge import golden_problem
 from .cascade_spec import pipeline_problem
 from .errors import BundleError, one_line
 from .task_spec import task_problem
@@ -213,7 +214,8 @@ def check_manifest(manifest):
         m.pop()
     m.pop()
     if "pipeline" in manifest:
-        problem = pipeline_problem(manifest["pipeline"], manifest["parts"])
+        problem = pipeline_problem(manifest["pipeline"], manifest["parts"]) or \
+            golden_problem(manifest["pipeline"].get("accuracy"))
         if problem:
             raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
 
@@ -253,11 +255,11 @@ RUNNER_DIR = "runner"
 # The runner as every bundle ships it, each file hashed in the manifest: the entry script and its
 # package. run.py's RUNNER_MODULES names the same package files.
 RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/cascade.py",
-                "runner/cascade_face.py", "runner/cascade_ocr.py", "runner/cascade_spec.py",
-                "runner/check.py", "runner/cli.py", "runner/closing.py", "runner/errors.py",
-                "runner/facts.py", "runner/images.py", "runner/infer.py", "runner/inputs.py",
-                "runner/manifest.py", "runner/metrics.py", "runner/profile.py",
-                "runner/report.py", "runner/serve.py", "runner/sessions.py",
+                "runner/cascade_face.py", "runner/cascade_judge.py", "runner/cascade_ocr.py",
+                "runner/cascade_spec.py", "runner/check.py", "runner/cli.py", "runner/closing.py",
+                "runner/errors.py", "runner/facts.py", "runner/images.py", "runner/infer.py",
+                "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
+                "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
                 "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
                 "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
@@ -289,7 +291,18 @@ def manifest_files(manifest, bundle=None):
             needed.append(part["offline"]["file"])
         golden = part.get("golden", {})
         needed += [golden.get(k) for k in ("inputs", "outputs", "shipped") if golden.get(k)]
+    needed += pipeline_golden_files(manifest)
     return needed
+
+
+def pipeline_golden_files(manifest):
+    """The golden photos and answers of a pipeline bundle (pipeline.accuracy.golden), if any."""
+    golden = manifest.get("pipeline")
+    for key in ("accuracy", "golden"):
+        golden = golden.get(key) if isinstance(golden, dict) else None
+    if not isinstance(golden, dict):
+        return []
+    return [golden[k] for k in ("photos", "answers") if isinstance(golden.get(k), str)]
 
 
 def folder_entries(path):

@@ -22,6 +22,14 @@ def reproduce_line(entry, rep):
         rep, rep["min_cosine"], why=" (a kernel computes differently on this device)"))
 
 
+def pipeline_line(entry):
+    """'pipeline: 19 of the original's 19 text lines read alike ... on 4 golden photo(s) ...:
+    ok' (the verdict's text says FAILED itself)."""
+    return "pipeline: %s: %s%s" % (entry["kind"], entry["text"], (
+        "" if not entry["passed"] or not entry.get("checked") else ": ok" if entry["shown"]
+        else ": ok, not shown (too few golden answers)"))
+
+
 def print_tuning(tuning):
     print("tuning: %d settings tried on %d cores, %d runs each (p50, summed over parts):" % (
         len(tuning["tried"]), tuning["cores"], tuning["runs"]))
@@ -74,6 +82,8 @@ def print_human(command, report):
                     else "host's outputs", task["text"],
                     "" if not task["passed"] else ": ok" if task["shown"] else
                     ": ok, not shown (too few golden samples)"))
+        if report.get("pipeline"):
+            print(pipeline_line(report["pipeline"]))
         note = report.get("target_note")
         print("check %s%s" % ("passed" if report["passed"] else "FAILED",
                               " (not on the target: %s)" % note if note else ""))
