@@ -59,6 +59,19 @@ def test_area_resize_is_torchs_area_interpolation_down_and_up(size):
     assert np.abs(got - want[0].permute(1, 2, 0).numpy()).max() < 1e-3
 
 
+def test_a_crop_is_resized_from_the_photos_summed_area_table_as_torch_resizes_the_slice():
+    photo = np.random.default_rng(7).integers(0, 256, (90, 70, 3)).astype(np.uint8)
+    table = glue.integral(photo)
+    assert table.dtype == np.int64 and table[-1, -1].tolist() == photo.sum((0, 1)).tolist()
+    for top, left, height, width, out in [(5, 7, 31, 44, 24), (60, 50, 30, 20, 48), (0, 0, 9, 11,
+                                                                                     24)]:
+        piece = torch.as_tensor(photo[top:top + height, left:left + width].astype(np.float32))
+        want = torch.nn.functional.interpolate(piece.permute(2, 0, 1)[None], size=(out, out),
+                                               mode="area")[0].permute(1, 2, 0).numpy()
+        got = glue.area_region(table, top, left, height, width, out, out)
+        assert np.abs(got - want).max() < 1e-3
+
+
 def test_map_blocks_cover_each_cell_once_inside_the_input():
     rows, cols, in_h, in_w = 57, 91, 48, 64
     blocks = glue.map_blocks(rows, cols, in_h, in_w)

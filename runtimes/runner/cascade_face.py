@@ -14,7 +14,8 @@ ceil-mode pooling sees one pixel past the level, sees that pixel repeated instea
 
     pyramid_scales(width, height, min_face, factor)     the levels' scales, largest first
     level_size(width, height, scale)                    a level's (w, h) in pixels
-    area_resize(image, width, height)                   torch's interpolate(mode="area")
+    integral(image), area_region(table, ...)            torch's interpolate(mode="area") of
+    area_resize(image, width, height)                   a region, from the photo's sums
     map_blocks(rows, cols, in_h, in_w)                  a level's map cut and packed into inputs
     level_map(run, level, spec)                         P-Net's map of a level through them
     proposals(prob, reg, scale, threshold)              P-Net cells -> boxes in photo pixels
@@ -59,27 +60,38 @@ def level_size(width, height, scale):
     return int(width * scale + 1), int(height * scale + 1)
 
 
-def _area_axis(image, axis, size):
-    """*image* averaged along *axis* to *size* samples: sample i is the mean of input indices
-    floor(i * n / size) to ceil((i + 1) * n / size) (torch's adaptive average pooling)."""
-    n = image.shape[axis]
+def integral(image):
+    """The summed-area table of *image* (H, W, C): (H + 1, W + 1, C), zeros first (int64 for
+    integer pixels, exact; float64 else). One a photo serves every level and crop."""
+    kind = np.int64 if image.dtype.kind in "ui" else np.float64
+    table = np.zeros((image.shape[0] + 1, image.shape[1] + 1, image.shape[2]), kind)
+    np.cumsum(image, axis=0, dtype=kind, out=table[1:, 1:])
+    np.cumsum(table[1:, 1:], axis=1, out=table[1:, 1:])
+    return table
+
+
+def _windows(n, size):
+    """torch's adaptive pooling windows of n samples to *size*: i covers floor(i * n / size) to
+    ceil((i + 1) * n / size)."""
     i = np.arange(size)
-    start = (i * n) // size
-    end = -((-(i + 1) * n) // size)
-    sums = np.cumsum(image, axis=axis, dtype=np.float64)
-    pad = [(0, 0)] * image.ndim
-    pad[axis] = (1, 0)
-    sums = np.pad(sums, pad)
-    total = np.take(sums, end, axis=axis) - np.take(sums, start, axis=axis)
-    shape = [1] * image.ndim
-    shape[axis] = size
-    return total / (end - start).reshape(shape)
+    return (i * n) // size, -((-(i + 1) * n) // size)
+
+
+def area_region(table, top, left, height, width, out_h, out_w):
+    """The region (top, left, height, width) of the photo whose integral() is *table*, resized
+    to out_w x out_h as torch's interpolate(mode="area") does (float32)."""
+    y0, y1 = _windows(height, out_h)
+    x0, x1 = _windows(width, out_w)
+    y0, y1, x0, x1 = y0 + top, y1 + top, x0 + left, x1 + left
+    total = table[y1][:, x1] - table[y0][:, x1] - table[y1][:, x0] + table[y0][:, x0]
+    count = ((y1 - y0)[:, None] * (x1 - x0)[None, :])[:, :, None]
+    return (total / count.astype(np.float64)).astype(np.float32)
 
 
 def area_resize(image, width, height):
     """*image* (H, W, C) resized to *width* x *height* as torch's interpolate(mode="area") does
     (float32)."""
-    return _area_axis(_area_axis(image, 0, height), 1, width).astype(np.float32)
+    return area_region(integral(image), 0, 0, image.shape[0], image.shape[1], height, width)
 
 
 def map_size(width, height):
@@ -179,15 +191,24 @@ def square(boxes):
     return out
 
 
-def crop_box(image, box):
-    """The photo's pixels inside *box*, as facenet's pad() cuts them: corners truncated, the
-    box 1-based and clipped to the photo; None when nothing of it is inside."""
-    h, w = image.shape[:2]
+def crop_region(box, width, height):
+    """(top, left, height, width) of the photo's pixels inside *box*, as facenet's pad() cuts
+    them: corners truncated, the box 1-based and clipped to the photo; None when nothing of it
+    is inside."""
     x, y, ex, ey = [int(v) for v in np.trunc(np.asarray(box[:4], np.float32))]
-    x, y, ex, ey = max(x, 1), max(y, 1), min(ex, w), min(ey, h)
+    x, y, ex, ey = max(x, 1), max(y, 1), min(ex, width), min(ey, height)
     if ey <= y - 1 or ex <= x - 1:
         return None
-    return image[y - 1:ey, x - 1:ex]
+    return y - 1, x - 1, ey - y + 1, ex - x + 1
+
+
+def crop_box(image, box):
+    """The photo's pixels inside *box* (crop_region's), or None."""
+    region = crop_region(box, image.shape[1], image.shape[0])
+    if region is None:
+        return None
+    top, left, height, width = region
+    return image[top:top + height, left:left + width]
 
 
 def landmarks(boxes, points):
@@ -237,21 +258,21 @@ def level_map(run, level, spec):
     return prob, reg
 
 
-def propose(cascade, image, conf, timing):
-    """P-Net over the photo's pyramid: (N, 5) boxes x1 y1 x2 y2 score after its NMS, moved by
-    the regression and squared."""
+def propose(cascade, table, conf, timing):
+    """P-Net over the pyramid of the photo whose integral() is *table*: (N, 5) boxes x1 y1 x2
+    y2 score after its NMS, moved by the regression and squared."""
     part, _ = cascade.stage("propose")
     spec = part["preprocess"]
-    h, w = image.shape[:2]
+    h, w = table.shape[0] - 1, table.shape[1] - 1
     scales = pyramid_scales(w, h, conf["min_face"], conf["factor"])
     if sum(level_size(w, h, s)[0] * level_size(w, h, s)[1] for s in scales) > MAX_LEVEL_PIXELS:
         raise BundleError("the photo's pyramid at min_face %s is over %d MP; pass a smaller "
                           "photo, or rebuild with a larger min_face"
                           % (conf["min_face"], MAX_LEVEL_PIXELS // 1e6))
-    photo = image.astype(np.float32)
     found = []
     for scale in scales:
-        level = area_resize(photo, *level_size(w, h, scale))
+        lw, lh = level_size(w, h, scale)
+        level = area_region(table, 0, 0, h, w, lh, lw)
         prob, reg = level_map(lambda tensor: cascade.run(part, tensor, timing), level, spec)
         boxes = proposals(prob, reg, scale, conf["threshold"])
         found.append(boxes[nms(boxes[:, :4], boxes[:, 4], conf["nms"])])
@@ -261,7 +282,7 @@ def propose(cascade, image, conf, timing):
     return square(np.concatenate([moved, boxes[:, 4:5]], axis=1))
 
 
-def run_crops(cascade, step, image, boxes, wanted, timing):
+def run_crops(cascade, step, table, boxes, wanted, timing):
     """The *step*'s part on each box's crop (resized as torch's "area", normalised per its
     preprocess), in batches of its static batch (the last one padded): (the boxes that have a
     crop, {output key: (N, k)})."""
@@ -272,10 +293,10 @@ def run_crops(cascade, step, image, boxes, wanted, timing):
     batch = batch if isinstance(batch, int) and batch > 0 else 1
     kept, tensors = [], []
     for k, box in enumerate(boxes):
-        piece = crop_box(image, box)
-        if piece is not None:
+        region = crop_region(box, table.shape[1] - 1, table.shape[0] - 1)
+        if region is not None:
             kept.append(k)
-            tensors.append(normalise(area_resize(piece.astype(np.float32), in_w, in_h), spec))
+            tensors.append(normalise(area_region(table, *(region + (in_h, in_w))), spec))
     got = dict((key, []) for key in wanted)
     for start in range(0, len(tensors), batch):
         chunk = tensors[start:start + batch]
@@ -294,17 +315,18 @@ def find_faces(cascade, image, timing):
     _, pconf = cascade.stage("propose")
     _, rconf = cascade.stage("refine")
     _, oconf = cascade.stage("output")
-    boxes = propose(cascade, image, pconf, timing)
+    table = integral(image)   # every level and crop is an average over its sums
+    boxes = propose(cascade, table, pconf, timing)
     faces = []
     if len(boxes):
-        boxes, out = run_crops(cascade, "refine", image, boxes, {"prob": 2, "reg": 4}, timing)
+        boxes, out = run_crops(cascade, "refine", table, boxes, {"prob": 2, "reg": 4}, timing)
         ok = out["prob"][:, 1] > rconf["threshold"]
         boxes = np.concatenate([boxes[ok, :4], out["prob"][ok, 1:2]], axis=1)
         reg = out["reg"][ok]
         pick = nms(boxes[:, :4], boxes[:, 4], rconf["nms"])
         boxes = square(regress(boxes[pick], reg[pick]))
     if len(boxes):
-        boxes, out = run_crops(cascade, "output", image, boxes,
+        boxes, out = run_crops(cascade, "output", table, boxes,
                                {"prob": 2, "reg": 4, "points": 10}, timing)
         ok = out["prob"][:, 1] > oconf["threshold"]
         boxes = np.concatenate([boxes[ok, :4], out["prob"][ok, 1:2]], axis=1)
