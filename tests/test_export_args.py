@@ -297,6 +297,36 @@ def test_build_cli_const_on_a_pytorch_source(models, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_export_cli_const_on_a_pytorch_source(models, tmp_path):
+    from click.testing import CliRunner
+
+    from packager.cli import main
+
+    out = tmp_path / "vad.onnx"
+    r = CliRunner().invoke(main, ["export", f"{models}:rate_int", "--input", "x:1x16",
+                                  "--const", "sr=8000", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "const: sr=8000 passed to forward() as a Python int" in r.output
+    names, got = onnx_run(out, sample())
+    with torch.no_grad():
+        ref = load(models, "rate_int")(torch.from_numpy(sample()), 8000).numpy()
+    assert names == ["x"]
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert not [t for t in onnx.load(str(out)).graph.initializer if "at16k" in t.name]
+    # the build's parsing and messages: a name forward() lacks, a value that is no number
+    for const, said in (("rate=8000", "--const rate: forward() has no argument 'rate'; "
+                                      "forward() takes: x, sr"),
+                        ("sr=fast", "--const sr='fast' is not a number, list or .npy file")):
+        bad = tmp_path / f"{const.split('=')[0]}.onnx"
+        r = CliRunner().invoke(main, ["export", f"{models}:rate_int", "--input", "x:1x16",
+                                      "--const", const, "-o", str(bad)])
+        assert r.exit_code == 2 and said in r.output and not bad.exists(), r.output
+        assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["export", f"{models}:rate_int", "--input", "x:1x16",
+                                  "-o", str(tmp_path / "none.onnx")])
+    assert r.exit_code == 2 and "--const NAME=VALUE" in r.output, r.output
+
+
 # --------------------------------------------------------------------------- ONNX: If on an input
 
 

@@ -59,6 +59,9 @@ def inspect_cmd(model: Path, nodes: bool, as_json: bool) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--input", "inputs", multiple=True, metavar="NAME:1x3x224x224[:dtype]",
               help="one per forward() argument, in order (dtype: float32 unless given)")
+@click.option("--const", "consts", multiple=True, metavar="NAME=VALUE",
+              help="fix a forward() argument to a value (number, [list] or .npy): forward() "
+              "gets it, the graph has no such input (repeatable)")
 @export_options
 @click.option("--target", default="x86_64-cpu", show_default=True,
               help="decides the default opset")
@@ -67,9 +70,9 @@ def inspect_cmd(model: Path, nodes: bool, as_json: bool) -> None:
 @click.option("--preprocess", help="image spec for --calib images")
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def export_cmd(source: str, output: Path, inputs: tuple[str, ...], target: str,
-               calib: Path | None, preprocess: str | None, force: bool, as_json: bool,
-               **kw: Any) -> None:
+def export_cmd(source: str, output: Path, inputs: tuple[str, ...], consts: tuple[str, ...],
+               target: str, calib: Path | None, preprocess: str | None, force: bool,
+               as_json: bool, **kw: Any) -> None:
     """Export a PyTorch model to ONNX and check it against PyTorch on the same inputs.
 
     SOURCE is path/to/file.py:factory, pkg.module:factory (a callable returning an
@@ -79,9 +82,10 @@ def export_cmd(source: str, output: Path, inputs: tuple[str, ...], target: str,
     Example:
         edgepack export models/net.py:build_net --weights net.safetensors \\
             --input image:1x3x224x224 -o net.onnx
+        edgepack export vad.py:make --input x:1x512 --const sr=16000 -o vad.onnx
     """
     from ..source.export import export
-    from ..source.specs import parse_input
+    from ..source.specs import parse_consts, parse_input
 
     specs = [parse_input(v) for v in inputs]
     samples = []
@@ -91,8 +95,8 @@ def export_cmd(source: str, output: Path, inputs: tuple[str, ...], target: str,
         samples = load_samples(calib, inputs=[{"name": s.name, "shape": list(s.shape),
                                                "dtype": s.dtype} for s in specs],
                                preprocess=preprocess_option(preprocess))
-    r = export(source, output, inputs=specs, target=target, samples=samples, force=force,
-               log=log, **export_kwargs(kw))
+    r = export(source, output, inputs=specs, consts=parse_consts(consts), target=target,
+               samples=samples, force=force, log=log, **export_kwargs(kw))
     # export() logged the validation line already
     emit(r.to_dict(), as_json, f"{output}: opset {r.opset}, {r.nodes} nodes, {r.exporter}")
 
