@@ -66,6 +66,7 @@ def test_the_verdict_needs_the_budget_or_the_hosts_count_and_says_what_it_cannot
     (lambda a, g: a.update(keep=True), "pipeline.accuracy.keep"),
     (lambda a, g: a.update(golden=[]), "pipeline.accuracy.golden must be an object"),
     (lambda a, g: g.update(photos="../../etc/passwd"), "pipeline.accuracy.golden.photos"),
+    (lambda a, g: g.update(photos="golden/pipeline/../../x.npz"), "pipeline.accuracy.golden.photos"),
     (lambda a, g: g.update(answers="golden/pipeline/a.npz"), "pipeline.accuracy.golden.answers"),
     (lambda a, g: g.pop("count"), "pipeline.accuracy.golden.count must be a count"),
     (lambda a, g: g.update(same=-1), "pipeline.accuracy.golden.same"),

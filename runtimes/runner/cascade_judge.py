@@ -147,7 +147,7 @@ def golden_problem(accuracy):
     for key, suffix in (("photos", ".npz"), ("answers", ".json")):
         value = golden.get(key)
         if not isinstance(value, str) or not value.startswith(GOLDEN_DIR + "/") or \
-                not value.endswith(suffix):
+                not value.endswith(suffix) or ".." in value.replace("\\", "/").split("/"):
             return "pipeline.accuracy.golden.%s must name a %s file in %s/, got %r" % (
                 key, suffix, GOLDEN_DIR, str(value)[:60])
     for key in ("count", "wanted", "same"):
