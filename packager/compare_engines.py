@@ -58,7 +58,7 @@ def openvino_rows(wanted: Sequence[str], raw: Path, qdq: Path | None, tmp: Path,
     rows = list(dict((r[0], r) for r in rows).values())
     try:
         medians, providers, device = engines.time_plan(python, rows, feeds[0], threads, rounds,
-                                                       block)
+                                                       block, every=True)
         outputs, _ = engines.outputs_plan(python, rows, feeds, threads)
     except engines.EngineError as exc:
         found["note"] = f"OpenVINO rows failed: {exc.message}."

@@ -119,16 +119,17 @@ def _write_plan(folder: Path, rows: Sequence[Row]) -> Path:
 
 
 def time_plan(python: Path, rows: Sequence[Row], feed: Mapping[str, np.ndarray], threads: int,
-              rounds: int, block: int, timeout: float = TIMEOUT_S
+              rounds: int, block: int, timeout: float = TIMEOUT_S, every: bool = False
               ) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, Any]]:
     """Time every row interleaved in blocks in *python*: ({key: {p50, p90}}, {key: provider
-    that really ran}, the device)."""
+    that really ran}, the device). The rounds stop once the order is clear, unless *every*."""
     with tempfile.TemporaryDirectory(prefix="edgepack-engine-") as tmp:
         folder = Path(tmp)
         np.savez(folder / "feed.npz", **feed)
         plan = _write_plan(folder, rows)
         data = _call(python, [str(folder / "feed.npz"), str(threads), str(rounds), str(block),
-                              "--plan", str(plan)], "timing the candidates", timeout)
+                              *(["--all-rounds"] if every else []), "--plan", str(plan)],
+                     "timing the candidates", timeout)
     return data["timings"], data["providers"], data["device"]
 
 

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
+# the device script and the host stop timing rounds by one rule
+from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, enough_rounds, settled  # noqa: F401
 from .progress import OFF, Progress
-
-SETTLE = 0.03   # rounds stop early once every pair of engines is apart or this close (3%)
-MIN_ROUNDS = 3   # fewer rounds than this never settle: one slow round must be outvoted
 
 
 class Tally:
@@ -44,22 +43,6 @@ def tally() -> Iterator[Tally]:
         _tallies.remove(counter)
 
 
-def settled(rounds: Mapping[str, list[float]], tolerance: float) -> bool:
-    """Whether more rounds would not change the order: every pair of engines either has
-    round medians that do not overlap, or both engines' round medians lie within *tolerance*
-    of each other and of the other's (a tie that more rounds cannot break either)."""
-    spans = {name: (min(r), max(r)) for name, r in rounds.items() if r}
-    names = list(spans)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            (lo_a, hi_a), (lo_b, hi_b) = spans[a], spans[b]
-            if hi_a < lo_b or hi_b < lo_a:
-                continue
-            if max(hi_a, hi_b) > min(lo_a, lo_b) * (1 + tolerance):
-                return False
-    return True
-
-
 def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
                 switch_warmup: int = 3, warmup: int = 5, steps: Progress | None = None,
                 phase: str = "timing", settle: float | None = None
@@ -67,8 +50,9 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks.
 
     *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
-    *settle* (e.g. SETTLE) ends the rounds early, from MIN_ROUNDS on, once `settled` holds for
-    the per-round medians: the order is already clear, or the engines tie within it.
+    *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
+    medians: from MIN_ROUNDS on, the order is clear or the engines tie within *settle*; from
+    two rounds on, every pair is CLEAR (1.25x) apart in each.
     """
     began = time.perf_counter()
     steps = steps or OFF
@@ -93,8 +77,7 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
                 times[name].append((time.perf_counter() - start) * 1000.0)
             medians[name].append(float(np.median(times[name][-block:])))
         done = r + 1
-        if settle is not None and done >= MIN_ROUNDS and done < rounds and \
-                settled(medians, settle):
+        if settle is not None and done < rounds and enough_rounds(medians, done, settle):
             break
     steps.finish()
     for counter in _tallies:

@@ -1,12 +1,14 @@
 """Time candidate models on a device for `edgepack build --precision auto --time-on HOST`.
 
-    python3 time_models.py FEED.npz THREADS ROUNDS BLOCK [--providers P.json] model1.onnx ...
-    python3 time_models.py FEED.npz THREADS ROUNDS BLOCK --plan PLAN.json
+    python3 time_models.py FEED.npz THREADS ROUNDS BLOCK [--all-rounds] [--providers P.json] \
+        model1.onnx ...
+    python3 time_models.py FEED.npz THREADS ROUNDS BLOCK [--all-rounds] --plan PLAN.json
     python3 time_models.py --outputs SAMPLES.npz OUT.npz THREADS --plan PLAN.json
 
-Runs the models interleaved in blocks (untimed calls after every switch), prints one JSON object
-with p50/p90 per model, the provider each ran on, and the device. P.json lists the target's
-providers ([[name, options], ...], in order); each model runs on the first that starts, as the
+Runs the models interleaved in blocks (untimed calls after every switch), up to ROUNDS rounds
+(fewer once the order is clear, see `enough_rounds`, unless --all-rounds), prints one JSON
+object with p50/p90 per model, the provider each ran on, and the device. P.json lists the
+target's providers ([[name, options], ...], in order); each model runs on the first that starts, as the
 bundle's runner would (default: the CPU). PLAN.json lists [key, model path, providers] rows
 instead: one model may be timed under several providers in the same blocks (edgepack times a
 graph under onnxruntime's CPU and OpenVINO providers side by side this way), and the JSON is
@@ -22,6 +24,38 @@ import sys
 import time
 
 import numpy as np
+
+SETTLE = 0.03    # rounds stop early once every pair of models is apart or tied this close (3%)
+MIN_ROUNDS = 3   # fewer rounds than this never settle a tie: one slow round must be outvoted
+CLEAR = 1.25     # ... but two rounds do when every pair is this far apart (1.25x) in both
+
+
+def settled(rounds, tolerance):
+    """Whether more rounds would not change the order: every pair of models either has
+    round medians that do not overlap, or both models' round medians lie within *tolerance*
+    of each other and of the other's (a tie that more rounds cannot break either)."""
+    spans = dict((name, (min(r), max(r))) for name, r in rounds.items() if r)
+    names = list(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (lo_a, hi_a), (lo_b, hi_b) = spans[a], spans[b]
+            if hi_a < lo_b or hi_b < lo_a:
+                continue
+            if max(hi_a, hi_b) > min(lo_a, lo_b) * (1 + tolerance):
+                return False
+    return True
+
+
+def apart(rounds, factor=CLEAR):
+    """Whether every pair of models is *factor* apart in every round so far (the slowest
+    round of the faster below the fastest round of the slower, divided by *factor*)."""
+    spans = sorted((min(r), max(r)) for r in rounds.values() if r)
+    return all(hi * factor <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+
+
+def enough_rounds(rounds, done, tolerance=SETTLE):
+    """Whether *done* rounds (per-model lists of round medians) already give the order."""
+    return (done >= MIN_ROUNDS and settled(rounds, tolerance)) or (done >= 2 and apart(rounds))
 
 
 def open_first(ort, path, so, providers):
@@ -98,6 +132,8 @@ def main(argv):
         return save_outputs(argv[1:])
     feed_path, threads, rounds, block = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     models = argv[4:]
+    every = models[:1] == ["--all-rounds"]
+    models = models[1:] if every else models
     providers = [("CPUExecutionProvider", {})]
     if models[:1] == ["--providers"]:
         with open(models[1]) as f:
@@ -115,7 +151,9 @@ def main(argv):
     for path, session in sessions.items():
         for _ in range(5):
             session.run(None, feeds[path])
-    for _ in range(rounds):
+    medians = dict((path, []) for path in sessions)
+    done = 0
+    while done < rounds:
         for path, session in sessions.items():
             for _ in range(3):
                 session.run(None, feeds[path])
@@ -123,6 +161,10 @@ def main(argv):
                 start = time.perf_counter()
                 session.run(None, feeds[path])
                 times[path].append((time.perf_counter() - start) * 1000.0)
+            medians[path].append(float(np.median(times[path][-block:])))
+        done += 1
+        if not every and enough_rounds(medians, done):
+            break
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -136,7 +178,8 @@ def main(argv):
         "device": {"arch": platform.machine(), "python": platform.python_version(),
                    "onnxruntime": ort.__version__, "cpu": cpu},
         "timings": dict((p, {"p50": float(np.percentile(t, 50)),
-                             "p90": float(np.percentile(t, 90))}) for p, t in times.items()),
+                             "p90": float(np.percentile(t, 90)), "rounds": done})
+                        for p, t in times.items()),
         "providers": dict((p, s.get_providers()[0]) for p, s in sessions.items()),
     }))
 

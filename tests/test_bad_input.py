@@ -126,6 +126,10 @@ def cases(d: Path, cnn: Path, images: Path, out: Path) -> dict:
                       "--golden -5"),
         "min-cosine 2": ([*build, "--min-cosine", "2"], 2, "--min-cosine 2 is not a cosine"),
         "min-cosine nan": ([*quant, "--min-cosine", "nan"], 2, "--min-cosine nan"),
+        "search-seconds 0": ([*build, "--search-seconds", "0"], 2,
+                             "--search-seconds: 0 is not a number of seconds above 0"),
+        "search-seconds nan": ([*quant, "--search-seconds", "nan"], 2,
+                               "--search-seconds: nan is not a number of seconds above 0"),
         "exclude unknown (quantize)": ([*quant, "--exclude", "nope"], 2,
                                        f"--exclude nope: {d / 'static.onnx'} has no node of "
                                        "that name"),

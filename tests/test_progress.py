@@ -174,19 +174,26 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
 def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     import time
 
-    from packager.timing import MIN_ROUNDS, SETTLE, Stages, settled, time_blocks
+    from packager.timing import MIN_ROUNDS, SETTLE, Stages, apart, settled, time_blocks
 
     assert settled({"a": [1.0, 1.1], "b": [2.0, 2.2]}, SETTLE)          # apart
     assert settled({"a": [1.0, 1.01], "b": [1.005, 1.02]}, SETTLE)      # a tie within 3%
     assert not settled({"a": [1.0, 1.5], "b": [1.2, 1.3]}, SETTLE)      # overlapping, unsure
+    assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0]})                    # 1.25x in every round
+    assert not apart({"a": [1.0, 1.2], "b": [1.4, 2.0]})                # 1.2 x 1.25 > 1.4
+    assert not apart({"a": [1.0, 1.1], "b": [1.4, 2.0], "c": [1.5, 1.6]})   # b and c overlap
     with Stages() as clock:
-        times = time_blocks({"sleep": lambda: time.sleep(0.003), "none": lambda: None},
+        # 3 ms against nothing: clear after two rounds; 3 against 3.03 ms: a tie after three
+        clear = time_blocks({"sleep": lambda: time.sleep(0.003), "none": lambda: None},
                             rounds=8, block=3, warmup=1, switch_warmup=0, settle=SETTLE)
         clock.lap("search")
+        tie = time_blocks({"a": lambda: time.sleep(0.003), "b": lambda: time.sleep(0.00303)},
+                          rounds=8, block=3, warmup=1, switch_warmup=0, settle=SETTLE)
         full = time_blocks({"none": lambda: None}, rounds=4, block=2, warmup=0)
-    assert times["sleep"]["rounds"] == MIN_ROUNDS and times["sleep"]["calls"] == 3 * MIN_ROUNDS
+    assert clear["sleep"]["rounds"] == 2 and clear["sleep"]["calls"] == 3 * 2
+    assert MIN_ROUNDS <= tie["a"]["rounds"] <= 8     # a tie is never called after two rounds
     assert full["none"]["rounds"] == 4     # without settle, every round runs
-    assert clock.seconds["timing"] >= 3 * MIN_ROUNDS * 0.003 and "search" in clock.seconds
+    assert clock.seconds["timing"] >= 3 * 2 * 0.003 and "search" in clock.seconds
     clock.add("bundle", 1.3)
     # a stage under 0.05 s is left out of the line, never out of the record
     assert clock.line().endswith("bundle 1.3 s; total "

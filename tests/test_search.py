@@ -283,6 +283,51 @@ def test_entropy_is_not_tried_where_onnxruntime_makes_it_minmax(tmp_path):
     assert not any("entropy" in label for label in labels)
 
 
+def test_histogram_ranges_use_a_spread_subset_and_the_search_stops_at_its_limit(tmp_path):
+    """Percentile ranges come from HISTOGRAM_SAMPLES samples (onnxruntime's histograms hold every
+    tensor of every sample); past its --search-seconds no further stage starts, and it says so."""
+    from packager.quantization.search import HISTOGRAM_SAMPLES
+
+    model = paddle_hardswish(tmp_path / "paddle.onnx")
+    strict = AccuracyBudget(min_cosine=0.9999999)
+    lines: list[str] = []
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    search = Search(model, tmp_path / "a", calib=image_samples(HISTOGRAM_SAMPLES + 4),
+                    held=image_samples(6), budget=strict, log=lines.append)
+    search.run(QuantConfig.from_preset(X86), pinned=set())
+    assert "INT8 percentile calibration" in [c.label for c in search.candidates]
+    assert any(f"percentile ranges come from {HISTOGRAM_SAMPLES} of the "
+               f"{HISTOGRAM_SAMPLES + 4} calibration samples" in line for line in lines)
+    lines.clear()
+    hurried = Search(model, tmp_path / "b", calib=image_samples(8), held=image_samples(6),
+                     budget=strict, log=lines.append, seconds=0.001)
+    hurried.run(QuantConfig.from_preset(X86), pinned=set())
+    labels = [c.label for c in hurried.candidates]
+    assert labels and not any("calibration" in label or "most sensitive" in label
+                              for label in labels)
+    assert sorted(line.split(" not tried")[0] for line in lines
+                  if "not tried: the search is at its 0 s limit" in line) == [
+        "search: other calibration methods", "search: the sensitivity bisection"]
+    assert any("--search-seconds sets another" in line for line in lines)
+
+
+def test_a_calibration_that_would_end_past_its_deadline_stops_after_two_samples(tmp_path):
+    import time
+
+    from packager.quantization.quantize import OverTime, quantize_file
+
+    model = paddle_hardswish(tmp_path / "paddle.onnx")
+    config = QuantConfig.from_preset(X86, calibration_method="percentile")
+    with pytest.raises(OverTime, match=r"stopped after 2 of 6 samples: .* past the search's "):
+        quantize_file(model, tmp_path / "late.onnx", config=config, samples=image_samples(6),
+                      deadline=time.perf_counter())
+    assert not (tmp_path / "late.onnx").exists()
+    quantize_file(model, tmp_path / "late.onnx", config=config, samples=image_samples(6),
+                  deadline=time.perf_counter() + 600)   # time enough: it is built
+    assert (tmp_path / "late.onnx").is_file()
+
+
 def silu_cnn(path: Path) -> Path:
     """Conv -> x * sigmoid(x) (YOLOv8's SiLU) -> Conv -> SiLU -> Conv: onnxruntime has INT8
     kernels for all of it (QLinearSigmoid, QLinearMul)."""

@@ -269,7 +269,7 @@ def time_three(model: ZooModel, python: Path, out: Path, manifest: dict, graph: 
                 ("openvino", original, engines.openvino_chain())]
         feed = {**orig.feed(sample), **bundle.feed(sample)}
         times, providers, device = engines.time_plan(python, rows, feed, THREADS, rounds=5,
-                                                     block=10)
+                                                     block=10, every=True)
     return {"bundle_p50_ms": times["bundle"]["p50"], "original_p50_ms": times["original"]["p50"],
             "openvino_p50_ms": (times["openvino"]["p50"] if providers["openvino"] ==
                                 engines.OPENVINO else None),

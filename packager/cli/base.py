@@ -211,6 +211,9 @@ def quant_options(func):
                      default=None, help="calibration method (auto: try all three, keep the "
                      "best within the budget)"),
         click.option("--exclude", multiple=True, help="node name to keep in FP32 (repeatable)"),
+        click.option("--search-seconds", type=float, default=None, metavar="SECONDS",
+                     help="how long the INT8 search looks for a variant within budget (default "
+                     "20: no stage starts later, no bisection probe after 1.25x it)"),
     ]
     for opt in reversed(opts):
         func = opt(func)
@@ -247,7 +250,13 @@ def quant_overrides(kw: dict[str, Any]) -> dict[str, Any]:
               "format": kw.pop("format_"), "activation_type": kw.pop("activation_type"),
               "weight_type": kw.pop("weight_type"), "per_channel": kw.pop("per_channel"),
               "reduce_range": kw.pop("reduce_range"), "calibration_method": kw.pop("method"),
-              "exclude": tuple(kw.pop("exclude")) or None}
+              "exclude": tuple(kw.pop("exclude")) or None,
+              "search_seconds": kw.pop("search_seconds")}
+    if values["search_seconds"] is not None and not values["search_seconds"] > 0:   # (NaN too)
+        from ..errors import PackagerError
+
+        raise PackagerError(f"--search-seconds: {values['search_seconds']:g} is not a number of "
+                            "seconds above 0", "for example --search-seconds 60")
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -180,6 +180,7 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     check_holdout(holdout)
     profile = load_target(target)
     overrides = quant_overrides(kw)
+    seconds = overrides.pop("search_seconds", None)
     config = QuantConfig.from_preset(profile.quantization, **overrides)
     limits = budget_kwargs(kw)
     if config.precision == "auto":
@@ -213,6 +214,7 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
         config, _, result["budget"] = quantize_checked(
             model, output, config=config, calib=calib_set, held=held, budget=guard,
             labels=labels, pinned=frozenset(overrides) - {"precision"}, force=force, log=log,
+            search_seconds=seconds,
             progress=progress_bar("calibrating"), steps=step_line("quantize", as_json))
     else:
         quantize(model, output, config=config, samples=calib_set, force=force,

@@ -14,12 +14,14 @@ def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
                      calib: Sequence[Sample], held: Sequence[Sample], budget: AccuracyBudget,
                      labels: Sequence[Any] | None = None, pinned: frozenset[str] = frozenset(),
                      force: bool = False, log: Log = lambda _: None,
-                     progress=None, steps=None) -> tuple[QuantConfig, dict, dict]:
+                     progress=None, steps=None, search_seconds: float | None = None
+                     ) -> tuple[QuantConfig, dict, dict]:
     """`edgepack quantize` with a budget: the INT8 search (search.py) from *model* into *output*.
 
     Ships the variant within budget with the most ops in INT8 (fewest Q/DQ boundaries next);
     raises BudgetMissed when no variant keeps the budget. *pinned* names config fields the
     user set, which the search leaves alone. *steps* (a progress.Progress) shows each variant.
+    *search_seconds* bounds the search (search.SEARCH_SECONDS by default).
     """
     import tempfile
 
@@ -38,7 +40,7 @@ def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
     with tempfile.TemporaryDirectory(prefix="edgepack-budget-") as tmp:
         fp32 = save_model(named, Path(tmp) / "fp32.onnx")
         search = Search(fp32, Path(tmp), calib=calib, held=held, budget=budget, labels=labels,
-                        log=log, progress=progress, steps=steps)
+                        log=log, progress=progress, steps=steps, seconds=search_seconds)
         tried = search.run(config, set(pinned))
         search.steps.finish()
         passing = sorted((c for c in tried if c.passed), key=lambda c: (-c.int8_nodes,

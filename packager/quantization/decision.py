@@ -18,7 +18,7 @@ from ..errors import BudgetMissed
 from ..graph.execute import Sample, run_model
 from ..progress import OFF, Progress
 from ..targets import Target
-from ..timing import machine, session, time_blocks
+from ..timing import SETTLE, machine, session, time_blocks
 from .budget import AccuracyBudget
 from .quantize import QuantConfig, quantize_file
 from .search import Candidate, Search, dynamic_ops
@@ -57,7 +57,7 @@ def local_timer(paths: Sequence[Path], feed: Sample, threads: int, rounds: int,
     """*labels* name the models on the *steps* line (paths when they are not unique)."""
     keys = list(labels) if len(set(labels)) == len(paths) else [str(p) for p in paths]
     runs = {k: _runner(session(p, threads), feed) for k, p in zip(keys, paths, strict=True)}
-    times = time_blocks(runs, rounds=rounds, block=block, steps=steps)
+    times = time_blocks(runs, rounds=rounds, block=block, steps=steps, settle=SETTLE)
     return {str(p): times[k] for k, p in zip(keys, paths, strict=True)}, machine()
 
 
@@ -93,6 +93,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     """
     steps = steps or OFF
     started = time.perf_counter()
+    overrides = dict(overrides)
+    seconds = overrides.pop("search_seconds", None)   # the search's limit, not a config field
     requested = overrides.get("precision")
     preset = target.preset_for(family)
     pinned = {k for k, v in overrides.items() if v not in (None, ()) and k != "precision"}
@@ -137,7 +139,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                 f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
 
     search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
-                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps)
+                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
+                    seconds=seconds)
     static_ok = bool(calib)
     if base.mode == "static" and not static_ok:
         base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
@@ -150,7 +153,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             base, precision="int8", mode="dynamic",
             op_types=base.op_types if "op_types" in pinned else fast))
     if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
-            and preset is not target.quantization and target.quantization.mode == "static"):
+            and preset is not target.quantization and target.quantization.mode == "static"
+            and not search.over("INT8 static (the target's default preset)")):
         # a family preset chose dynamic (transformers): the target's static preset is still
         # measured, since which wins depends on the model and the onnxruntime version
         search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(

@@ -150,7 +150,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
         log(f"engine: {record['reason']}")
         return None
     record.update(chosen=True, gain=round(gain, 3), reason=(
-        ("--openvino yes: " if wanted == "yes" else "") + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "
+        ("--openvino yes: " if wanted == "yes" else "")
+        + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "
         f"({best_ms:.3f} vs {cpu_ms:.3f} ms p50, one run, onnxruntime "
         f"{device.get('onnxruntime', '?')}"
         + (f"; the original on the CPU provider {times['original']['p50']:.3f} ms, "

@@ -36,19 +36,40 @@ from ..errors import QuantizationError
 from ..graph.execute import Sample, run_model
 from ..progress import OFF, Progress
 from .budget import METHODS, PROBE_SAMPLES, AccuracyBudget, worst_samples
-from .quantize import QuantConfig, quantize_file
+from .calibration import spread
+from .graph_facts import (  # noqa: F401
+    HEAVY_OPS,
+    INTEGER_OPS,
+    boundary_floor,
+    count_ops,
+    dynamic_ops,
+    entropy_differs,
+    heavy_nodes,
+    last_layers,
+    macs,
+    post_processing,
+    quantize_nodes,
+    saturates,
+)
+from .quantize import OverTime, QuantConfig, quantize_file
 from .sensitivity import layer_errors, quantized_nodes
 
 Log = Callable[[str], None]
-HEAVY_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-INTEGER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
-               "DynamicQuantizeMatMul", "QGemm"}
 RETRIES = 4          # quantizer failures worked around per variant
-# No new stage starts after SEARCH_SECONDS, and the bisection starts no probe after
-# BISECT_SECONDS: zoo builds took up to 264 s (CenterFace), mostly in searches that found no
-# INT8 variant within budget, and users wait on every build
-SEARCH_SECONDS = 40
-BISECT_SECONDS = 50
+# No new stage starts after SEARCH_SECONDS (--search-seconds), and the bisection starts no probe
+# after BISECT_SHARE times that: zoo builds took up to 264 s (CenterFace), mostly in searches
+# that found no INT8 variant within budget, and users wait on every build. At 40 s, three zoo
+# builds still took 67-79 s. Of the zoo's shipped variants only MiniLM's CPU fallback came later
+# (13 nodes FP32 at 30 s; at 20 s the search ships the 14-node variant it found at 16 s).
+SEARCH_SECONDS = 20.0
+BISECT_SHARE = 1.25
+# The bisection starts only with time left for its ranking and one probe: about this many times
+# the first variant's quantize-and-measure (CenterFace: ranking 1.9-3.6x, a probe 1-1.5x)
+BISECT_COST = 4.0
+# Entropy and percentile ranges come from histograms of every tensor, which onnxruntime builds
+# over all samples at once: 30 s for CenterFace's 19 samples (MinMax: 2.5 s). Their tails
+# settle on fewer samples: the histogram methods calibrate on this many, evenly spread.
+HISTOGRAM_SAMPLES = 8
 # A variant with under 4% of the multiply-adds in INT8 is not built: even infinitely fast INT8
 # kernels would leave 96% of the work, short of decision.MIN_GAIN (ocr-det's bisection built
 # variants with 1-5 of 113 ops in INT8, 4 of its 14 candidates)
@@ -96,184 +117,6 @@ class Candidate:
                 + (f" - misses ({'; '.join(failures)})" if failures else " - within budget"))
 
 
-QUANTIZE_OPS = ("QuantizeLinear", "DynamicQuantizeLinear")
-
-
-def count_ops(path: Path) -> tuple[int, int]:
-    """(heavy ops computed in INT8, float -> int8 edges onnxruntime runs) of a quantized model.
-
-    The edges are the quantize nodes left after onnxruntime's own fusion, which folds every
-    DQ -> op -> Q it has an integer kernel for (QLinearConv, QLinearSigmoid, QLinearAdd...).
-    The file's own count misleads: NudeNet's preset has 243 quantize nodes and 4 left when it
-    runs, its heavy-ops-only variant 123 and 59 (0.2 against 4.8 ms of Q/DQ), so the preset,
-    1.7-1.9x FP32 here against 1.1-1.6x, was ranked below it and never timed."""
-    return count_int8(path), fused_boundaries(path)
-
-
-def count_int8(path: Path) -> int:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    return sum(1 for n in graph.node if n.op_type in INTEGER_OPS or
-               (n.op_type in HEAVY_OPS and any(i in dequantized for i in n.input)))
-
-
-def quantize_nodes(path: Path) -> int:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return sum(1 for n in graph.node if n.op_type in QUANTIZE_OPS)
-
-
-def fused_boundaries(path: Path) -> int:
-    """Quantize nodes in the graph onnxruntime's CPU provider runs (the file's, if it will not
-    write that graph out)."""
-    import tempfile
-
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="edgepack-fused-") as tmp:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.log_severity_level = 3
-        so.optimized_model_filepath = str(Path(tmp) / "fused.onnx")
-        try:
-            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            return quantize_nodes(Path(tmp) / "fused.onnx")
-        except Exception:   # (a graph over 2 GiB is not written out): the file's own count
-            return quantize_nodes(path)
-
-
-DYNAMIC_OPS = ("MatMul", "Attention", "LSTM")   # what dynamic INT8 computes fast (not Conv)
-
-
-def dynamic_ops(graph: onnx.GraphProto) -> tuple[str, ...]:
-    """Op types worth quantizing dynamically. onnxruntime's dynamic quantizer turns Conv into
-    ConvInteger, which its CPU kernels compute several times slower than a float Conv (PP-OCRv4's
-    recogniser: 107 ms against 17 ms), so Conv is left float whenever the graph has Convs."""
-    present = {n.op_type for n in graph.node}
-    return tuple(op for op in DYNAMIC_OPS if op in present)
-
-
-def boundary_floor(graph: onnx.GraphProto) -> int:
-    """The fewest Q/DQ boundaries a heavy-ops-only QDQ graph can have: each heavy node's
-    activation inputs and its output are quantized (ResNet-18: 39 against the preset's 33)."""
-    weights = {i.name for i in graph.initializer}
-    tensors = set()
-    for node in graph.node:
-        if node.op_type in HEAVY_OPS:
-            tensors.update(i for i in node.input[:2] if i and i not in weights)
-            tensors.update(node.output[:1])
-    return len(tensors)
-
-
-def saturates(config: QuantConfig) -> bool:
-    """U8 activations times S8 weights with full 8-bit weights: x86 CPUs without VNNI multiply
-    them with VPMADDUBSW, whose int16 pair sums overflow (255*127*2 > 32767), and a model can
-    lose most of its accuracy there (PaddleOCR's text-direction classifier: cosine 0.09 fused,
-    0.99 with the same ranges unfused). 7-bit weights (reduce_range) cannot overflow. Dynamic
-    quantization always takes U8 activations, whatever the preset says."""
-    return (config.precision == "int8" and config.weight_type == "int8"
-            and (config.activation_type == "uint8" or config.mode == "dynamic")
-            and not config.reduce_range)
-
-
-TINY_SHARE = 0.005   # a heavy op with less than this share of the graph's MACs is decode work
-
-
-def macs(graph: onnx.GraphProto) -> dict[int, int | None]:
-    """Multiply-accumulates of each heavy node (by its index in the graph) from its weight and
-    output shapes; None where the shapes are not known (such a node counts as substantial)."""
-    weights = {i.name: list(i.dims) for i in graph.initializer}
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in list(graph.value_info) + list(graph.output)}
-    found: dict[int, int | None] = {}
-    for index, node in enumerate(graph.node):
-        if node.op_type not in HEAVY_OPS:
-            continue
-        w = weights.get(node.input[1]) if len(node.input) > 1 else None
-        out = shapes.get(node.output[0])
-        if not w or not out or not all(out):
-            found[index] = None
-            continue
-        per_output = 1
-        for dim in (w[:1] if node.op_type in ("MatMul", "Gemm") else w[1:]):
-            per_output *= dim   # MatMul/Gemm: K (weights K x N); Conv: Cin/group x kernel
-        elements = 1
-        for dim in out:
-            elements *= dim
-        found[index] = elements * per_output
-    return found
-
-
-def post_processing(graph: onnx.GraphProto) -> list[str]:
-    """Nodes after the last substantial heavy op on every path to the outputs (a detector's
-    decode: Concat, Split, Softmax, YOLOv8's 16-to-1 DFL conv, Sigmoid, Mul by the strides).
-    INT8 saves nothing there, and one Q/DQ range over tensors of different scales erases the
-    small ones: YOLOv8 concatenates box logits with class logits before its DFL, and quantized
-    as one tensor the class scores lost detections (NudeNet: recall 24% at cosine 0.998, which
-    the boxes dominate)."""
-    nodes = list(graph.node)
-    cost = macs(graph)
-    total = sum(c for c in cost.values() if c is not None) or 1
-    substantial = {i for i, c in cost.items() if c is None or c >= TINY_SHARE * total}
-    users: dict[str, list[int]] = {}
-    for index, node in enumerate(nodes):
-        for i in node.input:
-            users.setdefault(i, []).append(index)
-    feeds_heavy = [False] * len(nodes)
-    for index in reversed(range(len(nodes))):   # (topological order: consumers first)
-        feeds_heavy[index] = any(u in substantial or feeds_heavy[u]
-                                 for o in nodes[index].output for u in users.get(o, []))
-    producer = {o: index for index, n in enumerate(nodes) for o in n.output}
-    after_heavy = [False] * len(nodes)
-    for index, node in enumerate(nodes):
-        after_heavy[index] = any(producer[i] in substantial or after_heavy[producer[i]]
-                                 for i in node.input if i in producer)
-    # a Relu/Clip right after a large op is folded into its integer kernel's output range
-    folded = {index for index, n in enumerate(nodes) if n.op_type in ("Relu", "Clip")
-              and n.input and producer.get(n.input[0]) in substantial}
-    return [n.name for index, n in enumerate(nodes) if n.name and index not in substantial
-            and index not in folded and after_heavy[index] and not feeds_heavy[index]]
-
-
-def last_layers(graph: onnx.GraphProto) -> list[str]:
-    """The last heavy node before each graph output: a detector's heads (CenterFace has four:
-    heatmap, scale, offset, landmarks), a classifier's one."""
-    producer = {o: n for n in graph.node for o in n.output}
-    found: list[str] = []
-    for out in graph.output:
-        todo, seen = [out.name], set()
-        while todo:
-            node = producer.get(todo.pop(0))
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            if node.op_type in HEAVY_OPS:
-                if node.name and node.name not in found:
-                    found.append(node.name)
-                continue
-            todo.extend(node.input)
-    return found
-
-
-def entropy_differs() -> bool:
-    """Whether onnxruntime's quantize_static passes histogram bins to its entropy calibrator.
-    Up to 1.32 it does not: the calibrator keeps 128 bins for 128 quantized levels, so its
-    threshold is the histogram's end and its ranges are MinMax's (CenterFace: cosine 0.7346
-    with either), and an entropy variant only costs a search its histograms."""
-    import importlib
-    import inspect
-
-    try:
-        module = importlib.import_module("onnxruntime.quantization.quantize")
-        return "CalibNumBins" in inspect.getsource(module.quantize_static)
-    except (ImportError, OSError, TypeError, AttributeError):   # no source: try it anyway
-        return True
-
-
-def heavy_nodes(path: Path) -> list[onnx.NodeProto]:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return [n for n in graph.node if n.op_type in HEAVY_OPS]
-
-
 class Search:
     """Quantize *fp32* many ways into *folder*; every variant is measured on *held*."""
 
@@ -282,11 +125,12 @@ class Search:
                  labels: Sequence[Any] | None = None, log: Log = lambda _: None,
                  progress=None, reference: dict[str, Any] | None = None,
                  pays: Callable[[list["Candidate"]], str] | None = None,
-                 steps: Progress | None = None):
+                 steps: Progress | None = None, seconds: float | None = None):
         """*reference*: FP32's outputs on *held* when already computed. *pays*, given variants
         that miss the budget, times them against FP32 and returns why INT8 cannot pay ('' when
         it can): variants with more nodes in float will not be faster, so the search stops.
-        *steps* shows each variant as it is built and measured (how many is not known ahead)."""
+        *steps* shows each variant as it is built and measured (how many is not known ahead).
+        *seconds*: no stage starts after it, no bisection probe after BISECT_SHARE x it."""
         self.fp32, self.folder, self.calib, self.held = fp32, folder, calib, held
         self.budget, self.labels, self.log, self.progress = budget, labels, log, progress
         self.pays, self.steps = pays, steps or OFF
@@ -300,6 +144,10 @@ class Search:
         self.started = time.perf_counter()
         self.futile = ""   # why INT8 cannot pay, when the search stopped for that
         self.threads = 0   # the target's intra-op threads, for the profile of a futile search
+        self.limit = SEARCH_SECONDS if seconds is None else float(seconds)
+        self.histogram_cap: int | None = HISTOGRAM_SAMPLES   # None: every sample
+        self._said: set[str] = set()   # notes logged once
+        self.first_cost = 0.0   # seconds the first variant took to build and measure
 
     def _fused(self, fp32: Path, folder: Path) -> Path:
         """*fp32* with its HardSwish/HardSigmoid chains as single ops, when it has any."""
@@ -314,7 +162,7 @@ class Search:
             return fp32
         path = folder / "fp32.fused.onnx"
         save_model(proto, path)
-        self.log(f"search: INT8 variants start from the FP32 graph with "
+        self.log("search: INT8 variants start from the FP32 graph with "
                  + ", ".join(f"{n} {op} chains" for op, n in made.items() if n)
                  + " written as single ops (the same function, fewer Q/DQ pairs)")
         return path
@@ -331,16 +179,24 @@ class Search:
         path = self.folder / f"ranges.{config.calibration_method}.json"
         return path if path.is_file() else None
 
-    def variant(self, label: str, config: QuantConfig) -> Candidate:
-        """Quantize and measure one variant; quantizer failures are retried around the node."""
+    def variant(self, label: str, config: QuantConfig, bounded: bool = False) -> Candidate:
+        """Quantize and measure one variant; quantizer failures are retried around the node.
+        *bounded*: its calibration stops when it would end past the bisection's limit."""
+        began = time.perf_counter()
         path = self.folder / f"variant_{len(self.candidates):02d}.onnx"
         cand = Candidate(label, config, path)
         self.show(label)
         for _ in range(RETRIES + 1):
             try:
                 source = self.source if cand.config.mode == "static" else self.fp32
-                quantize_file(source, path, config=cand.config, samples=self.calib,
-                              progress=self.progress, cache=self._cache(cand.config))
+                quantize_file(source, path, config=cand.config,
+                              samples=self._samples(cand.config),
+                              progress=self.progress, cache=self._cache(cand.config),
+                              deadline=self.started + self.limit * BISECT_SHARE
+                              if bounded else None)
+                break
+            except OverTime as exc:
+                cand.error = exc.message
                 break
             except QuantizationError as exc:
                 avoid = self._culprits(exc.message, cand.config)
@@ -363,9 +219,39 @@ class Search:
             else:
                 cand.accuracy = self.budget.evaluate(path, self.fp32, self.held, self.labels,
                                                      self.reference)
+        if not self.candidates:
+            self.first_cost = time.perf_counter() - began
         self.candidates.append(cand)
         self.log(f"search: {cand.line()}")
         return cand
+
+    def _samples(self, config: QuantConfig) -> Sequence[Sample]:
+        """The calibration samples for *config*: a spread subset for the histogram methods."""
+        cap = self.histogram_cap
+        if config.mode != "static" or config.calibration_method == "minmax" or cap is None or \
+                len(self.calib) <= cap:
+            return self.calib
+        if "histogram" not in self._said:
+            self._said.add("histogram")
+            self.log(f"search: {config.calibration_method} ranges come from {cap} of the "
+                     f"{len(self.calib)} calibration samples, evenly spread (onnxruntime's "
+                     "histograms of every tensor cost about 10x a MinMax pass)")
+        return [self.calib[i] for i in spread(len(self.calib), cap)]
+
+    def over(self, what: str, needs: float = 0.0) -> bool:
+        """Whether the search is past its limit, or *needs* seconds more would end past the
+        bisection's; says so once per *what* (what is left out)."""
+        if self.elapsed < self.limit and self.elapsed + needs <= self.limit * BISECT_SHARE:
+            return False
+        if what not in self._said:
+            self._said.add(what)
+            self.log(f"search: {what} not tried: " + (
+                f"the search is at its {self.limit:.0f} s limit ({self.elapsed:.0f} s"
+                if self.elapsed >= self.limit else
+                f"it would take about {needs:.0f} s more, past the search's "
+                f"{self.limit * BISECT_SHARE:.0f} s ({self.elapsed:.0f} s so far")
+                + "; --search-seconds sets another)")
+        return True
 
     def show(self, label: str) -> None:
         """Put the candidate now built on the *steps* line (after timing drew its own there)."""
@@ -446,9 +332,13 @@ class Search:
                 return self.candidates
         if not self.found() and "exclude" not in pinned:
             self._edges(base)
-        if not self.found() and base.mode == "static" and self.elapsed < SEARCH_SECONDS:
+        if "calibration_method" in pinned:
+            self.histogram_cap = None   # the user's method, on all their samples
+        if not self.found() and base.mode == "static" and \
+                not self.over("other calibration methods"):
             self._calibration(pinned)
-        if not self.found() and self.elapsed < SEARCH_SECONDS:
+        if not self.found() and not self.over("the sensitivity bisection",
+                                              BISECT_COST * self.first_cost):
             self.bisect()
         return self.candidates
 
@@ -489,7 +379,7 @@ class Search:
                     continue
                 if method != shape.config.calibration_method and not self.found():
                     self.variant(f"INT8 {method} calibration",
-                                 replace(shape.config, calibration_method=method))
+                                 replace(shape.config, calibration_method=method), bounded=True)
         if "per_channel" not in pinned and not self.found():
             shape = self.best()
             flip = not shape.config.per_channel
@@ -542,9 +432,10 @@ class Search:
                  f"(worst: {', '.join(order[:3])})")
         lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
         while lo + 1 < hi:
-            if self.elapsed > BISECT_SECONDS:
+            if self.elapsed > self.limit * BISECT_SHARE:
                 self.log(f"search: bisection stopped after {self.elapsed:.0f} s with k between "
-                         f"{lo} and {hi} of {len(order)} nodes")
+                         f"{lo} and {hi} of {len(order)} nodes (--search-seconds sets the "
+                         "limit)")
                 break
             k = (lo + hi) // 2
             share = self.int8_share(start, order, k)
@@ -569,7 +460,7 @@ class Search:
                     self.explain()
                     break
         if found is None and hi == len(order) and not self.futile and \
-                self.elapsed <= BISECT_SECONDS and \
+                self.elapsed <= self.limit * BISECT_SHARE and \
                 self.int8_share(start, order, hi) >= MIN_INT8_SHARE:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
