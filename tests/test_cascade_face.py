@@ -72,46 +72,52 @@ def test_a_crop_is_resized_from_the_photos_summed_area_table_as_torch_resizes_th
         assert np.abs(got - want).max() < 1e-3
 
 
-def test_map_blocks_cover_each_cell_once_inside_the_input():
-    rows, cols, in_h, in_w = 57, 91, 48, 64
-    blocks = glue.map_blocks(rows, cols, in_h, in_w)
-    seen = np.zeros((rows, cols), int)
+def test_map_blocks_cover_each_cell_of_each_level_once_inside_the_inputs():
+    sizes, in_h, in_w = [(57, 91), (40, 64), (28, 45), (3, 2)], 48, 64
+    blocks = glue.map_blocks(sizes, in_h, in_w)
+    seen = [np.zeros(size, int) for size in sizes]
     used = {}
-    for canvas, y, x, r, c, n, m in blocks:
+    for canvas, y, x, k, r, c, n, m in blocks:
         assert y % 2 == 0 and x % 2 == 0   # cells stay on P-Net's stride
         assert y + 2 * n + glue.MARGIN <= in_h and x + 2 * m + glue.MARGIN <= in_w
-        seen[r:r + n, c:c + m] += 1
+        seen[k][r:r + n, c:c + m] += 1
         mask = used.setdefault(canvas, np.zeros((in_h, in_w), int))
         mask[y:y + 2 * n + glue.MARGIN, x:x + 2 * m + glue.MARGIN] += 1
-    assert (seen == 1).all()
+    assert all((s == 1).all() for s in seen)
     assert all((mask <= 1).all() for mask in used.values())   # blocks never overlap
-    # small levels share an input: three levels of 10 cells fit one 64x48 input's two shelves
-    assert len({b[0] for b in glue.map_blocks(5, 5, in_h, in_w)}) == 1
+    # small levels share an input: four maps of 10x10 cells (30x30 pixels) fill one 64x64 input
+    assert len({b[0] for b in glue.map_blocks([(10, 10)] * 4, 64, 64)}) == 1
+    assert len({b[0] for b in glue.map_blocks([(10, 10)] * 5, 64, 64)}) == 2
 
 
-@pytest.mark.parametrize("level", [(61, 83), (30, 20), (12, 12), (47, 13)])
-def test_pnets_map_through_a_static_input_is_the_map_of_the_whole_level(level):
-    """A P-Net with random weights: the map assembled from blocks in a 64x48 input equals the
-    map of the whole level, but for the last row (column) of a level of odd height (width),
-    where the original's ceil-mode pooling sees one pixel less."""
+def test_pnets_maps_through_a_static_input_are_the_maps_of_the_whole_levels():
+    """A P-Net with random weights: the maps assembled from blocks packed into 64x48 inputs
+    equal the maps of the whole levels, but for the last row (column) of a level of odd height
+    (width), where the original's ceil-mode pooling sees one pixel less."""
     torch.manual_seed(0)
     pnet = ref.PNet().eval()
-    h, w = level
-    pixels = np.random.default_rng(2).integers(0, 256, (h, w, 3)).astype(np.float32)
-    with torch.no_grad():
-        reg, prob = pnet((torch.as_tensor(pixels).permute(2, 0, 1)[None] - 127.5) / 128)
+    rng = np.random.default_rng(2)
+    levels = [rng.integers(0, 256, (h, w, 3)).astype(np.float32)
+              for h, w in [(61, 83), (30, 20), (12, 12), (47, 13), (14, 15)]]
+    calls = []
 
     def run(tensor):
+        calls.append(tensor.shape)
         with torch.no_grad():
             r, p = pnet(torch.as_tensor(tensor))
         return {"reg": r.numpy(), "prob": p.numpy()}
 
-    got_prob, got_reg = glue.level_map(run, pixels, SPEC)
-    assert got_prob.shape == tuple(prob.shape[2:]) == (-(-(h - 10) // 2), -(-(w - 10) // 2))
-    rows, cols = (h - 10) // 2, (w - 10) // 2   # cells wholly inside the level
-    assert np.abs(got_prob[:rows, :cols] - prob[0, 1, :rows, :cols].numpy()).max() < 1e-5
-    assert np.abs(got_reg[:, :rows, :cols] - reg[0, :, :rows, :cols].numpy()).max() < 1e-5
-    assert np.abs(got_prob - prob[0, 1].numpy()).max() < 0.2   # the edge cell: close
+    maps = glue.pyramid_maps(run, levels, SPEC)
+    assert set(calls) == {(1, 3, 48, 64)} and len(calls) < 10   # static, and shared
+    for pixels, (got_prob, got_reg) in zip(levels, maps, strict=True):
+        with torch.no_grad():
+            reg, prob = pnet((torch.as_tensor(pixels).permute(2, 0, 1)[None] - 127.5) / 128)
+        h, w = pixels.shape[:2]
+        assert got_prob.shape == tuple(prob.shape[2:]) == (-(-(h - 10) // 2), -(-(w - 10) // 2))
+        rows, cols = (h - 10) // 2, (w - 10) // 2   # cells wholly inside the level
+        assert np.abs(got_prob[:rows, :cols] - prob[0, 1, :rows, :cols].numpy()).max() < 1e-5
+        assert np.abs(got_reg[:, :rows, :cols] - reg[0, :, :rows, :cols].numpy()).max() < 1e-5
+        assert np.abs(got_prob - prob[0, 1].numpy()).max() < 0.2   # the edge cells: close
 
 
 def test_cells_over_the_threshold_become_boxes_in_photo_pixels():
@@ -475,6 +481,9 @@ def test_the_face_bundle_finds_the_faces_facenet_pytorch_finds(face_bundle, tmp_
     assert 170 < astronaut["box"][0] < astronaut["box"][2] < 280 and astronaut["score"] > 0.99
     human = run_py(bundle, "infer", str(photos[0]))
     assert human.returncode == 0 and "1 face(s): 1.00 at [181" in human.stdout, human.stdout
+    check = run_py(bundle, "check")   # the device judges the golden photos' faces
+    assert check.returncode == 0 and re.search(r"pipeline: face: (\d+) of the original's \1 "
+                                               r"faces found alike", check.stdout), check.stdout
     np.save(tmp_path / "messi.npy", photo_rgb(photos[2]))   # pixels need no OpenCV
     r = run_py(bundle, "infer", str(tmp_path / "messi.npy"), "--json")
     assert r.returncode == 0 and glue.agreement(

@@ -16,8 +16,8 @@ ceil-mode pooling sees one pixel past the level, sees that pixel repeated instea
     level_size(width, height, scale)                    a level's (w, h) in pixels
     integral(image), area_region(table, ...)            torch's interpolate(mode="area") of
     area_resize(image, width, height)                   a region, from the photo's sums
-    map_blocks(rows, cols, in_h, in_w)                  a level's map cut and packed into inputs
-    level_map(run, level, spec)                         P-Net's map of a level through them
+    map_blocks(maps, in_h, in_w)                        the levels' maps cut, packed into inputs
+    pyramid_maps(run, levels, spec)                     P-Net's map of each level through them
     proposals(prob, reg, scale, threshold)              P-Net cells -> boxes in photo pixels
     nms(boxes, scores, threshold, mode)                 "union" (torchvision) or "min" (facenet)
     regress(boxes, reg, plus_one), square(boxes)        bounding-box regression, squaring
@@ -100,23 +100,24 @@ def map_size(width, height):
     return max(0, -(-(width - MARGIN) // 2)), max(0, -(-(height - MARGIN) // 2))
 
 
-def map_blocks(rows, cols, in_h, in_w):
-    """A level's map of *rows* x *cols* cells cut into blocks that fit P-Net's input (in_h,
-    in_w) with their margin, packed in shelves: a list of (input index, y, x, row0, col0, n
-    rows, n cols); the block's pixels are the level's rows 2*row0 .. 2*(row0 + n) + 10 (and
-    its cols alike), placed at (y, x) of that input."""
+def map_blocks(maps, in_h, in_w):
+    """The levels' maps (a list of (rows, cols) cells) cut into blocks that fit P-Net's input
+    (in_h, in_w) with their margin, all packed in shelves, the tallest first: a list of (input
+    index, y, x, level, row0, col0, n rows, n cols); the block's pixels are the level's rows
+    2*row0 .. 2*(row0 + n) + 10 (and its cols alike), placed at (y, x) of that input."""
     per_h, per_w = (in_h - MARGIN) // 2, (in_w - MARGIN) // 2
-    blocks = [(r, c, min(per_h, rows - r), min(per_w, cols - c))
+    blocks = [(k, r, c, min(per_h, rows - r), min(per_w, cols - c))
+              for k, (rows, cols) in enumerate(maps)
               for r in range(0, rows, per_h) for c in range(0, cols, per_w)]
-    blocks.sort(key=lambda b: -b[2])
+    blocks.sort(key=lambda b: (-b[3], -b[4]))
     placed, canvas, y, x, shelf = [], 0, 0, 0, 0
-    for r, c, n, m in blocks:
+    for k, r, c, n, m in blocks:
         bh, bw = 2 * n + MARGIN, 2 * m + MARGIN
         if x + bw > in_w:
             y, x, shelf = y + shelf, 0, 0
         if y + bh > in_h:
             canvas, y, x, shelf = canvas + 1, 0, 0, 0
-        placed.append((canvas, y, x, r, c, n, m))
+        placed.append((canvas, y, x, k, r, c, n, m))
         x, shelf = x + bw, max(shelf, bh)
     return placed
 
@@ -238,24 +239,27 @@ def by_width(outputs, step, wanted):
     return found
 
 
-def level_map(run, level, spec):
-    """P-Net's face probability (rows, cols) and regression (4, rows, cols) over a whole level
-    (h, w, C pixels), P-Net run by *run(tensor)* -> {name: output} on inputs of *spec*'s size
-    holding the level's blocks (map_blocks)."""
+def pyramid_maps(run, levels, spec):
+    """P-Net's face probability (rows, cols) and regression (4, rows, cols) over each whole
+    level (h, w, C pixels), P-Net run by *run(tensor)* -> {name: output} on inputs of *spec*'s
+    size holding the levels' blocks (map_blocks)."""
     in_w, in_h = spec["size"]
-    cols, rows = map_size(level.shape[1], level.shape[0])
-    prob, reg = np.zeros((rows, cols), np.float32), np.zeros((4, rows, cols), np.float32)
-    blocks = map_blocks(rows, cols, in_h, in_w)
+    sizes = [map_size(level.shape[1], level.shape[0])[::-1] for level in levels]
+    maps = [(np.zeros((rows, cols), np.float32), np.zeros((4, rows, cols), np.float32))
+            for rows, cols in sizes]
+    blocks = map_blocks(sizes, in_h, in_w)
     for canvas in range(blocks[-1][0] + 1 if blocks else 0):
-        pixels = np.zeros((in_h, in_w, level.shape[2]), np.float32)
+        pixels = np.zeros((in_h, in_w, levels[0].shape[2]), np.float32)
         mine = [b for b in blocks if b[0] == canvas]
-        for _, y, x, r, c, n, m in mine:
-            pixels[y:y + 2 * n + MARGIN, x:x + 2 * m + MARGIN] = block_pixels(level, r, c, n, m)
+        for _, y, x, k, r, c, n, m in mine:
+            pixels[y:y + 2 * n + MARGIN, x:x + 2 * m + MARGIN] = block_pixels(levels[k], r, c,
+                                                                              n, m)
         out = by_width(run(normalise(pixels, spec)), "propose", {"prob": 2, "reg": 4})
-        for _, y, x, r, c, n, m in mine:
+        for _, y, x, k, r, c, n, m in mine:
+            prob, reg = maps[k]
             prob[r:r + n, c:c + m] = out["prob"][0, 1, y // 2:y // 2 + n, x // 2:x // 2 + m]
             reg[:, r:r + n, c:c + m] = out["reg"][0, :, y // 2:y // 2 + n, x // 2:x // 2 + m]
-    return prob, reg
+    return maps
 
 
 def propose(cascade, table, conf, timing):
@@ -269,11 +273,11 @@ def propose(cascade, table, conf, timing):
         raise BundleError("the photo's pyramid at min_face %s is over %d MP; pass a smaller "
                           "photo, or rebuild with a larger min_face"
                           % (conf["min_face"], MAX_LEVEL_PIXELS // 1e6))
+    levels = [area_region(table, 0, 0, h, w, *level_size(w, h, scale)[::-1])
+              for scale in scales]
+    maps = pyramid_maps(lambda tensor: cascade.run(part, tensor, timing), levels, spec)
     found = []
-    for scale in scales:
-        lw, lh = level_size(w, h, scale)
-        level = area_region(table, 0, 0, h, w, lh, lw)
-        prob, reg = level_map(lambda tensor: cascade.run(part, tensor, timing), level, spec)
+    for scale, (prob, reg) in zip(scales, maps):
         boxes = proposals(prob, reg, scale, conf["threshold"])
         found.append(boxes[nms(boxes[:, :4], boxes[:, 4], conf["nms"])])
     boxes = np.concatenate(found) if found else np.zeros((0, 9), np.float32)
