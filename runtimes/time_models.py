@@ -27,7 +27,7 @@ import numpy as np
 
 SETTLE = 0.03    # rounds stop early once every pair of models is apart or tied this close (3%)
 MIN_ROUNDS = 3   # fewer rounds than this never settle a tie: one slow round must be outvoted
-CLEAR = 1.25     # ... but two rounds do when every pair is this far apart (1.25x) in both
+CLEAR = 1.25     # ... but two rounds do when the fastest is this far (1.25x) from every other
 
 
 def settled(rounds, tolerance):
@@ -47,10 +47,11 @@ def settled(rounds, tolerance):
 
 
 def apart(rounds, factor=CLEAR):
-    """Whether every pair of models is *factor* apart in every round so far (the slowest
-    round of the faster below the fastest round of the slower, divided by *factor*)."""
+    """Whether the fastest model is *factor* apart from every other in every round so far (its
+    slowest round median times *factor* below their fastest): the winner is known, whatever the
+    order of the rest."""
     spans = sorted((min(r), max(r)) for r in rounds.values() if r)
-    return all(hi * factor <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+    return len(spans) < 2 or all(spans[0][1] * factor <= lo for lo, _ in spans[1:])
 
 
 def enough_rounds(rounds, done, tolerance=SETTLE):

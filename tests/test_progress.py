@@ -181,7 +181,8 @@ def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     assert not settled({"a": [1.0, 1.5], "b": [1.2, 1.3]}, SETTLE)      # overlapping, unsure
     assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0]})                    # 1.25x in every round
     assert not apart({"a": [1.0, 1.2], "b": [1.4, 2.0]})                # 1.2 x 1.25 > 1.4
-    assert not apart({"a": [1.0, 1.1], "b": [1.4, 2.0], "c": [1.5, 1.6]})   # b and c overlap
+    assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0], "c": [1.5, 1.6]})   # the winner is known
+    assert not apart({"a": [1.0, 1.1], "b": [1.3, 2.0], "c": [1.5, 1.6]})   # 1.1 x 1.25 > 1.3
     with Stages() as clock:
         # 3 ms against nothing: clear after two rounds; 3 against 3.03 ms: a tie after three
         clear = time_blocks({"sleep": lambda: time.sleep(0.003), "none": lambda: None},
