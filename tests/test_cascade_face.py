@@ -484,6 +484,9 @@ def test_the_face_bundle_finds_the_faces_facenet_pytorch_finds(face_bundle, tmp_
     check = run_py(bundle, "check")   # the device judges the golden photos' faces
     assert check.returncode == 0 and re.search(r"pipeline: face: (\d+) of the original's \1 "
                                                r"faces found alike", check.stdout), check.stdout
+    r = run_py(bundle, "infer", str(photos[0]), "--out", str(tmp_path / "o.npz"))
+    assert r.returncode == 2 and "answers in faces" in r.stderr and not list(
+        tmp_path.glob("o.npz*")), r.stderr
     np.save(tmp_path / "messi.npy", photo_rgb(photos[2]))   # pixels need no OpenCV
     r = run_py(bundle, "infer", str(tmp_path / "messi.npy"), "--json")
     assert r.returncode == 0 and glue.agreement(

@@ -247,9 +247,10 @@ def cmd_infer_pipeline(bundle, manifest, args, keys):
     """`infer` of a pipeline bundle: each file (a photo, or an .npy of its pixels) read whole;
     *keys*: infer's result key for each file."""
     if getattr(args, "out", None):
-        raise BundleError("--out writes output tensors; a pipeline bundle answers in text lines "
+        raise BundleError("--out writes output tensors; a pipeline bundle answers in %s "
                           "(--json prints them), or pass --part NAME --out %s for one part's"
-                          % printable(args.out))
+                          % ("faces" if manifest["pipeline"].get("kind") == "face"
+                             else "text lines", printable(args.out)))
     require_intact(bundle, manifest)
     opened = pipeline_sessions(bundle, manifest, args)
     cascade = Cascade(manifest, session_runner(opened))
