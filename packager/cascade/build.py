@@ -29,7 +29,9 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
     judges the bundle end to end (judge.py: the original's text lines read alike). A bundle
     that misses that budget with a stage below FP32 is built again with every stage at FP32,
     said in one line; one that misses it at FP32 is refused (BudgetMissed), nothing written.
-    The figure is the manifest's pipeline.accuracy. A crop stage without calib calibrates on
+    The figure is the manifest's pipeline.accuracy; the first held-out photos and the
+    original's answers on them stay in the bundle (golden/pipeline/) for `run.py check`,
+    which judges the device's run of them the same way. A crop stage without calib calibrates on
     the crops the original detector finds in the detect stage's (other) photos. Returns (the
     build, the figure)."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
@@ -81,6 +83,9 @@ def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], ret
             raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with "
                                f"every stage at FP32 ({figure['text']})",
                                "check the glue parameters against the models' own pipeline")
+        if figure.get("golden"):
+            log(f"end to end: {figure['golden']['count']} of the held-out photos and the "
+                "original's answers kept in golden/pipeline/ for `run.py check`")
         return figure
     return judge
 
