@@ -1,4 +1,5 @@
-"""`run.py check`: integrity, the host's outputs reproduced, the accuracy floor kept."""
+"""`run.py check`: integrity, the host's outputs reproduced, the accuracy floor kept, and a
+pipeline bundle's cascade judged on its golden photos."""
 
 import json
 import os
