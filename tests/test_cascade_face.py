@@ -363,6 +363,9 @@ def face_folder(tmp_path, random_nets, image_dir):
     ({"rnet__factor": "0.5"}, "stage[1].factor is not a parameter of a refine stage"),
     ({"onet__nms": '"min"'}, "stage[2].nms must be a number from 0 to 1"),
     ({"rnet__step": '"output"'}, "steps are propose, output, output"),
+    ({"pnet__batch": "4"}, "stage[0].batch is not a key of a propose stage"),
+    ({"rnet__batch": "0"}, "stage[1].batch = '0' is not a batch size"),
+    ({"onet__batch": "true"}, "stage[2].batch = 'True' is not a batch size"),
 ])
 def test_a_bad_face_pipeline_file_is_one_line_naming_the_file_and_key(face_folder, changes,
                                                                       said):
@@ -376,13 +379,18 @@ def test_a_bad_face_pipeline_file_is_one_line_naming_the_file_and_key(face_folde
 
 
 def test_a_face_pipeline_file_needs_no_task_and_keeps_its_glue(face_folder):
+    from packager.cascade.face_calib import batched_inputs
     from packager.cascade.spec import load_pipeline
+    from packager.source.specs import TensorSpec
 
-    spec = load_pipeline(write_face_toml(face_folder, pnet__min_face="40", onet__nms="0.6"))
+    spec = load_pipeline(write_face_toml(face_folder, pnet__min_face="40", onet__nms="0.6",
+                                         rnet__batch="16"))
     assert spec.kind == "face" and [s.step for s in spec.stages] == [
         "propose", "refine", "output"]
     assert spec.section()["stages"][0] == {"part": "pnet", "step": "propose", "min_face": 40}
+    assert spec.section()["stages"][1] == {"part": "rnet", "step": "refine"}   # batch: a shape
     assert spec.section()["stages"][2] == {"part": "onet", "step": "output", "nms": 0.6}
+    assert batched_inputs(spec) == [TensorSpec("image", (16, 3, 24, 24), part="rnet")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +434,8 @@ def zoo_photos() -> list[Path]:
 @pytest.fixture(scope="module")
 def face_bundle(tmp_path_factory):
     """facenet-pytorch's nets (exported to ONNX) built with `edgepack build --pipeline` at FP32
-    (about 10 s here) on 12 photos, 3 with faces: every 5th is held out and judges."""
+    (about 10 s here) on 12 photos, 3 with faces: every 5th is held out and judges; R-Net
+    takes crops 16 at a time."""
     from click.testing import CliRunner
 
     from packager.cli import main
@@ -440,7 +449,8 @@ def face_bundle(tmp_path_factory):
     for path in photos[:12]:
         shutil.copy(path, folder / "photos" / path.name)
     toml = write_face_toml(folder, pnet__precision='"fp32"', rnet__precision='"fp32"',
-                           onet__precision='"fp32"', pnet__preprocess=f'"{RGB % "320x240"}"')
+                           onet__precision='"fp32"', pnet__preprocess=f'"{RGB % "320x240"}"',
+                           rnet__batch="16")
     r = CliRunner().invoke(main, ["build", "--pipeline", str(toml), "-o", str(folder / "out"),
                                   "--openvino", "no"])
     assert r.exit_code == 0, r.output
@@ -464,6 +474,7 @@ def test_the_face_bundle_finds_the_faces_facenet_pytorch_finds(face_bundle, tmp_
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert [p["name"] for p in manifest["parts"]] == ["pnet", "rnet", "onet"]
     assert manifest["parts"][0]["inputs"][0]["shape"] == [1, 3, 240, 320]   # static
+    assert manifest["parts"][1]["inputs"][0]["shape"] == [16, 3, 24, 24]    # crops 16 a run
     assert manifest["pipeline"]["kind"] == "face"
     assert manifest["pipeline"]["accuracy"]["passed"]
     # facenet-pytorch's detect_face with its own PyTorch nets: the original

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import BudgetMissed
 from ..pipeline import BuildResult, build
-from .face_calib import face_calibration
+from .face_calib import batched_inputs, face_calibration
 from .host import crop_calibration, photos
 from .judge import end_to_end
 from .spec import PipelineSpec, load_pipeline
@@ -94,6 +94,7 @@ def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callabl
            options: dict[str, Any], judge: Callable[[Path], dict[str, Any]] | None
            ) -> tuple[BuildResult, dict[str, Any]]:
     result = build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
+                   inputs=batched_inputs(spec),
                    part_calib={s.part: made.get(s.part) or s.calib for s in spec.stages},
                    part_preprocess={s.part: s.preprocess for s in spec.stages},
                    part_quant={s.part: {"precision": s.precision} for s in spec.stages

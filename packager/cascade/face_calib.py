@@ -11,6 +11,7 @@ from .._runtimes.runner.cascade import Cascade
 from .._runtimes.runner.errors import BundleError
 from .._runtimes.runner.images import read_image
 from ..errors import CalibrationError
+from ..source.specs import TensorSpec
 from .host import original_parts, photos
 from .spec import PipelineSpec
 
@@ -50,9 +51,30 @@ def face_calibration(spec: PipelineSpec, folder: Path) -> dict[str, Path]:
                 f"stage ({stage.part}) on these photos (no face proposed)",
                 "add photos with faces, or give the stage its own calib")
         step = max(1, -(-len(tensors) // MAX_INPUTS[stage.step]))
+        chosen = np.concatenate(tensors[::step])
+        if stage.batch > 1:   # samples of the part's static batch, the last filled from the first
+            count = -(-len(chosen) // stage.batch) * stage.batch
+            chosen = chosen[np.arange(count) % len(chosen)].reshape(
+                (-1, stage.batch) + chosen.shape[1:])
         name = next(p for p in parts if p["name"] == stage.part)["inputs"][0]["name"]
         target = folder / f"{stage.part}-inputs"
         target.mkdir(parents=True)
-        np.savez(target / "inputs.npz", **{name: np.concatenate(tensors[::step])})
+        np.savez(target / "inputs.npz", **{name: chosen})
         out[stage.part] = target
+    return out
+
+
+def batched_inputs(spec: PipelineSpec) -> list[TensorSpec]:
+    """build()'s part inputs for the stages that run crops in batches: (batch, C, H, W) or
+    (batch, H, W, C) per the stage's preprocess, named as the model names its input."""
+    import onnx
+
+    out = []
+    for stage in spec.stages:
+        if stage.batch > 1:
+            name = onnx.load(str(stage.model), load_external_data=False).graph.input[0].name
+            width, height = stage.preprocess["size"]
+            shape = (stage.batch, 3, height, width) if stage.preprocess.get(
+                "layout", "nchw") == "nchw" else (stage.batch, height, width, 3)
+            out.append(TensorSpec(name, shape, part=stage.part))
     return out

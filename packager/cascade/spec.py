@@ -34,7 +34,9 @@ from ..errors import PackagerError, SpecError
 from ..quantization.preprocessing import parse_preprocess
 from ..tasks.declare import parse_task
 
-PART_KEYS = ("part", "step", "model", "calib", "preprocess", "task", "precision")
+PART_KEYS = ("part", "step", "model", "calib", "preprocess", "task", "precision", "batch")
+BATCHED_STEPS = ("refine", "output")   # crops of one photo run in batches of `batch`
+MAX_BATCH = 256
 PRECISIONS = ("int8", "fp16", "fp32", "auto")
 MAX_PIPELINE_BYTES = 1_000_000
 
@@ -51,6 +53,7 @@ class Stage:
     task: dict[str, Any] | None = None
     precision: str | None = None
     glue: Mapping[str, Any] = field(default_factory=dict)
+    batch: int = 1   # the part's static batch (a face pipeline's crop stages)
 
 
 @dataclass(frozen=True)
@@ -142,13 +145,20 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
     if precision is not None and precision not in PRECISIONS:
         raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
                     f"use one of {', '.join(PRECISIONS)}")
+    batch = raw.get("batch", 1)
+    if "batch" in raw and step not in BATCHED_STEPS:
+        raise _fail(path, f"{where}.batch", f"is not a key of a {step} stage",
+                    f"only {' and '.join(BATCHED_STEPS)} stages run crops in batches")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise _fail(path, f"{where}.batch", f"= {str(batch)!r:.40} is not a batch size",
+                    f"give a whole number from 1 to {MAX_BATCH} (the crops run at a time)")
     glue = {k: v for k, v in raw.items() if k not in PART_KEYS}
     for key, value in glue.items():
         problem = parameter_problem(step, key, value)
         if problem:
             raise _fail(path, f"{where}.{key}", problem, f"{step} stages take "
                         f"{', '.join(list(PART_KEYS) + sorted(STEP_PARAMETERS[step]))}")
-    return Stage(part, step, model, preprocess, calib, task, precision, glue)
+    return Stage(part, step, model, preprocess, calib, task, precision, glue, batch)
 
 
 def load_pipeline(path: Path | str) -> PipelineSpec:
