@@ -220,6 +220,12 @@ FACE = {"kind": "face", "stages": [{"part": "pnet", "step": "propose"},
                             "propose, refine, output in this order"),
     (lambda s, p: p[0]["preprocess"].update(size=[11, 48]), "pipeline.stages[0].part pnet takes "
                                                            "11x48 pixels"),
+    (lambda s, p: p[2]["preprocess"].update(size=[48, 5000]), "pipeline.stages[2].part onet "
+                                                             "takes 48x5000 pixels"),
+    (lambda s, p: p[1]["inputs"][0].update(shape=[0, 3, 24, 24]), "pipeline.stages[1].part rnet "
+                                                                 "has a batch of '0'"),
+    (lambda s, p: p[1]["inputs"][0].update(shape=["N", 3, 24, 24]), "pipeline.stages[1].part "
+                                                                   "rnet has a batch of 'N'"),
 ])
 def test_a_damaged_face_section_is_refused_naming_its_key(change, key):
     pipeline, parts = copy.deepcopy(FACE), face_parts()
@@ -294,23 +300,28 @@ def test_the_cascade_on_generated_nets_equals_the_reference_and_batches_pad(rand
 
 def test_a_damaged_face_section_never_crashes_the_cascade(random_nets):
     photo = np.random.default_rng(6).integers(0, 256, (40, 50, 3)).astype(np.uint8)
-    odd = [None, True, -1, 0, 2, 1e308, float("nan"), "", "x", [], {}, 10 ** 30]
+    odd = [None, True, -1, 0, 2, 1e308, float("nan"), "", "x", [], {}, 10 ** 30, [10 ** 9, 1]]
+    spots = [("pipeline", "stages", i, k) for i in range(3) for k in (
+        "part", "step", "threshold", "nms", "min_face", "factor", "nms_all")] + [
+        ("parts", i, k) for i in range(3) for k in ("inputs", "outputs", "preprocess")] + [
+        ("parts", i, "preprocess", k) for i in range(3) for k in ("size", "mean", "layout")]
     ran = 0
-    for i in range(3):
-        for key in ("part", "step", "threshold", "nms", "min_face", "factor", "nms_all"):
-            for value in odd:
-                manifest = {"schema_version": 1, "parts": face_parts(),
-                            "pipeline": copy.deepcopy(FACE)}
-                manifest["pipeline"]["stages"][i][key] = value
-                problem = pipeline_problem(manifest["pipeline"], manifest["parts"])
-                if problem:
-                    assert "\n" not in problem
-                    continue
-                ran += 1
-                try:
-                    Cascade(manifest, onnx_run_part(random_nets)).read(photo)
-                except RunnerBundleError as exc:
-                    assert "\n" not in str(exc)
+    for spot in spots:
+        for value in odd:
+            manifest = {"schema_version": 1, "parts": face_parts(), "pipeline": copy.deepcopy(FACE)}
+            parent = manifest
+            for key in spot[:-1]:
+                parent = parent[key]
+            parent[spot[-1]] = value
+            problem = pipeline_problem(manifest["pipeline"], manifest["parts"])
+            if problem:
+                assert "\n" not in problem
+                continue
+            ran += 1
+            try:
+                Cascade(manifest, onnx_run_part(random_nets)).read(photo)
+            except RunnerBundleError as exc:
+                assert "\n" not in str(exc)
     assert ran   # a threshold of 0 or 1 is harmless
 
 

@@ -123,6 +123,27 @@ def image_input_problem(part):
     return ""
 
 
+MAX_FACE_SIDE = 4096   # a face stage's input side (P-Net's holds pyramid blocks; crops are small)
+MAX_FACE_BATCH = 1024
+
+
+def face_part_problem(step, part):
+    """What keeps *part* from running a face (MTCNN) *step*, or '': its input's sides (P-Net's
+    12 or more) and batch (R-Net's and O-Net's crops a run)."""
+    if step not in STEPS["face"]:
+        return ""
+    size = part["preprocess"]["size"]
+    least = 12 if step == "propose" else 1
+    if min(size) < least or max(size) > MAX_FACE_SIDE:
+        return "takes %s pixels; a %s stage's input needs %d to %d a side" % (
+            "x".join(str(v) for v in size), step, least, MAX_FACE_SIDE)
+    batch = part["inputs"][0]["shape"][0]
+    if step != "propose" and (not is_count(batch) or not 1 <= batch <= MAX_FACE_BATCH):
+        return "has a batch of %r; a %s stage runs 1 to %d crops at a time" % (
+            str(batch)[:20], step, MAX_FACE_BATCH)
+    return ""
+
+
 def stage_problem(kind, i, stage, parts):
     """What is wrong with stage *i*, or '' (the message starts with the key: 'stages[1].x ...')."""
     where = "stages[%d]" % i
@@ -144,9 +165,9 @@ def stage_problem(kind, i, stage, parts):
     problem = image_input_problem(part)
     if problem:
         return "%s.part %s %s" % (where, name[:40], problem)
-    if step == "propose" and min(part["preprocess"]["size"]) < 12:
-        return "%s.part %s takes %s pixels; P-Net's input needs 12 or more a side" % (
-            where, name[:40], "x".join(str(v) for v in part["preprocess"]["size"]))
+    problem = face_part_problem(step, part)
+    if problem:
+        return "%s.part %s %s" % (where, name[:40], problem)
     task = part.get("task") if isinstance(part.get("task"), dict) else {}
     if step == "recognize" and (task.get("kind") != "ctc" or not task.get("alphabet")):
         return "%s.part %s has no ctc task with an alphabet: the recogniser's text comes " \
