@@ -375,6 +375,7 @@ def face_folder(tmp_path, random_nets, image_dir):
     ({"onet__nms": '"min"'}, "stage[2].nms must be a number from 0 to 1"),
     ({"rnet__step": '"output"'}, "steps are propose, output, output"),
     ({"pnet__batch": "4"}, "stage[0].batch is not a key of a propose stage"),
+    ({"pnet__preprocess": f'"{RGB % "10x48"}"'}, "stage[0].preprocess size 10x48 does not fit"),
     ({"rnet__batch": "0"}, "stage[1].batch = '0' is not a batch size"),
     ({"onet__batch": "true"}, "stage[2].batch = 'True' is not a batch size"),
 ])

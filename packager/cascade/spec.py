@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .._runtimes.runner.cascade_spec import (
+    MAX_FACE_SIDE,
     OPTIONAL_STEPS,
     PIPELINE_KINDS,
     STEP_PARAMETERS,
@@ -134,6 +135,14 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
         preprocess = parse_preprocess(raw["preprocess"])
     except PackagerError as exc:
         raise _fail(path, f"{where}.preprocess", f"({exc.message})", exc.hint) from None
+    least = 12 if step == "propose" else 1
+    if kind == "face" and not least <= min(preprocess["size"]) <= max(
+            preprocess["size"]) <= MAX_FACE_SIDE:
+        raise _fail(path, f"{where}.preprocess", f"size {preprocess['size'][0]}x"
+                    f"{preprocess['size'][1]} does not fit a {step} stage",
+                    f"give {least} to {MAX_FACE_SIDE} pixels a side" + (
+                        " (P-Net's static input: 320x240 suits most photos)"
+                        if step == "propose" else ""))
     calib = _relative(path, raw["calib"], f"{where}.calib", folder=True) \
         if "calib" in raw else None
     if calib is None and step == STEPS[kind][0]:
