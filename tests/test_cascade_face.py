@@ -62,7 +62,7 @@ def test_area_resize_is_torchs_area_interpolation_down_and_up(size):
 def test_a_crop_is_resized_from_the_photos_summed_area_table_as_torch_resizes_the_slice():
     photo = np.random.default_rng(7).integers(0, 256, (90, 70, 3)).astype(np.uint8)
     table = glue.integral(photo)
-    assert table.dtype == np.int64 and table[-1, -1].tolist() == photo.sum((0, 1)).tolist()
+    assert table.dtype == np.uint32 and table[-1, -1].tolist() == photo.sum((0, 1)).tolist()
     for top, left, height, width, out in [(5, 7, 31, 44, 24), (60, 50, 30, 20, 48), (0, 0, 9, 11,
                                                                                      24)]:
         piece = torch.as_tensor(photo[top:top + height, left:left + width].astype(np.float32))
@@ -70,6 +70,19 @@ def test_a_crop_is_resized_from_the_photos_summed_area_table_as_torch_resizes_th
                                                mode="area")[0].permute(1, 2, 0).numpy()
         got = glue.area_region(table, top, left, height, width, out, out)
         assert np.abs(got - want).max() < 1e-3
+
+
+def test_the_summed_area_table_wraps_past_two_to_the_32_and_windows_stay_exact():
+    photo = np.random.default_rng(8).integers(200, 256, (4600, 4400, 1)).astype(np.uint8)
+    assert int(photo.sum(dtype=np.int64)) > 2 ** 32   # the table's corner has wrapped
+    want = torch.nn.functional.interpolate(torch.as_tensor(photo, dtype=torch.float32)
+                                           .permute(2, 0, 1)[None], size=(12, 12), mode="area")
+    got = glue.area_resize(photo, 12, 12)[:, :, 0]
+    assert np.abs(got - want[0, 0].numpy()).max() < 0.01   # torch sums in float32 here
+    h, w = photo.shape[:2]
+    exact = [[photo[i * h // 12:-(-(i + 1) * h // 12), j * w // 12:-(-(j + 1) * w // 12)]
+              .mean(dtype=np.float64) for j in range(12)] for i in range(12)]
+    assert np.abs(got - np.array(exact)).max() < 1e-4
 
 
 def test_map_blocks_cover_each_cell_of_each_level_once_inside_the_inputs():

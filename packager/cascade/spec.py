@@ -135,7 +135,7 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
         preprocess = parse_preprocess(raw["preprocess"])
     except PackagerError as exc:
         raise _fail(path, f"{where}.preprocess", f"({exc.message})", exc.hint) from None
-    least = 12 if step == "propose" else 1
+    least = 12   # P-Net's cell; the runner's summed-area table wants crops of 12 or more
     if kind == "face" and not least <= min(preprocess["size"]) <= max(
             preprocess["size"]) <= MAX_FACE_SIDE:
         raise _fail(path, f"{where}.preprocess", f"size {preprocess['size'][0]}x"

@@ -61,9 +61,11 @@ def level_size(width, height, scale):
 
 
 def integral(image):
-    """The summed-area table of *image* (H, W, C): (H + 1, W + 1, C), zeros first (int64 for
-    integer pixels, exact; float64 else). One a photo serves every level and crop."""
-    kind = np.int64 if image.dtype.kind in "ui" else np.float64
+    """The summed-area table of *image* (H, W, C): (H + 1, W + 1, C), zeros first. One a photo
+    serves every level and crop. For uint8 pixels it is uint32 and wraps: a window's sum comes
+    out exact as long as it is under 2^32 (16.8M pixels; a level or crop of 12x12 or more
+    averages at most 1/144 of a photo, so any photo up to 2.4 GP); else float64."""
+    kind = np.uint32 if image.dtype == np.uint8 else np.float64
     table = np.zeros((image.shape[0] + 1, image.shape[1] + 1, image.shape[2]), kind)
     np.cumsum(image, axis=0, dtype=kind, out=table[1:, 1:])
     np.cumsum(table[1:, 1:], axis=1, out=table[1:, 1:])
@@ -83,7 +85,8 @@ def area_region(table, top, left, height, width, out_h, out_w):
     y0, y1 = _windows(height, out_h)
     x0, x1 = _windows(width, out_w)
     y0, y1, x0, x1 = y0 + top, y1 + top, x0 + left, x1 + left
-    total = table[y1][:, x1] - table[y0][:, x1] - table[y1][:, x0] + table[y0][:, x0]
+    rows1, rows0 = table[y1], table[y0]
+    total = rows1[:, x1] - rows0[:, x1] - rows1[:, x0] + rows0[:, x0]   # uint32: wraps back
     count = ((y1 - y0)[:, None] * (x1 - x0)[None, :])[:, :, None]
     return (total / count.astype(np.float64)).astype(np.float32)
 

@@ -133,10 +133,9 @@ def face_part_problem(step, part):
     if step not in STEPS["face"]:
         return ""
     size = part["preprocess"]["size"]
-    least = 12 if step == "propose" else 1
-    if min(size) < least or max(size) > MAX_FACE_SIDE:
-        return "takes %s pixels; a %s stage's input needs %d to %d a side" % (
-            "x".join(str(v) for v in size), step, least, MAX_FACE_SIDE)
+    if min(size) < 12 or max(size) > MAX_FACE_SIDE:   # cascade_face.integral wants 12 or more
+        return "takes %s pixels; a %s stage's input needs 12 to %d a side" % (
+            "x".join(str(v) for v in size), step, MAX_FACE_SIDE)
     batch = part["inputs"][0]["shape"][0]
     if step != "propose" and (not is_count(batch) or not 1 <= batch <= MAX_FACE_BATCH):
         return "has a batch of %r; a %s stage runs 1 to %d crops at a time" % (
