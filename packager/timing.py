@@ -51,7 +51,7 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
 
     *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
     *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
-    medians: from MIN_ROUNDS on, the order is clear or the engines tie within *settle*; from
+    medians: from MIN_ROUNDS on, the fastest is clear or ties within *settle*; from
     two rounds on, the fastest is CLEAR (1.25x) apart from every other in each.
     """
     began = time.perf_counter()

@@ -25,24 +25,25 @@ import time
 
 import numpy as np
 
-SETTLE = 0.03    # rounds stop early once every pair of models is apart or tied this close (3%)
+SETTLE = 0.03    # rounds stop early once the fastest is apart from or tied this close (3%) to each
 MIN_ROUNDS = 3   # fewer rounds than this never settle a tie: one slow round must be outvoted
 CLEAR = 1.25     # ... but two rounds do when the fastest is this far (1.25x) from every other
 
 
 def settled(rounds, tolerance):
-    """Whether more rounds would not change the order: every pair of models either has
-    round medians that do not overlap, or both models' round medians lie within *tolerance*
-    of each other and of the other's (a tie that more rounds cannot break either)."""
+    """Whether more rounds would not change which model is fastest: it either has round
+    medians that do not overlap another's, or both lie within *tolerance* of each other (a tie
+    that more rounds cannot break either). The order among the slower ones decides nothing."""
     spans = dict((name, (min(r), max(r))) for name, r in rounds.items() if r)
-    names = list(spans)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            (lo_a, hi_a), (lo_b, hi_b) = spans[a], spans[b]
-            if hi_a < lo_b or hi_b < lo_a:
-                continue
-            if max(hi_a, hi_b) > min(lo_a, lo_b) * (1 + tolerance):
-                return False
+    if len(spans) < 2:
+        return True
+    first = min(spans, key=lambda name: float(np.median(rounds[name])))
+    lo_a, hi_a = spans[first]
+    for name, (lo_b, hi_b) in spans.items():
+        if name == first or hi_a < lo_b or hi_b < lo_a:
+            continue
+        if max(hi_a, hi_b) > min(lo_a, lo_b) * (1 + tolerance):
+            return False
     return True
 
 

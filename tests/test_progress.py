@@ -179,6 +179,8 @@ def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     assert settled({"a": [1.0, 1.1], "b": [2.0, 2.2]}, SETTLE)          # apart
     assert settled({"a": [1.0, 1.01], "b": [1.005, 1.02]}, SETTLE)      # a tie within 3%
     assert not settled({"a": [1.0, 1.5], "b": [1.2, 1.3]}, SETTLE)      # overlapping, unsure
+    # the two slower ones overlap, but which is fastest is known
+    assert settled({"a": [1.0, 1.1], "b": [1.5, 1.9], "c": [1.6, 1.7]}, SETTLE)
     assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0]})                    # 1.25x in every round
     assert not apart({"a": [1.0, 1.2], "b": [1.4, 2.0]})                # 1.2 x 1.25 > 1.4
     assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0], "c": [1.5, 1.6]})   # the winner is known
