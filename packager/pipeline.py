@@ -537,7 +537,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     clock.lap("search")
     needs_calib = config.precision == "int8" and config.mode == "static"
     accuracy = {**decision.candidate.accuracy, "data": data}
-    log("accuracy vs FP32 on held-out samples: " + accuracy_line(accuracy))
+    log(f"accuracy vs {'the model as given' if config.mode == 'given' else 'FP32'} on held-out "
+        "samples: " + accuracy_line(accuracy))
     precision = {**config.__dict__, "exclude": list(config.exclude), "family": family,
                  "description": config.describe(),
                  "calibration_samples": len(calib_set) if needs_calib else 0}
@@ -557,7 +558,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                                                 why_not or no_original, choice)
     clock.lap("speed vs original")
     precision["stage_seconds"] = clock.since(started)
-    payload = PartPayload(req.name, candidate, fp32, held_out[:golden], precision, accuracy,
+    # a model quantized already has no FP32 to judge against: the device reproduces it
+    reference = None if config.mode == "given" else fp32
+    payload = PartPayload(req.name, candidate, reference, held_out[:golden], precision, accuracy,
                           req.preprocess, req.labels, source, graphs,
                           recorded_task(task, keep))
     result = PartResult(req.name, before, len(simplified.graph.node), simplifier, reason, family,

@@ -28,13 +28,14 @@ def quantize_checked(model: Path, output: Path, *, config: QuantConfig,
     from ..atomic import atomic_file
     from ..errors import BudgetMissed
     from ..graph.modelio import load_model, save_model
-    from .quantize import check_exclude
+    from .quantize import check_exclude, check_float
     from .search import Search
     from .sensitivity import name_nodes
 
     if not held:
         raise PackagerError("an accuracy budget needs held-out samples",
                             "pass --calib (a fraction is held out, see --holdout)")
+    check_float(model)
     named = name_nodes(load_model(model))
     check_exclude(config.exclude, named.graph, model)
     with tempfile.TemporaryDirectory(prefix="edgepack-budget-") as tmp:

@@ -14,8 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import BudgetMissed
+import onnx
+
+from ..errors import BudgetMissed, SpecError
 from ..graph.execute import Sample, run_model
+from ..graph.quantized import quantized_ops, quantized_summary
 from ..progress import OFF, Progress
 from ..targets import Target
 from ..timing import SETTLE, machine, session, time_blocks
@@ -105,6 +108,10 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     forced = requested if requested in ("int8", "fp16", "fp32") else None
     if fp32_outputs is None:
         fp32_outputs = run_model(fp32, held)
+    given = quantized_ops(onnx.load(str(fp32), load_external_data=False).graph)
+    if given:
+        return _as_given(fp32, given, base, forced, budget, held, labels, fp32_outputs,
+                         started, log)
     reference = Candidate("FP32", replace(base, precision="fp32"), fp32,
                           budget.evaluate(fp32, fp32, held, labels, fp32_outputs))
     candidates = [reference]
@@ -259,6 +266,26 @@ def plan_timing(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
         sess.run(None, feed)
     per_call = (time.perf_counter() - start) / 3
     return 5, max(3, min(20, int(0.3 / max(per_call, 1e-6))))
+
+
+def _as_given(model: Path, given: dict[str, int], base: QuantConfig, forced: str | None,
+              budget: AccuracyBudget, held: Sequence[Sample], labels: Sequence[Any] | None,
+              outputs: dict[str, Any], started: float, log: Log) -> Decision:
+    """A model that is quantized already ships as it is: quantizing its INT8 again would add
+    error and no speed, and it has no float weights to go back to."""
+    found = quantized_summary(given)
+    if forced in ("fp32", "fp16"):
+        raise SpecError(f"--precision {forced}: the model is quantized already ({found}) and "
+                           "has no float weights to ship", "drop --precision: its INT8 ships as "
+                           "given, or build from the float model")
+    shipped = Candidate("INT8 (as given)", replace(base, precision="int8", mode="given",
+                                                   exclude=()), model,
+                        budget.evaluate(model, model, held, labels, outputs))
+    log(f"search: the model is quantized already ({found}): its INT8 ships as given, "
+        "not quantized again")
+    return _record(shipped, shipped, [shipped], f"INT8 (as given): the model holds {found}; "
+                   "it is not quantized again", forced or "auto", budget, held, started, {},
+                   log)
 
 
 def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,

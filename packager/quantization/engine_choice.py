@@ -96,7 +96,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     graphs = [chosen] if forced else _graphs(decision)
     if not forced and original is not None and original not in {c.path for c in graphs}:
         # OpenVINO builds its own graph: the user's unsimplified file may suit it better
-        graphs.append(Candidate("FP32, the original graph", decision.candidates[0].config,
+        graphs.append(Candidate(f"{decision.candidates[0].label}, the original graph",
+                                decision.candidates[0].config,
                                 original))
     threads = int(target.session.get("intra_op_threads", 0))
     chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]

@@ -189,3 +189,4 @@ def entropy_differs() -> bool:
 def heavy_nodes(path: Path) -> list[onnx.NodeProto]:
     graph = onnx.load(str(path), load_external_data=False).graph
     return [n for n in graph.node if n.op_type in HEAVY_OPS]
+

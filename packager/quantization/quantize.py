@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_file
-from ..errors import QuantizationError
+from ..errors import ModelError, QuantizationError
 from ..graph import modelio
 from ..graph.execute import Sample
 from ..graph.modelio import load_model, save_model
@@ -39,6 +39,8 @@ class QuantConfig(QuantPreset):
             return "auto (fastest precision within the accuracy budget)"
         if self.precision != "int8":
             return self.precision.upper()
+        if self.mode == "given":
+            return "INT8 (as given)"
         if self.mode == "dynamic":
             return (f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights"
                     f"{self._scope()})")
@@ -308,9 +310,22 @@ def check_exclude(names: Sequence[str], graph: Any, model: Path | str) -> None:
                                 f"{model if Path(model).is_file() else 'MODEL.onnx'} --nodes`")
 
 
+def check_float(model: Path) -> None:
+    """A model that is quantized already is refused (ModelError): quantizing its INT8 again
+    adds error and no speed."""
+    from ..graph.quantized import quantized_ops, quantized_summary
+
+    found = quantized_ops(load_model(model, external_data=False).graph)
+    if found:
+        raise ModelError(f"{model} is quantized already ({quantized_summary(found)}): quantizing "
+                         "it again adds error and no speed", f"bundle it as it is: edgepack "
+                         f"build {model} ships its INT8 as given")
+
+
 def quantize(model: Path, output: Path, *, config: QuantConfig, samples: Sequence[Sample] = (),
              progress: Progress | None = None, force: bool = False) -> Path:
     """Quantize *model* into *output* as *config* says, calibrating on *samples*."""
+    check_float(model)
     if config.exclude:
         check_exclude(config.exclude, load_model(model, external_data=False).graph, model)
     with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
