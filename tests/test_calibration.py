@@ -50,20 +50,68 @@ def test_empty_folder(tmp_path):
         load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
 
 
-def test_unreadable_image_is_named(tmp_path):
+def test_every_unreadable_image_is_named_at_once(tmp_path):
     write_images(tmp_path, 3)
     (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated jpeg")
-    with pytest.raises(CalibrationError, match="broken.jpg: not a readable image"):
+    (tmp_path / "empty.png").write_bytes(b"")
+    with pytest.raises(CalibrationError) as caught:
         load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+    message = caught.value.message
+    assert message.startswith(f"2 of the 5 calibration images in {tmp_path} cannot be used: ")
+    assert "cannot be used: broken.jpg: not a readable image" in message
+    assert "; empty.png: " in message
+    assert "\n" not in str(caught.value) and "remove or re-save them" in caught.value.hint
+    for i in range(8):
+        (tmp_path / f"bad_{i}.png").write_bytes(b"not a png")
+    with pytest.raises(CalibrationError) as caught:
+        load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+    assert caught.value.message.startswith("10 of the 13 ")
+    assert caught.value.message.endswith("; and 5 more")
 
 
-def test_wrong_channel_count_is_named(tmp_path):
+def write_png(path, pixels: np.ndarray, color_type: int) -> None:
+    """An 8-bit PNG of *color_type* (4: grey + alpha, which OpenCV cannot write)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + \
+            struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    h, w = pixels.shape[:2]
+    rows = b"".join(b"\x00" + pixels[y].tobytes() for y in range(h))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8,
+                                                                          color_type, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def test_grey_and_rgba_images_are_converted_to_the_model_s_colours(tmp_path):
+    """color= converts, never refuses: a grey PNG (and grey+alpha, RGBA) feeds an RGB model as
+    the grey repeated in three channels; a colour photo feeds a grey model as its luma."""
     import cv2
 
-    write_images(tmp_path, 2)
-    cv2.imwrite(str(tmp_path / "gray.png"), np.zeros((30, 30), np.uint8))
-    with pytest.raises(CalibrationError, match="gray.png: 1 channel"):
-        load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=PREP)
+    grey = np.arange(32 * 32, dtype=np.uint8).reshape(32, 32)
+    cv2.imwrite(str(tmp_path / "grey.png"), grey)
+    write_png(tmp_path / "grey_alpha.png", np.dstack([grey, np.full_like(grey, 200)]), 4)
+    rgba = np.dstack([np.full_like(grey, 10), np.full_like(grey, 20), grey,
+                      np.full_like(grey, 255)])   # BGRA as OpenCV writes it
+    cv2.imwrite(str(tmp_path / "rgba.png"), rgba)
+    spec = {**PREP, "size": [32, 32], "resize": "stretch", "color": "rgb", "layout": "nchw",
+            "scale": 1.0, "mean": None, "std": None, "dtype": "float32"}
+    samples = load_samples(tmp_path, inputs=IMAGE_INPUT, preprocess=spec)
+    by_name = dict(zip(["grey", "grey_alpha", "rgba"], samples, strict=True))
+    for name in ("grey", "grey_alpha"):
+        image = by_name[name]["image"][0]
+        assert all((image[c] == grey).all() for c in range(3))
+    assert (by_name["rgba"]["image"][0][0] == grey).all()      # R (last in BGRA) comes first
+    assert (by_name["rgba"]["image"][0][2] == 10).all()
+    cv2.imwrite(str(tmp_path / "colour.png"), rgba[:, :, :3])
+    luma = cv2.cvtColor(rgba[:, :, :3], cv2.COLOR_BGR2GRAY)
+    grey_input = [{"name": "image", "shape": [1, 1, 32, 32], "dtype": "float32"}]
+    samples = load_samples(tmp_path / "colour.png", inputs=grey_input,
+                           preprocess={**spec, "color": "gray"})
+    assert samples[0]["image"].shape == (1, 1, 32, 32)
+    assert (samples[0]["image"][0, 0] == luma).all()
 
 
 def test_npz_with_wrong_shape_or_dtype(tmp_path):

@@ -60,3 +60,23 @@ def test_resize_modes_and_color_order():
     assert crop.shape == (1, 3, 10, 10) and (crop[0, 0] == 255).all()
     u8 = preprocess(img, {**base, "resize": "stretch", "dtype": "uint8"})
     assert u8.dtype == np.uint8
+
+
+def test_the_device_converts_a_photo_to_the_model_s_colours():
+    """The runner's decoder (host and device share it): a colour JPEG for a grey model comes
+    out as its luma, a grey PNG for a colour model as three equal channels."""
+    import cv2
+
+    from packager._runtimes.runner.images import decode_image
+
+    bgr = np.zeros((8, 8, 3), np.uint8)
+    bgr[:, :, 2] = 200   # red
+    png = np.frombuffer(cv2.imencode(".png", bgr)[1].tobytes(), np.uint8)
+    grey = decode_image(png, {"color": "gray"}, "red.png")
+    assert grey.shape == (8, 8, 1)
+    assert int(grey[0, 0, 0]) == int(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)[0, 0])
+    flat = np.frombuffer(cv2.imencode(".png", np.full((8, 8), 77, np.uint8))[1].tobytes(),
+                         np.uint8)
+    for color in ("rgb", "bgr"):
+        assert (decode_image(flat, {"color": color}, "grey.png") == 77).all()
+        assert decode_image(flat, {"color": color}, "grey.png").shape == (8, 8, 3)

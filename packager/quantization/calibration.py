@@ -263,6 +263,9 @@ def _count(name: str, shape: tuple[int, ...], want: list[int], path: Path) -> in
                            f"{list(want)}", f"save samples shaped {list(want)} or N x {list(want)}")
 
 
+MAX_LISTED = 5   # bad calibration files named in the one-line error (the count says the rest)
+
+
 def _image_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]], spec: dict[str, Any],
                    progress: Callable[[int, int], None] | None) -> list[Sample]:
     from .._runtimes.runner.errors import BundleError
@@ -279,17 +282,31 @@ def _image_samples(files: Sequence[Path], inputs: Sequence[dict[str, Any]], spec
     total = len(files) // batch
     picks = spread(total)
     _note_cap(len(picks), total, "samples" if batch > 1 else "images")
-    samples = []
+    samples, bad, read = [], [], 0
     for n, pick in enumerate(picks):
         tensors = []
         for path in files[pick * batch:(pick + 1) * batch]:
+            read += 1
             try:
                 tensors.append(preprocess(read_image(path, spec), spec))
-            except BundleError as exc:
-                raise CalibrationError(str(exc)) from None
-        samples.append({name: np.concatenate(tensors).astype(dtype)})
+            except BundleError as exc:   # every bad file is listed at once, not one per run
+                bad.append((path, str(exc).split("; ")[0]))
+        if len(tensors) == batch:
+            samples.append({name: np.concatenate(tensors).astype(dtype)})
         if progress:
             progress(n + 1, len(picks))
+    if bad:
+        import os
+
+        root = Path(os.path.commonpath([str(p) for p in files]))
+        root = root if root.is_dir() else root.parent
+        named = [reason.replace(str(path), str(path.relative_to(root)), 1)
+                 for path, reason in bad[:MAX_LISTED]]
+        raise CalibrationError(
+            f"{len(bad)} of the {read} calibration images in {root} cannot be used: "
+            + "; ".join(named) + (f"; and {len(bad) - MAX_LISTED} more"
+                                  if len(bad) > MAX_LISTED else ""),
+            "remove or re-save them (PNG/JPEG), then build again")
     return samples
 
 

@@ -132,19 +132,30 @@ def decode_image(data, spec, path, max_pixels=MAX_PIXELS):
                           "remove it or re-save it as PNG/JPEG" % path)
     if image.dtype != np.uint8:
         image = cv2.convertScaleAbs(image, alpha=255.0 / max(float(image.max()), 1.0))
-    channels = 1 if image.ndim == 2 else image.shape[2]
+    return to_color(image, color, cv2)
+
+
+def to_color(image, color, cv2):
+    """*image* as decoded (grey HxW or HxWx1, grey+alpha, BGR or BGRA) in the colours the model
+    wants: HxWx1 for color=gray, HxWx3 RGB or BGR otherwise. Converted, never refused: a grey
+    scan fed to a colour model, a colour photo fed to a grey OCR model, an RGBA PNG (its alpha
+    dropped) all run, as OpenCV's or PIL's convert would make them."""
+    if image.ndim == 2:
+        image = image[:, :, None]
+    channels = image.shape[2]
+    if channels == 2:    # grey + alpha
+        image, channels = image[:, :, :1], 1
+    elif channels > 4:
+        image, channels = image[:, :, :3], 3
     if color == "gray":
-        if channels != 1:
-            raise BundleError("%s: %d channels, but the preprocessing spec says color=gray; "
-                              "convert the image to grayscale or use color=rgb" % (path, channels))
-        return image[:, :, None]
-    if channels == 4:  # drop alpha: RGBA PNGs are the common case, not an error
+        if channels == 1:
+            return np.ascontiguousarray(image)
+        code = cv2.COLOR_BGRA2GRAY if channels == 4 else cv2.COLOR_BGR2GRAY
+        return cv2.cvtColor(np.ascontiguousarray(image), code)[:, :, None]
+    if channels == 1:
+        image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_GRAY2BGR)
+    elif channels == 4:  # drop alpha: RGBA PNGs are the common case
         image = image[:, :, :3]
-        channels = 3
-    if channels != 3:
-        raise BundleError("%s: %d channel(s), but the preprocessing spec says color=%s "
-                          "(3 channels); convert the image or use color=gray"
-                          % (path, channels, color))
     if color == "rgb":
         image = image[:, :, ::-1]
     return np.ascontiguousarray(image)
