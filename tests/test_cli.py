@@ -155,3 +155,40 @@ def test_ctrl_c_during_build_leaves_nothing(cnn_onnx, tmp_path):
     assert proc.wait(timeout=120) == 130, rest
     assert "interrupted" in rest and "Traceback" not in rest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["many"]
+
+
+def test_fix_shapes_leaves_data_dependent_tensors_dynamic_and_quantize_upgrades_opset_11(
+        image_dir, tmp_path):
+    """fix-shapes on a simplified graph whose box count depends on the data (NonZero) writes the
+    file and names the tensors that stay dynamic (it used to say "simplify first" after
+    simplify); quantize on an opset-11 model upgrades it to 13 first (it used to fail every
+    variant with INVALID_GRAPH)."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    from conftest import save, tiny_cnn
+
+    graph = helper.make_graph(
+        [helper.make_node("Greater", ["x", "zero"], ["on"]),
+         helper.make_node("NonZero", ["on"], ["where"]),
+         helper.make_node("Relu", ["x"], ["y"])], "boxes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("where", TensorProto.INT64, [2, "boxes"]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "boxes.onnx")
+    r = invoke("fix-shapes", model, "-o", tmp_path / "boxes.static.onnx")
+    assert r.exit_code == 0, r.output
+    assert "1 tensor(s) have data-dependent shapes and stay dynamic (where)" in r.stdout
+    fixed = onnx.load(str(tmp_path / "boxes.static.onnx"))
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim] == [1, 8]
+    old = tmp_path / "op11.onnx"
+    torch.onnx.export(tiny_cnn(), (torch.zeros(1, 3, 32, 32),), str(old), input_names=["image"],
+                      output_names=["scores"], opset_version=11, dynamo=False)
+    r = invoke("quantize", old, "--calib", image_dir, "--preprocess", PREP_TEXT,
+               "-o", tmp_path / "q11.onnx", "--min-cosine", "0.9")
+    assert r.exit_code == 0, r.output
+    assert "is opset 11; it is upgraded to opset 13 first" in r.output
+    assert onnx.load(str(tmp_path / "q11.onnx")).opset_import[0].version >= 13

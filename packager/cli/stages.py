@@ -143,7 +143,10 @@ def fix_shapes_cmd(model: Path, output: Path, inputs: tuple[str, ...], batch: in
 
     r = fix_shapes(model, output, shapes=parse_shapes(inputs), batch=batch, force=force)
     emit(r.__dict__, as_json, f"{output}: " + ", ".join(
-        f"{k} {'x'.join(map(str, v))}" for k, v in {**r.inputs, **r.outputs}.items()))
+        f"{k} {'x'.join(map(str, v))}" for k, v in {**r.inputs, **r.outputs}.items())
+        + (f"; {len(r.dynamic)} tensor(s) have data-dependent shapes and stay dynamic ("
+           + ", ".join(r.dynamic[:3]) + (", ..." if len(r.dynamic) > 3 else "") + ")"
+           if r.dynamic else ""))
 
 
 @main.command("quantize")
@@ -171,6 +174,8 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
         edgepack quantize model.static.onnx --calib images/ \\
             --preprocess "size=224x224,scale=1/255" -o model.int8.onnx
     """
+    from ..graph.modelio import load_model, opset_of
+    from ..graph.simplify import MIN_OPSET
     from ..pipeline import accuracy_line
     from ..quantization.budget import hygiene, measure_accuracy
     from ..quantization.calibration import check_holdout, samples_for_model, split_holdout
@@ -179,6 +184,10 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
 
     check_holdout(holdout)
     profile = load_target(target)
+    opset = opset_of(load_model(model, external_data=False))
+    if opset < MIN_OPSET:
+        log(f"quantize: {model} is opset {opset}; it is upgraded to opset {MIN_OPSET} first, as "
+            "`edgepack simplify` does (per-channel Q/DQ needs it)")
     overrides = quant_overrides(kw)
     seconds = overrides.pop("search_seconds", None)
     config = QuantConfig.from_preset(profile.quantization, **overrides)

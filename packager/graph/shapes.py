@@ -1,7 +1,7 @@
 """Make every input, intermediate and output shape of a model static."""
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ class ShapeResult:
     output: Path
     inputs: dict[str, list[int]]
     outputs: dict[str, list[int]]
+    dynamic: list[str] = field(default_factory=list)   # data-dependent: they stay dynamic
 
 
 def static_inputs(model: onnx.ModelProto, path: Path, command: str) -> list[dict[str, Any]]:
@@ -272,9 +273,39 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
 
 def fix_shapes(model: Path, output: Path, *, shapes: Mapping[str, Sequence[int]],
                batch: int | None = 1, force: bool = False) -> ShapeResult:
-    """Write *model* to *output* with every symbolic dim replaced by a static size."""
-    fixed = fix_shapes_proto(load_model(model), shapes, batch=batch)
+    """Write *model* to *output* with every symbolic dim replaced by a static size.
+
+    Shapes inference cannot follow (a simplified graph may keep some) come from runs at the
+    static shapes, as `build` does (on zeros and on noise: `random_feeds`); tensors whose shape
+    differs between them depend on the data (a detector's box count) and stay dynamic
+    (ShapeResult.dynamic)."""
+    fixed = fix_shapes_proto(load_model(model), shapes, batch=batch, strict=False)
+    varying: list[str] = []
+    if dynamic_tensors(fixed):
+        fixed, varying = shapes_from_run(fixed, random_feeds(fixed, 3))
     with atomic_file(Path(output), force=force, inputs=(model,)) as tmp:
         save_model(fixed, tmp)
     return ShapeResult(Path(output), {i.name: dims_of(i) for i in graph_inputs(fixed)},
-                       {o.name: dims_of(o) for o in fixed.graph.output})
+                       {o.name: dims_of(o) for o in fixed.graph.output}, varying)
+
+
+def random_feeds(model: onnx.ModelProto, count: int) -> list[dict[str, Any]]:
+    """*count* feeds for *model*'s static inputs, as unlike as can be: all zeros first, then
+    normal floats (integers zero, booleans true), seeded. A box count or a NonZero differs
+    between zeros and noise, so what depends on the data shows as such."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    feeds = []
+    for n in range(count):
+        feed = {}
+        for value in graph_inputs(model):
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            shape = [max(int(d), 1) if isinstance(d, int) else 1 for d in dims_of(value)]
+            if n == 0 or not (np.issubdtype(dtype, np.floating) or dtype == np.bool_):
+                feed[value.name] = np.zeros(shape, dtype)
+            else:
+                feed[value.name] = (np.ones(shape, dtype) if dtype == np.bool_ else
+                                    rng.standard_normal(shape).astype(dtype))
+        feeds.append(feed)
+    return feeds

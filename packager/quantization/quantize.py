@@ -17,6 +17,7 @@ from ..errors import ModelError, QuantizationError
 from ..graph import modelio
 from ..graph.execute import Sample
 from ..graph.modelio import load_model, save_model
+from ..graph.simplify import upgrade_opset
 from ..targets import QuantPreset
 
 Progress = Callable[[int, int], None]
@@ -196,7 +197,9 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
     """
     with tempfile.TemporaryDirectory(prefix="edgepack-q-") as tmp:
         src = Path(tmp) / "fp32.onnx"
-        proto = load_model(model)
+        # below opset 13 the quantizer writes per-channel Q/DQ that onnxruntime refuses
+        # (INVALID_GRAPH for every variant): upgrade first, as `simplify` and `build` do
+        proto = upgrade_opset(load_model(model), Path(model))
         if config.precision == "int8" and config.mode == "static":
             unshare_biases(proto)
         large = modelio.is_large(proto)
