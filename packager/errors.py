@@ -70,6 +70,13 @@ class CheckFailed(PackagerError):
     exit_code = 1
 
 
+class PreprocessSuspect(PackagerError):
+    """The FP32 model itself scores about chance on the user's labelled images: the
+    preprocessing (colour order, mean/std, scale, layout) is most likely wrong."""
+
+    exit_code = 1
+
+
 class BudgetMissed(PackagerError):
     """A forced precision cannot keep the accuracy budget: the bundle would break its promise."""
 

@@ -24,6 +24,7 @@ from .progress import Progress
 from .quantization.budget import (
     EMBEDDING_COSINE,
     AccuracyBudget,
+    accuracy_line,
     calibration_record,
     embedding_outputs,
     hygiene,
@@ -52,6 +53,7 @@ from .quantization.fp32_graph import (
     simplify_static,
     speed_line,
 )
+from .quantization.label_check import check_labelled, labelled_top1
 from .quantization.preprocessing import check_fits, spec_shape
 from .quantization.provider_graphs import provider_graphs
 from .quantization.quantize import QuantConfig, check_exclude
@@ -501,6 +503,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                   model_path if loaded is None else f"the export of {loaded.description}")
     budget = target.min_cosine if min_cosine is None else min_cosine
     fp32_outputs = run_model(fp32, held_out)   # once: the decision measures against them too
+    labelled = (labelled_top1(fp32, samples, req.calib, req.labels)
+                if data != "random" and req.preprocess and req.calib is not None else None)
+    check_labelled(labelled, log)   # a model fed wrongly stops here, before any search
     fusion = None
     if fuse and family == "transformer" and not consts and not req.quant.get("exclude") and \
             all(p.name == "CPUExecutionProvider" for p in target.providers):
@@ -543,6 +548,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
                  "description": config.describe(),
                  "calibration_samples": len(calib_set) if needs_calib else 0}
     precision["decision"] = decision.record
+    if labelled:
+        precision["labelled_top1"] = labelled
     if fusion:
         precision["fusion"] = fusion
     if needs_calib:
@@ -580,13 +587,3 @@ def _as_io(spec: TensorSpec) -> dict[str, Any]:
 
 def _part_label(req: PartRequest) -> str:
     return "" if req.name == SINGLE else f"part {req.name}: "
-
-
-def accuracy_line(acc: dict[str, Any]) -> str:
-    text = f"cosine min {acc['cosine_min']:.4f} mean {acc['cosine_mean']:.4f}, " \
-           f"max abs {acc['max_abs']:.4g}"
-    if "top1_agreement" in acc:
-        text += f", top-1 agreement {100 * acc['top1_agreement']:.1f}%"
-    if acc.get("task"):
-        text += f"; {acc['task']['kind']}: {acc['task']['text']}"
-    return text + f" ({acc['samples']} samples{', random inputs' if acc.get('data') == 'random' else ''})"

@@ -176,8 +176,7 @@ def quantize_cmd(model: Path, output: Path, target: str, calib: Path | None,
     """
     from ..graph.modelio import load_model, opset_of
     from ..graph.simplify import MIN_OPSET
-    from ..pipeline import accuracy_line
-    from ..quantization.budget import hygiene, measure_accuracy
+    from ..quantization.budget import accuracy_line, hygiene, measure_accuracy
     from ..quantization.calibration import check_holdout, samples_for_model, split_holdout
     from ..quantization.quantize import QuantConfig, quantize
     from ..targets import load_target

@@ -287,3 +287,16 @@ def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample]
     if top1:
         summary["top1_agreement"] = min(top1)
     return summary
+
+
+def accuracy_line(acc: dict[str, Any]) -> str:
+    text = f"cosine min {acc['cosine_min']:.4f} mean {acc['cosine_mean']:.4f}, " \
+           f"max abs {acc['max_abs']:.4g}"
+    if "top1_agreement" in acc:
+        text += f", top-1 agreement {100 * acc['top1_agreement']:.1f}%"
+    if acc.get("metric") is not None:
+        text += (f", {acc['metric'] or 'metric'} {acc['metric_quantized']:.4g} against FP32's "
+                 f"{acc['metric_fp32']:.4g}")
+    if acc.get("task"):
+        text += f"; {acc['task']['kind']}: {acc['task']['text']}"
+    return text + f" ({acc['samples']} samples{', random inputs' if acc.get('data') == 'random' else ''})"

@@ -1,0 +1,110 @@
+"""Preprocessing sanity from labelled calibration images: before anything is quantized, the FP32
+model's own top-1 on images in class folders (calib/cat/1.jpg). A model that scores about chance
+there is fed wrongly (BGR for RGB, no mean/std, 0-255 for 0-1, NHWC for NCHW): the build stops
+and says so, instead of shipping a bundle whose every answer is noise."""
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PreprocessSuspect
+from ..graph.execute import Sample, run_model
+from .calibration import is_image_source, list_sources, spread
+
+MAX_CHECKED = 200   # labelled images the FP32 model runs on
+MIN_CHECKED = 20    # fewer cannot tell a weak model from a wrongly fed one
+P_CHANCE = 0.01     # the score must be unlikely (p < 1 %) under guessing among the classes
+
+
+def folder_labels(source: Path, count: int) -> list[str] | None:
+    """The class folder of each of the *count* samples loaded from *source* (one image a
+    sample, the loader's own picks), or None where there are no class folders."""
+    files = list_sources(source)
+    if not is_image_source(files):
+        return None
+    root = Path(source)
+    labels = [p.parent.name if p.parent != root else None for p in files]
+    if None in labels or len(set(labels)) < 2:
+        return None
+    if len(labels) != count:
+        labels = [labels[i] for i in spread(len(labels))]
+    return labels if len(labels) == count else None
+
+
+def chance_p_value(hits: int, n: int, p: float) -> float:
+    """P(X >= hits) for X ~ Binomial(n, p): how likely guessing scores this well."""
+    return float(sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1)))
+
+
+def class_output(outputs: dict[str, np.ndarray], labels: Sequence[str] | None) -> str | None:
+    """The output holding one score per class per sample: (samples, 1, C) with C >= 2 (C the
+    number of --labels when given)."""
+    for name, value in outputs.items():
+        if value.ndim == 3 and value.shape[1] == 1 and value.shape[2] >= 2 and \
+                (labels is None or value.shape[2] == len(labels)):
+            return name
+    return None
+
+
+def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
+                  labels: Sequence[str] | None) -> dict[str, Any] | None:
+    """{"top1", "hits", "n", "classes", "mapping", "p_value", "output"} of *model* on the
+    labelled images among *samples*, or {"skipped": why} / None (no class folders)."""
+    if source is None:
+        return None
+    found = folder_labels(source, len(samples))
+    if found is None:
+        return None
+    names = sorted(set(found))
+    picks = spread(len(samples), MAX_CHECKED)
+    outputs = run_model(model, [samples[i] for i in picks])
+    name = class_output(outputs, labels)
+    if name is None:
+        return {"skipped": "no output holds one score per class"
+                + (f" for the {len(labels)} --labels" if labels else "")}
+    classes = outputs[name].shape[2]
+    if labels:
+        missing = [n for n in names if n not in labels]
+        if missing:
+            return {"skipped": f"class folder '{missing[0]}' is not among --labels"}
+        index = {label: i for i, label in enumerate(labels)}
+        mapping = "folder names matched to --labels"
+    elif all(n.isdigit() for n in names) and max(int(n) for n in names) < classes:
+        index = {label: int(label) for label in names}   # folders 0..9: the class numbers
+        mapping = "folder names as output numbers"
+    elif len(names) == classes:
+        index = {label: i for i, label in enumerate(names)}   # torchvision's ImageFolder order
+        mapping = "class folders in sorted order as outputs 0.." + str(classes - 1)
+    else:
+        return {"skipped": f"{len(names)} class folders for {classes} outputs and no --labels "
+                           "to match them by name"}
+    predicted = outputs[name].reshape(len(picks), classes).argmax(axis=1)
+    hits = int(sum(int(p) == index[found[i]] for p, i in zip(predicted, picks, strict=True)))
+    n = len(picks)
+    return {"top1": hits / n, "hits": hits, "n": n, "classes": classes, "mapping": mapping,
+            "output": name, "p_value": chance_p_value(hits, n, 1.0 / classes)}
+
+
+def check_labelled(result: dict[str, Any] | None, log) -> None:
+    """Log the FP32 model's top-1 on the labelled images; stop the build (PreprocessSuspect)
+    when it is no better than guessing."""
+    if not result:
+        return
+    if "skipped" in result:
+        log(f"labels: preprocessing not checked on the class folders: {result['skipped']}")
+        return
+    chance = 100.0 / result["classes"]
+    text = (f"the FP32 model itself scores {100 * result['top1']:.1f} % top-1 on your "
+            f"{result['n']} labelled images ({result['classes']} classes, chance "
+            f"{chance:.1f} %; {result['mapping']})")
+    if result["n"] >= MIN_CHECKED and result["p_value"] > P_CHANCE:
+        raise PreprocessSuspect(text + ": no better than guessing",
+                                "check --preprocess (color rgb/bgr, mean/std, scale, layout) "
+                                "against how the model was trained"
+                                + ("" if "--labels" in result["mapping"] else
+                                   ", or pass --labels FILE to match outputs to your folders"))
+    log(f"labels: {text}" + ("" if result["n"] >= MIN_CHECKED else
+                             f" (under {MIN_CHECKED} images: not judged)"))
