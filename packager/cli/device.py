@@ -77,6 +77,9 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: 
 @click.option("--require-provider", default=None, help="fail unless this provider runs")
 @click.option("--allow-fallback", is_flag=True,
               help="run even when the device lacks the target's providers")
+@click.option("--force", "any_arch", is_flag=True,
+              help="deploy even when the bundle's arch (its target's) is not the device's "
+                   "uname -m")
 @click.option("--parallel", type=int, default=4, show_default=True,
               help="devices deployed at once (Ansible's forks)")
 @click.option("--timeout", type=float, default=900.0, show_default=True,
@@ -98,7 +101,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                remote_python: str, transfer: str, checksum: bool, bwlimit: int | None,
                runs: int, warmup: int,
                threads: int | None, tune: bool, latency_budget_ms: float | None,
-               require_provider: str | None, allow_fallback: bool, parallel: int,
+               require_provider: str | None, allow_fallback: bool, any_arch: bool,
+               parallel: int,
                timeout: float, expect_digest: str | None, engine: str, limit: str | None,
                canary: int, batch: str | None, max_fail: str | None, as_json: bool) -> None:
     """Copy BUNDLE to devices, check them, verify there, bring the reports back.
@@ -139,7 +143,7 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
                             runs=runs, warmup=warmup, threads=threads, tune=tune,
                             latency_budget_ms=latency_budget_ms,
                             require_provider=require_provider, allow_fallback=allow_fallback,
-                            timeout=timeout, expect_digest=expect_digest)
+                            timeout=timeout, expect_digest=expect_digest, any_arch=any_arch)
     targets = [parse_host(h) for h in hosts] + (
         resolve_inventory(inventory, limit, engine) if inventory else [])
     # SIGTERM ends the deploy as Ctrl-C does: every ssh, rsync and scp it started is ended too

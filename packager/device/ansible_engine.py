@@ -277,6 +277,7 @@ class AnsibleEngine:
                      "edgepack_tune": o.tune, "edgepack_latency_budget_ms": o.latency_budget_ms,
                      "edgepack_require_provider": o.require_provider or "",
                      "edgepack_allow_fallback": o.allow_fallback,
+                     "edgepack_any_arch": o.any_arch,
                      # at least 1: Ansible reads a task timeout of 0 as "no timeout"
                      "edgepack_timeout": max(1, math.ceil(o.timeout)),
                      # --timeout bounds every remote step, the copy included (as --engine ssh)
@@ -386,6 +387,7 @@ class AnsibleEngine:
         result = HostResult(host.name, data["exit_code"], device=device, engine="ansible",
                             release={k: data[k] for k in ("dir", "release", "current",
                                                           "previous", "switched")})
+        result.release["rolled_back"] = data.get("rolled_back") is True
         result.copied = {"method": "ansible", "archive": self.archive.name}
         if data["error"]:
             result.error = f"{host.name}: {data['error']}"

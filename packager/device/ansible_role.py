@@ -22,6 +22,7 @@ def role_files() -> dict[str, bytes]:
     files = {p.relative_to(ROLE).as_posix(): p.read_bytes()
              for p in sorted(ROLE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
     files["files/device_probe.py"] = Path(device_probe.__file__).read_bytes()
+    files["files/release_probe.py"] = (Path(__file__).parent / "release_probe.py").read_bytes()
     return files
 
 

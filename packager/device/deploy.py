@@ -1,5 +1,6 @@
 """deploy(): copy a bundle to devices over SSH, preflight them, verify there, bring reports home."""
 
+import json
 import math
 import os
 import shlex
@@ -10,13 +11,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from ..bundle.manifest import read_manifest
 from ..errors import BundleError, PackagerError
+from .arch import arch_problem
 from .device_answers import answer
 from .inventory import Host
+from .release_probe import RECORD
 from .remote import Connection, DeviceError, check_destination, end_all, have_local
 from .rollout import HostResult, Rollout
 from .rollout import run as run_rollout
@@ -24,7 +28,8 @@ from .verify import bundle_digest, check_tune, integrity_problems, report_folder
 
 Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
-EXCLUDE = ("reports/", "cache/", "session.tuned.json")
+# (and the verdict of the last check there, which status reads)
+EXCLUDE = ("reports/", "cache/", "session.tuned.json", RECORD)
 # reads exactly the probe's bytes from stdin and runs them, leaving stdin open: `hold` waits
 # for it to close (python3 - would read stdin to its end before running anything)
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read({n}),'device_probe.py','exec'))"
@@ -49,6 +54,7 @@ class DeployOptions:
     timeout: float = 900.0                 # seconds for each remote step, the copy included
     expect_digest: str | None = None       # refuse unless the bundle's digest is this one
     tune: bool = False                     # run.py bench --tune on each device first
+    any_arch: bool = False                 # --force: deploy even to a device of another arch
 
     def __post_init__(self) -> None:
         """Refuse a bad value here, before anything reaches a device (exit 2)."""
@@ -366,11 +372,16 @@ def _release(conn: Connection, folder: Path, manifest: dict[str, Any], host: Hos
     out = write_reports(reports, report, host=report_folder(host.name))
     result.report, result.reports_dir = report, str(out)
     result.exit_code = 0 if report["passed"] else 1
+    before = record_check(conn, python, release, report, "deploy", options.timeout)
     if report["passed"]:   # only a release that passed its check on the device is put in use
         # waits for another deploy's switch, well within this step's own deadline
         wait = f"{max(1.0, min(60.0, options.timeout * 0.8)):g}"
         result.release.update(probe_step("switch", "switch", base, rid, wait))
+        # the release that was `previous` put back in use: a rollback, not a new release
+        result.release["rolled_back"] = bool(result.release["switched"]
+                                             and before.get("previous") == rid)
         say(f"passed; {base}/current -> releases/{rid}"
+            + (" (rolled back)" if result.release["rolled_back"] else "")
             + ("" if result.release["switched"] else " (already)") + f"; report in {out}/")
     else:
         proc = conn.run(f"readlink -- {shlex.quote(base + '/current')} || true",
@@ -379,6 +390,38 @@ def _release(conn: Connection, folder: Path, manifest: dict[str, Any], host: Hos
         result.release.update(current=kept, previous=kept, switched=False)
         say(f"FAILED; {'current still points at ' + kept if kept else 'nothing was in use'}"
             f"; report in {out}/")
+
+
+def check_record(report: dict[str, Any], by: str) -> dict[str, Any]:
+    """What a device keeps of a check (RELEASE/.edgepack-check.json, read by `status`)."""
+    from datetime import datetime
+
+    bench = report.get("bench", {}).get("parts", {})
+    p50 = [e["latency_ms"]["p50"] for e in bench.values() if isinstance(e, dict)
+           and isinstance(e.get("latency_ms"), dict) and "p50" in e["latency_ms"]]
+    failed = [c.get("name", "?") for c in report.get("checks", []) if isinstance(c, dict)
+              and c.get("passed") is False]
+    return {"checked_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "by": by, "passed": bool(report.get("passed")), "p50_ms": p50,
+            "provider": (report.get("providers") or [None])[0], "failed": failed[:5]}
+
+
+def record_check(conn: Connection, python: str, release: str, report: dict[str, Any], by: str,
+                 timeout: float) -> dict[str, Any]:
+    """Keep the check's verdict in the release on the device; answer `current` and `previous`
+    as they are before any switch ({} when the device could not record it: the deploy's
+    verdict stands, status then shows no check)."""
+    from . import release_probe
+
+    record = json.dumps(check_record(report, by))
+    proc = conn.run(f"{python} - record {shlex.quote(release)} {shlex.quote(record)}",
+                    stdin=Path(release_probe.__file__).read_text(), timeout=timeout,
+                    step="record the check")
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return data if isinstance(data, dict) and "recorded" in data else {}
 
 
 def preflight_needs(manifest: dict[str, Any], bundle_bytes: int, *,
@@ -408,8 +451,9 @@ def preflight_problems(info: dict[str, Any], manifest: dict[str, Any], bundle_by
     """One line per thing the device lacks for this bundle, saying what to install."""
     from .._runtimes import device_probe
 
-    return device_probe.problems(info, preflight_needs(manifest, bundle_bytes,
-                                                       allow_fallback=options.allow_fallback))
+    arch = None if options.any_arch else arch_problem(manifest, info.get("arch"))
+    return ([arch] if arch else []) + device_probe.problems(
+        info, preflight_needs(manifest, bundle_bytes, allow_fallback=options.allow_fallback))
 
 
 def _size(folder: Path) -> int:
@@ -447,4 +491,6 @@ def _in_use(release: dict[str, Any]) -> str:
         return "none"
     if current != release.get("release"):
         return f"{current} (kept)"
+    if release.get("rolled_back"):
+        return f"{current} (rolled back)"
     return f"{current} ({'new' if release.get('switched') else 'already'})"

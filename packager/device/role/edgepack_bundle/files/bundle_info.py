@@ -96,6 +96,7 @@ def main(path, expected=None):
                          "install": target.get("install"),
                          "providers": [p["name"] for p in manifest.get("providers", [])]}
                 budget = (manifest.get("budget") or {}).get("latency_p90_ms")
+                arch, target_name = target.get("arch"), target.get("name")
             except (ValueError, AttributeError, KeyError, TypeError) as exc:
                 refuse("%s: manifest.json is not an edgepack manifest (%s: %s)"
                        % (path, type(exc).__name__, exc))
@@ -122,6 +123,8 @@ def main(path, expected=None):
         "roofline": bool(manifest.get("roofline")),
         "latency_budget_ms": budget,
         "needs": needs,
+        "arch": arch if isinstance(arch, str) else "",
+        "target": target_name if isinstance(target_name, str) else "",
     }))
 
 
