@@ -192,3 +192,34 @@ def test_fix_shapes_leaves_data_dependent_tensors_dynamic_and_quantize_upgrades_
     assert r.exit_code == 0, r.output
     assert "is opset 11; it is upgraded to opset 13 first" in r.output
     assert onnx.load(str(tmp_path / "q11.onnx")).opset_import[0].version >= 13
+
+
+def test_bundle_holds_a_prebuilt_model_to_the_target_s_budget(cnn_onnx, image_dir, tmp_path):
+    """bundle --reference without --min-cosine keeps the target's budget (0.98): a model below
+    it is refused (exit 1) instead of getting a floor lowered to what it reaches."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    invoke("fix-shapes", cnn_onnx, "-o", tmp_path / "f.onnx")
+    model = onnx.load(str(tmp_path / "f.onnx"))
+    rng = np.random.default_rng(0)
+    for init in model.graph.initializer:
+        value = numpy_helper.to_array(init)
+        if value.ndim >= 2:   # every weight off by ~100 %: far from the reference
+            noisy = value * (1 + rng.standard_normal(value.shape)).astype(value.dtype)
+            init.CopyFrom(numpy_helper.from_array(noisy, init.name))
+    onnx.save(model, str(tmp_path / "off.onnx"))
+    args = ["bundle", tmp_path / "off.onnx", "--reference", tmp_path / "f.onnx", "--calib",
+            image_dir, "--preprocess", PREP_TEXT]
+    r = invoke(*args, "-o", tmp_path / "b")
+    errors = [line for line in r.output.splitlines() if line.startswith("error: ")]
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert "below the budget 0.98 (x86_64-cpu's)" in errors[0] and "--min-cosine" in errors[0]
+    assert not (tmp_path / "b").exists()
+    cosine = float(errors[0].split("keeps cosine ")[1].split(" ")[0])
+    r = invoke(*args, "--min-cosine", f"{cosine - 0.01:.4f}", "-o", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    golden = read_manifest(tmp_path / "b")["parts"][0]["golden"]
+    assert golden["budget_min_cosine"] == pytest.approx(cosine - 0.01, abs=1e-4)
+    assert golden["min_cosine"] >= golden["budget_min_cosine"]

@@ -72,8 +72,10 @@ def _tolerance(cosine_min: float) -> float:
 
 
 def _budget(part: "PartPayload") -> float | None:
-    """The accuracy budget the build kept (min cosine to FP32), when it decided one."""
-    value = (part.precision.get("decision") or {}).get("budget_min_cosine")
+    """The accuracy budget the bundle keeps (min cosine to FP32): the build's decision's, or
+    the one `edgepack bundle` checked a prebuilt model against."""
+    value = (part.precision.get("decision") or {}).get("budget_min_cosine",
+                                                        part.precision.get("budget_min_cosine"))
     return float(value) if value is not None else None
 
 

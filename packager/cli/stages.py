@@ -308,11 +308,13 @@ def debug_quant_cmd(fp32: Path, quantized: Path, calib: Path, preprocess: str | 
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line")
+@click.option("--min-cosine", type=float, default=None,
+              help="with --reference: the budget MODEL must keep (default: the target's)")
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, calib: Path,
                preprocess: str | None, holdout: float, golden: int, labels: Path | None,
-               force: bool, as_json: bool) -> None:
+               min_cosine: float | None, force: bool, as_json: bool) -> None:
     """Write a bundle directory and .tar.gz for MODEL: runner, manifest, golden data.
 
     \b
@@ -321,10 +323,11 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
             --preprocess prep.toml -o out/mynet
     """
     from ..bundle.assemble import PartPayload, bundle
+    from ..errors import BudgetMissed
     from ..graph.inspection import check_labels
     from ..graph.modelio import load_model
     from ..hashing import sha256
-    from ..quantization.budget import measure_accuracy
+    from ..quantization.budget import check_min_cosine, measure_accuracy
     from ..quantization.calibration import check_golden, check_holdout, samples_for_model, split_holdout
     from ..quantization.sensitivity import check_pair
     from ..targets import load_target
@@ -337,12 +340,25 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
         check_labels(names, load_model(model, check=False, external_data=False), model, labels)
     if reference is not None:
         check_pair(reference, model, same_graph=False)
+    profile = load_target(target)
+    budget = check_min_cosine(min_cosine) if min_cosine is not None else profile.min_cosine
     _, held = split_holdout(samples_for_model(reference or model, calib, preprocess=spec,
                                               command="bundle"), fraction=holdout)
-    part = PartPayload("model", model, reference, held[:golden], _precision_of(model),
-                       measure_accuracy(model, reference, held) if reference else None, spec,
+    precision = _precision_of(model)
+    accuracy = measure_accuracy(model, reference, held) if reference else None
+    if accuracy is not None:
+        # the bundle promises the budget, never the figure it happens to reach
+        if not accuracy["cosine_min"] >= budget:
+            raise BudgetMissed(
+                f"{model} keeps cosine {accuracy['cosine_min']:.4f} to {reference} on "
+                f"{accuracy['samples']} held-out samples, below the budget {budget:g} ("
+                + ("--min-cosine" if min_cosine is not None else f"{profile.name}'s") + ")",
+                "pass --min-cosine to promise less, or let `edgepack build` choose a precision "
+                "that keeps it")
+        precision["budget_min_cosine"] = budget
+    part = PartPayload("model", model, reference, held[:golden], precision, accuracy, spec,
                        names, {"file": Path(model).name, "sha256": sha256(Path(model))})
-    r = bundle([part], output, target=load_target(target), force=force)
+    r = bundle([part], output, target=profile, force=force)
     if reference is None:
         log("no FP32 reference: the bundle promises to reproduce this host's outputs only, no "
             "accuracy; pass --reference FP32.onnx for that")
