@@ -431,3 +431,15 @@ def test_a_tiny_last_conv_is_post_processing_a_large_one_is_not(tmp_path):
     assert search.int8_share(start, ["conv2", "conv1"], 2) == 0.0
     del model.graph.value_info[:]   # shapes unknown: no conv is taken for a tiny one
     assert post_processing(model.graph) == ["sigmoid"]
+
+
+def test_a_bisection_probe_s_gain_is_predicted_from_the_last_timed_one():
+    """The INT8 part's saving scales with its share of the multiply-adds: a probe that keeps
+    half as many in INT8 as one that ran 1.5x FP32 saves half as much."""
+    from packager.quantization.search import predicted_gain
+
+    assert predicted_gain((0.8, 1.5), 0.4) == pytest.approx(1.2)
+    assert predicted_gain((0.8, 1.5), 0.8) == pytest.approx(1.5)
+    assert predicted_gain(None, 0.4) is None
+    assert predicted_gain((1.0, 1.5), 0.4) is None    # shares unknown: no prediction
+    assert predicted_gain((0.5, 0.9), 0.4) is None    # a slower probe predicts nothing

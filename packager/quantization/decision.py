@@ -24,9 +24,8 @@ from ..targets import Target
 from ..timing import SETTLE, machine, session, time_blocks
 from .budget import AccuracyBudget
 from .quantize import QuantConfig, quantize_file
-from .search import Candidate, Search, dynamic_ops
+from .search import MIN_GAIN, Candidate, Search, dynamic_ops
 
-MIN_GAIN = 1.05   # INT8 must beat FP32 by 5% (more than run-to-run noise here) to be shipped
 SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
 MIN_HELD = 4      # fewer held-out samples cannot tell a good INT8 variant from a bad one
 FEW_HELD = 16     # below this the accuracy figure is rough, and the build says so
@@ -134,6 +133,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             return ""
         measured["measured_on"] = _time([reference] + structural, fp32, held, threads, timer,
                                         steps)
+        search.reference_ms = reference.p50_ms   # (search exists by the time it calls this)
         fastest = min(structural, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""

@@ -70,6 +70,11 @@ BISECT_COST = 4.0
 # over all samples at once: 30 s for CenterFace's 19 samples (MinMax: 2.5 s). Their tails
 # settle on fewer samples: the histogram methods calibrate on this many, evenly spread.
 HISTOGRAM_SAMPLES = 8
+MIN_GAIN = 1.05   # INT8 must beat FP32 by 5% (more than run-to-run noise here) to be shipped
+# A bisection probe that misses the budget is timed (to stop when keeping more nodes FP32 cannot
+# pay) unless the last timed one predicts it pays by this much more than MIN_GAIN: its speed-up
+# scaled by the multiply-adds left in INT8 (MiniLM: 3 probes timed, 2-3 s each, all paying)
+PREDICT_MARGIN = 1.1
 # A variant with under 4% of the multiply-adds in INT8 is not built: even infinitely fast INT8
 # kernels would leave 96% of the work, short of decision.MIN_GAIN (ocr-det's bisection built
 # variants with 1-5 of 113 ops in INT8, 4 of its 14 candidates)
@@ -148,6 +153,7 @@ class Search:
         self.histogram_cap: int | None = HISTOGRAM_SAMPLES   # None: every sample
         self._said: set[str] = set()   # notes logged once
         self.first_cost = 0.0   # seconds the first variant took to build and measure
+        self.reference_ms: float | None = None   # FP32's p50 when *pays* timed it
 
     def _fused(self, fp32: Path, folder: Path) -> Path:
         """*fp32* with its HardSwish/HardSigmoid chains as single ops, when it has any."""
@@ -431,6 +437,7 @@ class Search:
         self.log(f"search: bisecting over {len(order)} ranked nodes of '{start.label}' "
                  f"(worst: {', '.join(order[:3])})")
         lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
+        paid: tuple[float, float] | None = None   # (INT8 share, gain) of the last timed miss
         while lo + 1 < hi:
             if self.elapsed > self.limit * BISECT_SHARE:
                 self.log(f"search: bisection stopped after {self.elapsed:.0f} s with k between "
@@ -452,7 +459,17 @@ class Search:
             else:
                 lo = k
                 # more nodes in float will not be faster than this one, which misses
-                why = self.pays([cand]) if self.pays is not None and lo + 1 < hi else ""
+                why = ""
+                if self.pays is not None and lo + 1 < hi:
+                    guess = predicted_gain(paid, share)
+                    if guess is not None and guess >= MIN_GAIN * PREDICT_MARGIN:
+                        self.log(f"search: {cand.label} not timed: the last timed probe "
+                                 f"predicts {guess:.2f}x FP32 with {100 * share:.0f}% of the "
+                                 "multiply-adds in INT8")
+                    else:
+                        why = self.pays([cand])
+                        if not why and cand.p50_ms and self.reference_ms:
+                            paid = (share, self.reference_ms / cand.p50_ms)
                 if why:
                     self.futile = (f"{why}; it misses the budget, and keeping more nodes FP32 "
                                    "will not make it faster")
@@ -465,6 +482,17 @@ class Search:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
         return found
+
+
+def predicted_gain(paid: tuple[float, float] | None, share: float) -> float | None:
+    """FP32's time over a variant's with *share* of the multiply-adds in INT8, from a timed one
+    (*paid*: its share and gain), the INT8 part's saving taken as proportional to its
+    multiply-adds; None without a timed one or when shares are unknown (1.0)."""
+    if paid is None or paid[0] <= 0 or paid[0] >= 1.0 or share >= 1.0 or paid[1] <= 1.0:
+        return None
+    saving = (1.0 - 1.0 / paid[1]) / paid[0]   # of FP32's time, per unit of INT8 share
+    left = 1.0 - saving * share
+    return 1.0 / left if left > 0 else None
 
 
 def _first_line(text: str) -> str:
