@@ -234,6 +234,44 @@ def ansible_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def ssh_env(o) -> dict[str, str]:
+    """ansible-playbook's settings for DeployOptions *o* (ssh config, port, key, Python)."""
+    ssh_args = ["-C", "-o", "ControlMaster=auto", "-o", "ControlPersist=60s",
+                "-o", "BatchMode=yes"]
+    if o.ssh_config:
+        ssh_args += ["-F", str(Path(o.ssh_config).resolve())]
+    # hosts without ansible_python_interpreter run modules with --python, as run.py
+    extra = {"ANSIBLE_SSH_ARGS": shlex.join(ssh_args), "ANSIBLE_PYTHON_INTERPRETER": o.python}
+    if o.port:
+        extra["ANSIBLE_REMOTE_PORT"] = str(o.port)
+    if o.identity:
+        extra["ANSIBLE_PRIVATE_KEY_FILE"] = str(Path(o.identity).expanduser().resolve())
+    return extra
+
+
+def inventory_args(work: Path, inventories: Sequence[Path], listed: set[str],
+                   hosts: Sequence[Host]) -> list[str]:
+    """-i for the user's inventories, plus one written into *work* for the hosts given on the
+    command line (those not in *listed*)."""
+    args = [a for p in inventories for a in ("-i", str(p))]
+    extra = [h for h in hosts if h.name not in listed]
+    if extra:
+        path = work / f"cli-{len(list(work.glob('cli-*')))}.ini"
+        lines = []
+        for h in extra:
+            user, _, address = h.destination.rpartition("@")
+            values = {"ansible_host": address, "ansible_user": user,
+                      "ansible_port": h.port, "ansible_ssh_private_key_file": h.identity,
+                      "ansible_python_interpreter": h.python,
+                      "edgepack_remote_dir": h.remote_dir,
+                      "ansible_ssh_common_args": shlex.join(h.ssh_options)}
+            lines.append(" ".join([shlex.quote(h.name)] + [
+                f"{k}={shlex.quote(str(v))}" for k, v in values.items() if v]))
+        path.write_text("\n".join(lines) + "\n")
+        args += ["-i", str(path)]
+    return args
+
+
 class AnsibleEngine:
     """One scratch folder (playbook, role, archive) for a deploy; `deploy(hosts)` runs a batch."""
 
@@ -292,26 +330,10 @@ class AnsibleEngine:
 
     def inventory_args(self, hosts: Sequence[Host]) -> list[str]:
         """The user's inventories, plus one for hosts given on the command line."""
-        args = [a for p in self.inventories for a in ("-i", str(p))]
         if self.listed is None:
             self.listed = {h.name for h in inventory_hosts(self.inventories)} \
                 if self.inventories else set()
-        extra = [h for h in hosts if h.name not in self.listed]
-        if extra:
-            path = self.work / f"cli-{len(list(self.work.glob('cli-*')))}.ini"
-            lines = []
-            for h in extra:
-                user, _, address = h.destination.rpartition("@")
-                values = {"ansible_host": address, "ansible_user": user,
-                          "ansible_port": h.port, "ansible_ssh_private_key_file": h.identity,
-                          "ansible_python_interpreter": h.python,
-                          "edgepack_remote_dir": h.remote_dir,
-                          "ansible_ssh_common_args": shlex.join(h.ssh_options)}
-                lines.append(" ".join([shlex.quote(h.name)] + [
-                    f"{k}={shlex.quote(str(v))}" for k, v in values.items() if v]))
-            path.write_text("\n".join(lines) + "\n")
-            args += ["-i", str(path)]
-        return args
+        return inventory_args(self.work, self.inventories, self.listed, hosts)
 
     def deploy(self, hosts: list[Host]) -> list[HostResult]:
         o = self.options
@@ -323,19 +345,9 @@ class AnsibleEngine:
         cmd = [self.playbook_bin, str(self.work / "site.yml"), *self.inventory_args(hosts),
                "--limit", f"@{limit}", "--forks", str(max(1, self.parallel)),
                "-e", f"@{variables}"]
-        ssh_args = ["-C", "-o", "ControlMaster=auto", "-o", "ControlPersist=60s",
-                    "-o", "BatchMode=yes"]
-        if o.ssh_config:
-            ssh_args += ["-F", str(Path(o.ssh_config).resolve())]
-        # hosts without ansible_python_interpreter run modules with --python, as run.py
-        extra = {"ANSIBLE_SSH_ARGS": shlex.join(ssh_args), "ANSIBLE_PYTHON_INTERPRETER": o.python}
-        if o.port:
-            extra["ANSIBLE_REMOTE_PORT"] = str(o.port)
-        if o.identity:
-            extra["ANSIBLE_PRIVATE_KEY_FILE"] = str(Path(o.identity).expanduser().resolve())
         self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
         start = time.monotonic()
-        output = self._run(cmd, ansible_env(extra))
+        output = self._run(cmd, ansible_env(ssh_env(o)))
         results = [self._result(h, outcomes, output) for h in hosts]
         for r in results:   # ansible-playbook runs the batch as a whole
             r.seconds = time.monotonic() - start

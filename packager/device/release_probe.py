@@ -88,8 +88,13 @@ def release_info(base, rid):
     return info
 
 
+def absolute(base):
+    """BASE as deploy reads it: `~` and a relative path are the login's home."""
+    return os.path.abspath(os.path.join(os.path.expanduser("~"), os.path.expanduser(base)))
+
+
 def state_of(base):
-    base = os.path.abspath(os.path.expanduser(base))
+    base = absolute(base)
     where = os.path.join(base, "releases")
     if not os.path.isdir(base):
         return {"dir": base, "exists": False, "current": None, "previous": None, "releases": []}
@@ -117,7 +122,7 @@ def state(base=None):
 
 def record(release, text):
     """Write RELEASE/.edgepack-check.json; answer BASE's current and previous (before a switch)."""
-    release = os.path.abspath(os.path.expanduser(release))
+    release = absolute(release)
     rid = os.path.basename(release)
     base = os.path.dirname(os.path.dirname(release))
     manifest = os.path.join(release, "manifest.json")

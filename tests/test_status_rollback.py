@@ -1,0 +1,186 @@
+"""edgepack status and rollback, and deploy's arch check, against real sshds on loopback
+(tests/fleet.py) with both engines: the built-in SSH fan-out and the real ansible-playbook.
+
+In CI (EDGEPACK_REQUIRE_SSH=1) a missing sshd or ansible-core fails these tests; elsewhere
+they skip with the reason.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fleet
+import pytest
+from fleet import Device, Fleet, require
+
+from conftest import PREP
+from packager.device.inventory import parse_host
+from packager.device.release_probe import RECORD
+from packager.pipeline import build
+
+BIN = Path(sys.executable).parent
+ENGINES = ["ssh", "ansible"]
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, built, cnn_onnx, image_dir):
+    """v1: the session's x86 INT8 bundle; v2: the same with another build time (so another
+    manifest, digest and release); rpi: the model built for the Raspberry Pi (aarch64), FP32."""
+    require(fleet.problem(), "EDGEPACK_REQUIRE_SSH")
+    root = tmp_path_factory.mktemp("status-bundles")
+    v1 = root / "v1" / "cnn"
+    shutil.copytree(built.bundle.directory, v1, ignore=shutil.ignore_patterns("reports"))
+    v2 = root / "v2" / "cnn"
+    shutil.copytree(v1, v2)
+    manifest = json.loads((v2 / "manifest.json").read_text())
+    manifest["created"] = "2000-01-01T00:00:00+00:00"
+    (v2 / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    rpi = build(cnn_onnx, root / "rpi" / "cnn", target="rpi", calib=image_dir, preprocess=PREP,
+                quant={"precision": "fp32"}).bundle.directory
+    return {"v1": v1, "v2": v2, "rpi": rpi}
+
+
+def engine_ready(engine):
+    if engine == "ansible":
+        require(None if (BIN / "ansible-playbook").is_file() else
+                "ansible-playbook is missing: pip install -e '.[fleet]'", "EDGEPACK_REQUIRE_SSH")
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "packager", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def release_of(bundle):
+    import hashlib
+
+    return hashlib.sha256((Path(bundle) / "manifest.json").read_bytes()).hexdigest()[:12]
+
+
+def links(f, name):
+    base = f.remote_dir(name)
+    return tuple(os.readlink(base / n).split("/")[-1] if (base / n).is_symlink() else None
+                 for n in ("current", "previous"))
+
+
+def status_of(inventory, engine, *extra):
+    r = cli("status", "--hosts", inventory, "--engine", engine, "--json", *extra)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
+    """Nothing deployed; v1 (no previous: rollback refused); v2 (status: v2 in use, v1
+    previous, both checked); rollback to v1 (status shows it, the links moved); deploying v2
+    again is a rollback too, and says so."""
+    engine_ready(engine)
+    v1, v2 = release_of(bundles["v1"]), release_of(bundles["v2"])
+    with Fleet(tmp_path / "fleet", [Device("pi-01")]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        base = str(f.remote_dir("pi-01"))
+
+        state = status_of(inventory, engine)["pi-01"]
+        assert state["status"] == "ok" and state["bundles"][0]["current"] is None
+        r = cli("status", "--hosts", inventory, "--engine", engine)
+        assert r.returncode == 0 and "pi-01:" in r.stdout and "current none" in r.stdout
+
+        r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{v1} (new) | pass |" in r.stdout
+        r = cli("rollback", "--hosts", inventory, "--engine", engine, "--runs", 3, "--warmup", 1)
+        assert r.returncode == 2
+        assert f"pi-01: error: pi-01: {base} has no previous release to roll back to " \
+               f"(current: {v1})" in r.stdout
+        assert links(f, "pi-01") == (v1, None)
+
+        r = cli("deploy", bundles["v2"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{v2} (new) | pass |" in r.stdout
+        [folder] = status_of(inventory, engine)["pi-01"]["bundles"]
+        assert folder["dir"] == base
+        assert (folder["current"]["id"], folder["previous"]["id"]) == (v2, v1)
+        for which in ("current", "previous"):
+            assert folder[which]["name"] == "cnn" and folder[which]["arch"] == "x86_64"
+            assert folder[which]["check"]["passed"] is True
+            assert folder[which]["check"]["by"] == "deploy"
+        r = cli("status", "--hosts", inventory, "--engine", engine)
+        [line] = r.stdout.splitlines()
+        assert line.startswith(f"pi-01: {base}: current {v2} cnn (")
+        assert f"previous {v1} cnn (" in line and "by deploy: pass" in line
+
+        r = cli("rollback", "--hosts", inventory, "--engine", engine, "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert f"pi-01: rolled back to {v1} (was {v2}) in {base}" in r.stdout
+        assert links(f, "pi-01") == (v1, v2)
+        [folder] = status_of(inventory, engine)["pi-01"]["bundles"]
+        assert (folder["current"]["id"], folder["previous"]["id"]) == (v1, v2)
+        assert folder["current"]["check"]["by"] == "rollback"
+        assert (f.remote_dir("pi-01") / "releases" / v1 / RECORD).is_file()
+
+        # v2 again: it was `previous`, so this deploy is a rollback, and the table says so
+        r = cli("deploy", bundles["v2"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{v2} (rolled back) | pass |" in r.stdout
+        assert links(f, "pi-01") == (v2, v1)
+
+
+def test_rollback_checks_the_previous_release_first(bundles, tmp_path):
+    """A previous release changed on the device is refused before anything of it runs, and
+    the one in use stays; the API's answer says why."""
+    from packager.device.deploy import DeployOptions, deploy
+    from packager.device.releases import rollback
+
+    with Fleet(tmp_path / "fleet", [Device("pi-01")]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        opts = DeployOptions(runs=3, warmup=1)
+        from packager.device.ansible_engine import inventory_hosts
+
+        hosts = inventory_hosts([inventory])
+        for v in ("v1", "v2"):
+            [r] = deploy(bundles[v], hosts, options=opts)
+            assert r.exit_code == 0, r.error
+        v1 = release_of(bundles["v1"])
+        golden = f.remote_dir("pi-01") / "releases" / v1 / "golden" / "model.shipped.npz"
+        golden.write_bytes(golden.read_bytes()[:-10] + b"0123456789")
+        [r] = rollback(hosts, options=opts)
+        assert r.exit_code == 2
+        assert "golden/model.shipped.npz: sha256 mismatch" in r.error and "nothing was run" in r.error
+        assert links(f, "pi-01") == (release_of(bundles["v2"]), v1)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_bundle_for_another_arch_is_refused_unless_forced(bundles, tmp_path, engine):
+    """The Pi's (aarch64) bundle on an x86 device: one line naming the host, the bundle's arch
+    and the device's uname -m, exit 2, nothing copied; --force deploys it."""
+    engine_ready(engine)
+    with Fleet(tmp_path / "fleet", [Device("pi-01")]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        r = cli("deploy", bundles["rpi"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1)
+        assert r.returncode == 2, r.stdout[-2000:]
+        assert "Traceback" not in r.stderr
+        [row] = [ln for ln in r.stdout.splitlines() if ln.startswith("| pi-01 |")]
+        assert "pi-01: preflight failed: the bundle is for aarch64 (target rpi) but the device " \
+               f"is {os.uname().machine} (uname -m)" in row
+        assert "--force" in row
+        assert not (f.remote_dir("pi-01") / "releases").exists()   # nothing copied
+        r = cli("deploy", bundles["rpi"], "--hosts", inventory, "--engine", engine,
+                "--runs", 3, "--warmup", 1, "--force")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert links(f, "pi-01") == (release_of(bundles["rpi"]), None)
+
+
+def test_status_and_rollback_refuse_bad_input_in_one_line(tmp_path):
+    for args in (["status"], ["rollback"], ["status", "-o"], ["rollback", "h", "--name", "../x"],
+                 ["status", "h", "--limit", "x"]):
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+    assert parse_host("pi@10.0.0.7").destination == "pi@10.0.0.7"
