@@ -66,12 +66,13 @@ def run_ssh(plan: dict[Host, list[Step]], options, parallel: int) -> dict[str, A
         return {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts))))
     try:
-        return dict(zip([h.name for h in hosts], pool.map(one, hosts)))
+        answers = dict(zip([h.name for h in hosts], pool.map(one, hosts)))
     except BaseException:   # Ctrl-C: end every ssh still running
         end_all()
-        raise
-    finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)   # every host answered: its thread is done
+    return answers
 
 
 PLAYBOOK = """# written by edgepack (status, rollback): each host's steps, answers kept on the controller

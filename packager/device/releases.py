@@ -158,13 +158,18 @@ def describe(release: dict[str, Any] | None, now: datetime) -> str:
     return text
 
 
+def _own(host: str, text: str) -> str:
+    """An error line without its leading 'HOST: ' (the line already starts with the host)."""
+    return text[len(host) + 2:] if text.startswith(f"{host}: ") else text
+
+
 def status_lines(states: Sequence[HostState]) -> list[str]:
     """One line per host and bundle folder."""
     now = datetime.now(timezone.utc)
     lines = []
     for s in states:
         if s.error:
-            lines.append(f"{s.host}: error: {s.error}")
+            lines.append(f"{s.host}: error: {_own(s.host, s.error)}")
             continue
         if not s.bundles:
             lines.append(f"{s.host}: nothing deployed"
@@ -353,5 +358,6 @@ def rollback_lines(results: Sequence[HostResult]) -> list[str]:
             lines.append(f"{r.host}: rolled back to {rel.get('current')} (was "
                          f"{rel.get('previous') or 'nothing'}) in {rel.get('dir')}")
         else:
-            lines.append(f"{r.host}: {'FAIL' if r.exit_code == 1 else 'error'}: {r.error}")
+            lines.append(f"{r.host}: {'FAIL' if r.exit_code == 1 else 'error'}: "
+                         f"{_own(r.host, r.error)}")
     return lines
