@@ -26,6 +26,7 @@ from .quantization.budget import (
     AccuracyBudget,
     accuracy_line,
     calibration_record,
+    class_outputs,
     embedding_outputs,
     hygiene,
 )
@@ -527,7 +528,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         say_suggestion(simplified, fp32_outputs, req.labels, log)
     guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
                            metric=metric[0] if metric else None,
-                           metric_name=metric[1] if metric else "", task=task, keep=keep)
+                           metric_name=metric[1] if metric else "", task=task, keep=keep,
+                           class_outputs=class_outputs(simplified.graph, req.labels))
     labels_held = (sample_labels(req.calib, len(samples), holdout)
                    if metric and req.calib is not None else None)
     folder = tmp / f"{req.name}.search"

@@ -284,3 +284,31 @@ def test_a_missed_cosine_names_the_output_that_missed(tmp_path):
         model("Sin", tmp_path / "c.onnx"), model("Neg", tmp_path / "f.onnx"), held)
     assert not acc["budget"]["passed"]
     assert acc["budget"]["failures"][0].endswith("on output 'b'")
+
+
+def test_a_few_class_scores_keep_their_top1_instead_of_an_absolute_error():
+    """Small outputs (<= 8 values) must stay within 1% of their largest magnitude, but class
+    scores (a Softmax feeds them, or --labels count them) keep their top-1 instead: a 4-class
+    head's INT8 logits moved 1.4% with every top-1 the same, and used to fail."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from packager.quantization.budget import class_outputs, small_output_failures
+
+    ref = {"scores": np.array([[9.0, 1.0, 0.5, 0.2], [0.1, 8.0, 0.3, 0.2]], np.float32)}
+    moved = {"scores": {"max_abs": 0.13, "top1_agreement": 1.0}}
+    assert small_output_failures(ref, moved)                       # as a regression output
+    assert small_output_failures(ref, moved, frozenset({"scores"})) == []
+    flipped = {"scores": {"max_abs": 0.13, "top1_agreement": 0.5}}
+    assert "top-1 agrees on 50.0% of 2 samples (needs 99%)" in \
+        small_output_failures(ref, flipped, frozenset({"scores"}))[0]
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["probs"]),
+         helper.make_node("Relu", ["x"], ["mos"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 3]),
+         helper.make_tensor_value_info("mos", TensorProto.FLOAT, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    assert class_outputs(graph, None) == {"probs"}            # a quality model's MOS stays small
+    assert class_outputs(graph, ["a", "b", "c"]) == {"probs", "mos"}

@@ -52,6 +52,10 @@ class AccuracyBudget:
     metric_name: str = ""
     task: dict[str, Any] | None = None    # the part's declared task (runner/task_spec.py)
     keep: dict[str, float] | None = None  # --keep over the task's defaults
+    # outputs known to be class scores (a Softmax feeds them, or --labels count them): judged
+    # by top-1 agreement, not by SMALL_OUTPUT's absolute error (a 4-class head's logits moved
+    # by 1.4 % of their largest magnitude in INT8, every top-1 the same)
+    class_outputs: frozenset[str] = frozenset()
 
     @property
     def active(self) -> bool:
@@ -105,7 +109,8 @@ class AccuracyBudget:
         if self.max_drop is not None and drop > self.max_drop:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
         if not self.judged:   # (a declared task's figure judges its outputs)
-            failures += small_output_failures(reference_outputs, acc.get("outputs", {}))
+            failures += small_output_failures(reference_outputs, acc.get("outputs", {}),
+                                              self.class_outputs)
         if self.judged:
             acc["task"] = self.judge_task(reference_outputs, candidate_outputs, held)
             failures += [f["text"] for f in acc["task"]["figures"].values() if not f["passed"]]
@@ -146,18 +151,28 @@ class AccuracyBudget:
 
 SMALL_OUTPUT = 8        # values per sample: a score, a few regression numbers
 SMALL_OUTPUT_ERROR = 0.01   # of the output's largest magnitude over the held-out samples
+KEEP_TOP1 = 0.99            # a few class scores: the samples whose top-1 must stay the same
 
 
 def small_output_failures(reference: dict[str, np.ndarray],
-                          compared: dict[str, dict[str, Any]]) -> list[str]:
+                          compared: dict[str, dict[str, Any]],
+                          class_outputs: frozenset[str] = frozenset()) -> list[str]:
     """Outputs of a few values per sample (a [1, 1] score, a quality model's three MOS numbers)
     that moved more than 1% of their largest magnitude. A cosine cannot judge them: a [1, 1]
     output always has cosine 1, and a few positive numbers stay near it whatever their values
-    (a speech-quality model at max abs 0.76 on scores of 1-5 kept cosine 0.999)."""
+    (a speech-quality model at max abs 0.76 on scores of 1-5 kept cosine 0.999). Class scores
+    (*class_outputs*) must keep their top-1 instead (KEEP_TOP1 of the samples)."""
     found = []
     for name, ref in reference.items():
         if ref.dtype.kind != "f" or not len(ref) or ref[0].size > SMALL_OUTPUT or \
                 name not in compared:
+            continue
+        if name in class_outputs:
+            agree = compared[name].get("top1_agreement")
+            if agree is not None and agree < KEEP_TOP1 - 1e-12:
+                found.append(f"output '{name}' (class scores): top-1 agrees on "
+                             f"{100 * agree:.1f}% of {len(ref)} samples (needs "
+                             f"{100 * KEEP_TOP1:g}%)")
             continue
         scale = float(np.abs(ref).max())
         allowed = max(SMALL_OUTPUT_ERROR * scale, 1e-6)
@@ -167,6 +182,26 @@ def small_output_failures(reference: dict[str, np.ndarray],
                          f"({100 * SMALL_OUTPUT_ERROR:g}% of its largest magnitude, "
                          f"{scale:.4g}; a cosine cannot judge so few values)")
     return found
+
+
+CLASS_HEADS = ("Softmax", "LogSoftmax")
+PASS_THROUGH = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def class_outputs(graph: Any, labels: Sequence[str] | None) -> frozenset[str]:
+    """Outputs that hold class scores: a Softmax feeds them (through reshapes), or their last
+    axis counts the --labels."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found = set()
+    for out in graph.output:
+        node = producer.get(out.name)
+        while node is not None and node.op_type in PASS_THROUGH:
+            node = producer.get(node.input[0])
+        dims = [d.dim_value for d in out.type.tensor_type.shape.dim]
+        if (node is not None and node.op_type in CLASS_HEADS) or \
+                (labels and dims and dims[-1] == len(labels) and len(labels) > 1):
+            found.add(out.name)
+    return frozenset(found)
 
 
 def check_min_cosine(value: float) -> float:
