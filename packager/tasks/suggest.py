@@ -12,6 +12,7 @@ from .._runtimes.runner.tasks import is_distribution
 MIN_CLASSES = 2
 MIN_BOXES = 100       # a (1, 4 + C, N) head with fewer anchors is more likely something else
 MAX_YOLO_CLASSES = 1000
+BLANK_SHARE = 0.4     # a CTC recogniser emits blank at most steps: ddddocr's 77% of 20, PP-OCR's more
 # ops that move values without changing them: a Sigmoid behind them still feeds the output
 RESHAPING = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
@@ -53,11 +54,19 @@ def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.nda
             return "detect:decoder=yolov8", (f"output '{name}' is {_dims(shape)}: boxes (4) and "
                                              f"{shape[1] - 4} class scores for {shape[2]} "
                                              "anchors, YOLOv8's layout")
-        if len(shape) == 3 and shape[0] == 1 and shape[1] >= 8 and shape[2] >= 20 and \
-                values is not None and is_distribution(values.astype(np.float64)):
-            return "ctc:alphabet=@CHARS.txt", (f"output '{name}' is {_dims(shape)}: a "
-                                               f"distribution over {shape[2]} symbols at each "
-                                               f"of {shape[1]} steps, a CTC recogniser's")
+        steps = shape[0] * shape[1] if len(shape) == 3 and 1 in shape[:2] else 0
+        if steps >= 8 and classes >= 20 and values is not None:
+            scores = values.astype(np.float64).reshape(-1, classes)
+            if is_distribution(scores):
+                return "ctc:alphabet=@CHARS.txt", (f"output '{name}' is {_dims(shape)}: a "
+                                                   f"distribution over {classes} symbols at "
+                                                   f"each of {steps} steps, a CTC recogniser's")
+            blank = ctc_blank(scores)
+            if blank is not None:
+                return ("ctc:alphabet=@CHARS.txt" + (f",blank={blank}" if blank else ""),
+                        f"output '{name}' is {_dims(shape)}: scores over {classes} symbols at "
+                        f"each of {steps} steps whose best is symbol {blank} at most steps and "
+                        "others between, a CTC recogniser's logits with its blank")
     if len(outputs) in (3, 4):
         shapes = [[int(d) for d in o["shape"]] for o in outputs]
         if all(len(s) == 4 for s in shapes) and shapes[0][1] == 1 and shapes[1][1] == 2 and \
@@ -67,6 +76,19 @@ def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.nda
                 f"{' and landmarks' if len(outputs) == 4 else ''} of one size: CenterNet/"
                 "CenterFace's layout")
     return multilabel(outputs, sigmoid)
+
+
+def ctc_blank(rows: np.ndarray) -> int | None:
+    """The blank's index where (steps, classes) scores read like a CTC recogniser's logits: the
+    first or last symbol is the best at most steps (silence between characters) and several
+    others win the rest (the characters). Hidden states or random scores spread their best."""
+    best = rows.argmax(axis=1)
+    ids, counts = np.unique(best, return_counts=True)
+    top = int(ids[counts.argmax()])
+    if top not in (0, rows.shape[1] - 1) or counts.max() < BLANK_SHARE * len(best) or \
+            len(ids) < 3:
+        return None
+    return top
 
 
 def multilabel(outputs: Sequence[Mapping[str, Any]], sigmoid: Set[str]) -> tuple[str, str] | None:
