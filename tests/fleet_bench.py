@@ -56,10 +56,10 @@ def main() -> None:
 
 
 def demo_bundle(root: Path) -> Path:
-    """The built-in demo's INT8 bundle (generated, no download)."""
+    """The built-in demo's bundle (generated, no download)."""
     out = root / "demo"
     run_demo(out)
-    return next(p for p in sorted(out.glob("bundle-int8*.tar.gz")))
+    return out / "bundle.tar.gz"
 
 
 if __name__ == "__main__":
