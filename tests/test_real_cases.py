@@ -55,6 +55,22 @@ def test_ctc_logits_steps_first_suggest_ctc_with_their_blank():
     only_blank = rng.normal(size=(10, STEPS, 1, CLASSES))
     only_blank[..., 0] += 50.0
     assert suggest(steps_first, {"387": only_blank}, None) is None
+    # a Sigmoid's posteriorgram whose first label is on most frames is multilabel's, not ctc
+    frames = [{"name": "notes", "shape": [1, STEPS, CLASSES]}]
+    posterior = 1 / (1 + np.exp(-ctc_logits(rng, 10, 0)[:, :, 0]))
+    assert suggest(frames, {"notes": posterior}, None, {"notes"})[0] == "multilabel"
+
+
+def test_a_softmax_recogniser_is_ctc_even_in_yolos_shape():
+    """PP-OCR's recogniser gives (1, 40, 6625) probabilities: (1, 4 + C, N) by shape, but rows
+    that sum to 1 over the last axis are a distribution per step, which no YOLO head is."""
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(5, 1, 40, 120))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    rec = [{"name": "softmax_11.tmp_0", "shape": [1, 40, 120]}]
+    assert suggest(rec, {"softmax_11.tmp_0": probs}, None)[0] == "ctc:alphabet=@CHARS.txt"
+    boxes = np.abs(rng.normal(size=(5, 1, 40, 120))) * 50     # pixels and scores: no rows of 1
+    assert suggest(rec, {"softmax_11.tmp_0": boxes}, None)[0] == "detect:decoder=yolov8"
 
 
 def test_a_build_without_a_task_says_ctc_for_steps_first_logits(tmp_path):

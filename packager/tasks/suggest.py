@@ -49,24 +49,26 @@ def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.nda
                 len(labels) == classes:
             return "classify", (f"output '{name}' holds {classes} scores and --labels names "
                                 f"{len(labels)} classes")
+        steps = shape[0] * shape[1] if len(shape) == 3 and 1 in shape[:2] else 0
+        scores = values.astype(np.float64).reshape(-1, classes) \
+            if steps >= 8 and classes >= 20 and values is not None else None
+        # before YOLO's layout: PP-OCR's (1, 40, 6625) softmax fits both shapes, but a YOLO
+        # head's rows (one per box coordinate or class, over anchors) never sum to 1
+        if scores is not None and is_distribution(scores):
+            return "ctc:alphabet=@CHARS.txt", (f"output '{name}' is {_dims(shape)}: a "
+                                               f"distribution over {classes} symbols at each "
+                                               f"of {steps} steps, a CTC recogniser's")
         if len(shape) == 3 and shape[0] == 1 and 5 <= shape[1] <= 4 + MAX_YOLO_CLASSES and \
                 shape[2] >= MIN_BOXES:
             return "detect:decoder=yolov8", (f"output '{name}' is {_dims(shape)}: boxes (4) and "
                                              f"{shape[1] - 4} class scores for {shape[2]} "
                                              "anchors, YOLOv8's layout")
-        steps = shape[0] * shape[1] if len(shape) == 3 and 1 in shape[:2] else 0
-        if steps >= 8 and classes >= 20 and values is not None:
-            scores = values.astype(np.float64).reshape(-1, classes)
-            if is_distribution(scores):
-                return "ctc:alphabet=@CHARS.txt", (f"output '{name}' is {_dims(shape)}: a "
-                                                   f"distribution over {classes} symbols at "
-                                                   f"each of {steps} steps, a CTC recogniser's")
-            blank = ctc_blank(scores)
-            if blank is not None:
-                return ("ctc:alphabet=@CHARS.txt" + (f",blank={blank}" if blank else ""),
-                        f"output '{name}' is {_dims(shape)}: scores over {classes} symbols at "
-                        f"each of {steps} steps whose best is symbol {blank} at most steps and "
-                        "others between, a CTC recogniser's logits with its blank")
+        blank = ctc_blank(scores) if scores is not None and name not in sigmoid else None
+        if blank is not None:   # (a Sigmoid's posteriorgram is multilabel's, below)
+            return ("ctc:alphabet=@CHARS.txt" + (f",blank={blank}" if blank else ""),
+                    f"output '{name}' is {_dims(shape)}: scores over {classes} symbols at "
+                    f"each of {steps} steps whose best is symbol {blank} at most steps and "
+                    "others between, a CTC recogniser's logits with its blank")
     if len(outputs) in (3, 4):
         shapes = [[int(d) for d in o["shape"]] for o in outputs]
         if all(len(s) == 4 for s in shapes) and shapes[0][1] == 1 and shapes[1][1] == 2 and \
