@@ -247,6 +247,7 @@ def test_the_role_in_a_users_own_playbook(parts, bundles, tmp_path):
       vars:
         edgepack_runs: 3
         edgepack_warmup: 1
+        edgepack_any_arch: true   # the Pi's bundle on x86 "pi" devices
 """)
     with make_fleet(tmp_path / "fleet", parts, "pi-01", "pi-02") as f:
         inventory = f.write_inventory(work / "inventory.ini", groups={"boards": f.names})

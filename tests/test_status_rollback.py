@@ -106,6 +106,7 @@ def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
         assert (folder["current"]["id"], folder["previous"]["id"]) == (v2, v1)
         for which in ("current", "previous"):
             assert folder[which]["name"] == "cnn" and folder[which]["arch"] == "x86_64"
+            assert folder[which]["precision"] == "int8" and folder[which]["target"] == "x86_64-cpu"
             assert folder[which]["check"]["passed"] is True
             assert folder[which]["check"]["by"] == "deploy"
         r = cli("status", "--hosts", inventory, "--engine", engine)
@@ -204,3 +205,38 @@ def test_release_probe_runs_on_python_38():
                 for a in n.names} | {n.module.split(".")[0] for n in ast.walk(tree)
                                      if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= set(sys.stdlib_module_names), imported
+
+
+def test_state_without_a_folder_lists_every_bundle_under_home(tmp_path):
+    """release_probe.py state with no folder: every ~/edgepack/NAME holding releases/, read
+    from the manifests there; links that are not edgepack's are not followed."""
+    import hashlib
+
+    import packager.device.release_probe as probe
+
+    home = tmp_path / "home"
+    for name in ("net", "asr"):
+        base = home / "edgepack" / name
+        staging = base / "releases" / "new"
+        staging.mkdir(parents=True)
+        text = json.dumps({"name": name, "target": {"name": "rpi", "arch": "aarch64"},
+                           "parts": [{"precision": {"precision": "int8"}}]})
+        (staging / "manifest.json").write_text(text)
+        rid = hashlib.sha256(text.encode()).hexdigest()[:12]
+        staging.rename(base / "releases" / rid)
+        if name == "net":
+            (base / "current").symlink_to(f"releases/{rid}")
+            (base / "previous").symlink_to("/etc")   # not edgepack's: not followed
+    (home / "edgepack" / "notes").mkdir()           # no releases/: not a bundle folder
+    r = subprocess.run([sys.executable, "-", "state"], input=Path(probe.__file__).read_text(),
+                       capture_output=True, text=True, env={**os.environ, "HOME": str(home)},
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    by_dir = {Path(b["dir"]).name: b for b in data["bundles"]}
+    assert sorted(by_dir) == ["asr", "net"] and data["searched"] == str(home / "edgepack")
+    net = by_dir["net"]
+    assert net["current"]["name"] == "net" and net["current"]["arch"] == "aarch64"
+    assert net["current"]["precision"] == "int8"
+    assert net["current"]["intact"] is True and net["current"]["check"] is None
+    assert net["previous"] is None and by_dir["asr"]["current"] is None

@@ -66,7 +66,7 @@ def run_ssh(plan: dict[Host, list[Step]], options, parallel: int) -> dict[str, A
         return {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts))))
     try:
-        answers = dict(zip([h.name for h in hosts], pool.map(one, hosts)))
+        answers = dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
     except BaseException:   # Ctrl-C: end every ssh still running
         end_all()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -115,8 +115,14 @@ PLAYBOOK = """# written by edgepack (status, rollback): each host's steps, answe
 def run_ansible(plan: dict[Host, list[Step]], options, parallel: int,
                 inventories: Sequence[Path], log: Log) -> dict[str, Answer | str]:
     """Every host's steps through one ansible-playbook run (hosts as Ansible resolves them)."""
-    from .ansible_engine import (ansible_env, ansible_tool, inventory_args, inventory_hosts,
-                                 outcome_name, ssh_env)
+    from .ansible_engine import (
+        ansible_env,
+        ansible_tool,
+        inventory_args,
+        inventory_hosts,
+        outcome_name,
+        ssh_env,
+    )
 
     if not plan:
         return {}

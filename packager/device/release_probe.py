@@ -80,7 +80,9 @@ def release_info(base, rid):
     data = read_json(manifest, 64 << 20) or {}
     target = data.get("target") if isinstance(data.get("target"), dict) else {}
     parts = data.get("parts") if isinstance(data.get("parts"), list) else []
-    precisions = [p.get("precision") for p in parts if isinstance(p, dict)]
+    # parts[i].precision.precision: int8, fp16, fp32 (a part's precision table)
+    precisions = [p["precision"].get("precision") for p in parts if isinstance(p, dict)
+                  and isinstance(p.get("precision"), dict)]
     info.update(name=data.get("name"), created=data.get("created"), target=target.get("name"),
                 arch=target.get("arch"),
                 precision="/".join(str(p) for p in precisions if isinstance(p, str)) or None,
@@ -129,12 +131,12 @@ def record(release, text):
     if not RELEASE_NAME.match(rid) or os.path.islink(release) or not os.path.isdir(release) \
             or os.path.islink(manifest) or not os.path.isfile(manifest) \
             or sha256(manifest)[:12] != rid:
-        raise ProbeError("%s is not a release edgepack made (releases/ID whose manifest.json "
-                         "hashes to ID); deploy again" % release)
+        raise ProbeError(f"{release} is not a release edgepack made (releases/ID whose "
+                         "manifest.json hashes to ID); deploy again")
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ProbeError("the check record is not a JSON object")
-    tmp = os.path.join(release, ".%s.%d" % (RECORD, os.getpid()))
+    tmp = os.path.join(release, f".{RECORD}.{os.getpid()}")
     path = os.path.join(release, RECORD)
     if os.path.islink(path):
         os.remove(path)    # never written through a link
@@ -169,6 +171,6 @@ if __name__ == "__main__":
         print(json.dumps({"error": str(exc)}))
         sys.exit(1)
     except (OSError, ValueError) as exc:
-        print(json.dumps({"error": "%s: %s" % (getattr(exc, "filename", None) or "the device",
-                                                getattr(exc, "strerror", None) or exc)}))
+        where = getattr(exc, "filename", None) or "the device"
+        print(json.dumps({"error": f"{where}: {getattr(exc, 'strerror', None) or exc}"}))
         sys.exit(1)

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from .rollout import HostResult
 from .verify import report_folder, run_checks, write_reports
 
 Log = Callable[[str], None]
+DEFAULTS = DeployOptions()
 
 
 @dataclass
@@ -117,7 +118,7 @@ def _states(hosts: Sequence[Host], options: DeployOptions, name: str | None, eng
     return states
 
 
-def status(hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
+def status(hosts: Sequence[Host], *, options: DeployOptions = DEFAULTS,
            name: str | None = None, engine: str = "ssh", parallel: int = 4,
            inventories: Sequence[Path] = (), log: Log = lambda _: None) -> list[HostState]:
     """What each host runs: for its folder (or every ~/edgepack/NAME), the release in use, the
@@ -128,7 +129,7 @@ def status(hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
 
 def _age(stamp: Any, now: datetime) -> str:
     try:
-        when = datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        when = datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         return "at an unknown time"
     seconds = max(0, (now - when).total_seconds())
@@ -165,7 +166,7 @@ def _own(host: str, text: str) -> str:
 
 def status_lines(states: Sequence[HostState]) -> list[str]:
     """One line per host and bundle folder."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     lines = []
     for s in states:
         if s.error:
@@ -198,7 +199,7 @@ def _pick(state: HostState) -> dict[str, Any]:
     return found[0]
 
 
-def rollback(hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
+def rollback(hosts: Sequence[Host], *, options: DeployOptions = DEFAULTS,
              name: str | None = None, engine: str = "ssh", parallel: int = 4,
              inventories: Sequence[Path] = (), reports: Path | None = None,
              log: Log = lambda _: None) -> list[HostResult]:
@@ -209,7 +210,7 @@ def rollback(hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
     states = _states(hosts, options, name, engine, parallel, inventories, log)
     results = {h.name: HostResult(h.name, 2, engine=engine) for h in hosts}
     todo: dict[Host, dict[str, Any]] = {}
-    for h, s in zip(hosts, states):
+    for h, s in zip(hosts, states, strict=True):
         try:
             if s.error:
                 raise PackagerError(s.error)
@@ -300,8 +301,8 @@ def _check_and_switch(todo: dict[Host, dict[str, Any]], results: dict[str, HostR
         try:
             if isinstance(got, str):
                 raise PackagerError(got)
-            ran = dict(zip(b["args"], got))
-            report = run_checks(b["manifest"], lambda args: ran[args[0]],
+            ran = dict(zip(b["args"], got, strict=True))
+            report = run_checks(b["manifest"], lambda args, ran=ran: ran[args[0]],
                                 f"{h.name}:{b['release']}", runs=options.runs,
                                 warmup=options.warmup, threads=options.threads,
                                 latency_budget_ms=options.latency_budget_ms,
@@ -326,7 +327,7 @@ def _check_and_switch(todo: dict[Host, dict[str, Any]], results: dict[str, HostR
         after[h] = steps
     answers = fleet_steps.run(after, engine=engine, options=options, parallel=parallel,
                               inventories=inventories, log=log)
-    for h, steps in after.items():
+    for h in after:
         b, got, result = todo[h], answers[h.name], results[h.name]
         was, to = b["current"]["id"] if b.get("current") else "", b["previous"]["id"]
         if not result.report["passed"]:
