@@ -18,6 +18,7 @@ import numpy as np
 
 # the device script and the host stop timing rounds by one rule
 from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, enough_rounds, settled  # noqa: F401
+from ._runtimes.runner.load import load_facts, snapshot
 from .progress import OFF, Progress
 
 
@@ -55,6 +56,7 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     two rounds on, the fastest is CLEAR (1.25x) apart from every other in each.
     """
     began = time.perf_counter()
+    before = snapshot()
     steps = steps or OFF
     times: dict[str, list[float]] = {name: [] for name in engines}
     medians: dict[str, list[float]] = {name: [] for name in engines}
@@ -83,8 +85,10 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     for counter in _tallies:
         counter.seconds += time.perf_counter() - began
         counter.calls += 1
-    return {name: {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
-                   "mean": float(np.mean(t)), "calls": len(t), "rounds": done}
+    load = load_facts(before, wait=False)   # (a timing under 0.5 s: load unknown)
+    return {name: {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)),
+                   "p90": float(np.percentile(t, 90)), "mean": float(np.mean(t)),
+                   "calls": len(t), "rounds": done, "load": load}
             for name, t in times.items()}
 
 

@@ -230,7 +230,11 @@ def fastest_graph(graphs: Mapping[str, Path], *, samples: Sequence[Mapping[str, 
     times, where = time_graphs(paths)
     p50 = {label: times[str(graphs[label])]["p50"] for label in usable}
     for label in usable:
-        record["candidates"][label] = {"p50_ms": round(p50[label], 4)}
+        stats = times[str(graphs[label])]
+        record["candidates"][label] = {"p50_ms": round(p50[label], 4),
+                                       **{k: round(stats[k], 4) for k in ("p10", "p90")
+                                          if k in stats}}
+    record["load"] = next(iter(times.values())).get("load")
     fastest = min(usable, key=lambda label: p50[label])
     chosen = fastest if p50[default] > p50[fastest] * FASTER else default
     text = ", ".join(f"{label} {p50[label]:.3f}" for label in usable)

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import engines
+from .._runtimes.runner.load import load_facts, noise, snapshot
 from ..errors import SpecError
 from ..graph.execute import Sample
 from ..targets import Provider, Target
 from .budget import AccuracyBudget
-from .decision import MIN_GAIN, SAME_SPEED, Decision, plan_timing
+from .decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
 from .provider_graphs import ProviderGraph
 from .search import Candidate
 
@@ -126,10 +127,12 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
         (k, within[k][0].path, chain) for k in within]
     if original is not None:
         rows.append(("original", original, engines.cpu_chain()))
+    before = snapshot()   # (the timing subprocess's CPU counts as this build's own)
     try:
         times, ran, device = engines.time_plan(python, rows, held[0], threads, rounds, block)
     except engines.EngineError as exc:
         return skip(exc.message)
+    noisy = noise(load_facts(before, wait=False), times["cpu"])
     for key in within:
         tried[key]["p50_ms"] = round(times[key]["p50"], 4)
     cpu_ms = times["cpu"]["p50"]
@@ -144,6 +147,12 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     if "original" in times:
         record["original_p50_ms"] = round(times["original"]["p50"], 4)
     gain = cpu_ms / best_ms
+    if noisy and gain < NOISY_GAIN and gain >= MIN_GAIN and wanted != "yes":
+        record["reason"] = (f"{name} ran {cand.label} at {gain:.2f}x the CPU provider's "
+                            f"{chosen.label} on a busy machine ({noisy}): within its noise "
+                            f"(needs {NOISY_GAIN:.2f}x there), so the CPU provider ships")
+        log(f"engine: {record['reason']}")
+        return None
     if gain < MIN_GAIN and wanted != "yes":
         record["reason"] = (f"{name}'s fastest graph within budget ({cand.label}, {best_ms:.3f} "
                             f"ms p50) is not {100 * (MIN_GAIN - 1):.0f}% faster than the CPU "

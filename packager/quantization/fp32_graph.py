@@ -16,6 +16,7 @@ from typing import Any
 
 import onnx
 
+from .._runtimes.runner.load import noise
 from ..graph.execute import Sample, compare_outputs, run_model
 from ..graph.freeze import fold_constant_ifs
 from ..graph.modelio import save_model
@@ -149,13 +150,18 @@ def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer
         return {"measured": False, "why": why_not or "no original graph to time"}
     known = choice.record if choice is not None and choice.path == graph else {}
     if known.get("measured") and "original_p50_ms" in known:
-        mine = known["candidates"][choice.label]["p50_ms"]
-        theirs, where = known["original_p50_ms"], known.get("measured_on")
+        stats = known["candidates"][choice.label]
+        mine, spread = stats["p50_ms"], (stats.get("p10"), stats.get("p90"))
+        theirs, where, load = known["original_p50_ms"], known.get("measured_on"), known.get("load")
     else:
         times, where = time_graphs([graph, original])
-        mine, theirs = times[str(graph)]["p50"], times[str(original)]["p50"]
+        stats = times[str(graph)]
+        mine, theirs = stats["p50"], times[str(original)]["p50"]
+        spread, load = (stats.get("p10"), stats.get("p90")), stats.get("load")
     return {"measured": True, "bundle_p50_ms": round(mine, 4), "original_p50_ms": round(theirs, 4),
-            "speedup": round(theirs / mine, 3), "measured_on": where}
+            "speedup": round(theirs / mine, 3), "measured_on": where,
+            "bundle_p10_p90_ms": [round(v, 4) for v in spread] if None not in spread else None,
+            "load": load}
 
 
 FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyond noise
@@ -230,6 +236,15 @@ def speed_line(record: dict[str, Any]) -> str:
     where = record.get("measured_on")
     info = where if isinstance(where, dict) else {}
     cpu = info.get("host") or info.get("cpu") or "this host"
-    return (f"bundle {record['bundle_p50_ms']:.3f} ms p50 against the original's "
-            f"{record['original_p50_ms']:.3f} ms: {record['speedup']:.2f}x its speed (timed in "
-            f"one run on {cpu}, {info.get('cores', '?')} cores)")
+    spread = record.get("bundle_p10_p90_ms")
+    load = record.get("load") or {}
+    share = load.get("other_share")
+    return (f"bundle {record['bundle_p50_ms']:.3f} ms p50"
+            + (f" (p10-p90 {spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
+            + f" against the original's {record['original_p50_ms']:.3f} ms: "
+            f"{record['speedup']:.2f}x its speed (timed in one run on {cpu}, "
+            f"{info.get('cores', '?')} cores"
+            + (f"; other processes used {100 * share:.0f}% of them" if share is not None else "")
+            + ")" + (f"; NOISY ({why}): build again on a quiet machine for a steady figure"
+                     if (why := noise(load, {"p10": spread[0], "p90": spread[1]}
+                                      if spread else {})) else ""))

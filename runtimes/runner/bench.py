@@ -10,6 +10,7 @@ except ImportError:
 
 from .errors import BundleError, one_line
 from .facts import device_info, gpu_facts, gpu_memory_mb, peak_rss_mb
+from .load import load_facts, noise, snapshot
 from .manifest import load_golden, regular_file, require_intact, select_parts
 from .metrics import io_binding_call, latency_stats, timed
 from .sessions import CPU, full_session, open_session, session_origin, session_settings
@@ -24,11 +25,14 @@ def bench_part(bundle, manifest, part, args):
     inputs, _ = load_golden(bundle, part)
     feed = {k: np.asarray(v[0]) for k, v in inputs.items()}
     names = [o.name for o in session.get_outputs()]
+    before = snapshot()
     times = timed(lambda: session.run(names, feed), args.warmup, args.runs)
+    load = load_facts(before)
     batch = max(int(next(iter(feed.values())).shape[0]) if feed else 1, 1)
+    latency = latency_stats(times)
     result = {
         "precision": opened["precision"], "batch": batch,
-        "latency_ms": latency_stats(times),
+        "latency_ms": latency, "load": load, "noisy": noise(load, latency),
         "throughput_per_s": float(1000.0 * batch / np.mean(times)),
         "session_load_ms": opened["load_ms"], "graph": opened["graph"],
         "loaded": opened["loaded"],

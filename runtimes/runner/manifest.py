@@ -258,7 +258,7 @@ RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/casca
                 "runner/cascade_face.py", "runner/cascade_judge.py", "runner/cascade_ocr.py",
                 "runner/cascade_spec.py", "runner/check.py", "runner/cli.py", "runner/closing.py",
                 "runner/errors.py", "runner/facts.py", "runner/images.py", "runner/infer.py",
-                "runner/inputs.py", "runner/manifest.py", "runner/metrics.py",
+                "runner/inputs.py", "runner/load.py", "runner/manifest.py", "runner/metrics.py",
                 "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
                 "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
                 "runner/tuning.py")

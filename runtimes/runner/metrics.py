@@ -39,7 +39,8 @@ def looks_like_scores(arr):
 
 def latency_stats(times):
     t = np.asarray(times)
-    return {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+    return {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)),
+            "p90": float(np.percentile(t, 90)),
             "p99": float(np.percentile(t, 99)), "mean": float(t.mean()), "std": float(t.std()),
             "min": float(t.min()), "max": float(t.max())}
 

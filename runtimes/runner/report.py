@@ -62,6 +62,19 @@ def print_profile(part, prof, top=12):
         print("  %-28s %8.3f ms" % ("(%d more op types)" % (len(prof["ops"]) - top), rest))
 
 
+def load_line(entry, report):
+    """How the figure was taken and how busy the machine was, and 'noisy' when it was."""
+    load = entry.get("load") or {}
+    share = load.get("other_share")
+    text = "%d runs after %d untimed, %s threads; %s" % (
+        report["runs"], report["warmup"], report["session"]["intra_op_threads"] or "auto",
+        "other processes used %.0f%% of the %d cores" % (100 * share, load["cores"])
+        if share is not None else "machine load unknown")
+    if entry.get("noisy"):
+        text += "; NOISY (%s): run it again on a quiet machine" % entry["noisy"]
+    return text
+
+
 def print_human(command, report):
     if command == "check":
         for line in report.get("integrity", []):
@@ -98,9 +111,11 @@ def print_human(command, report):
                                          report["session_from"]))
         for part, entry in report["parts"].items():
             lat = entry["latency_ms"]
-            print("%s (%s, %s): p50 %.3f  p90 %.3f  p99 %.3f  mean %.3f  std %.3f ms, %.1f/s" % (
-                part, entry["graph"], entry["precision"], lat["p50"], lat["p90"], lat["p99"],
-                lat["mean"], lat["std"], entry["throughput_per_s"]))
+            print("%s (%s, %s): p50 %.3f ms (p10-p90 %.3f-%.3f)  p99 %.3f  mean %.3f ms, "
+                  "%.1f/s" % (part, entry["graph"], entry["precision"], lat["p50"],
+                              lat.get("p10", lat["min"]), lat["p90"], lat["p99"], lat["mean"],
+                              entry["throughput_per_s"]))
+            print("%s: %s" % (part, load_line(entry, report)))
             print("%s: session load %.1f ms%s" % (
                 part, entry["session_load_ms"], " (%s, optimised offline)" % entry["loaded"]
                 if entry.get("loaded", entry["graph"]) != entry["graph"] else ""))
