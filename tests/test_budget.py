@@ -312,3 +312,23 @@ def test_a_few_class_scores_keep_their_top1_instead_of_an_absolute_error():
     onnx.checker.check_model(model)
     assert class_outputs(graph, None) == {"probs"}            # a quality model's MOS stays small
     assert class_outputs(graph, ["a", "b", "c"]) == {"probs", "mos"}
+
+
+def test_the_device_holds_a_few_values_a_sample_to_the_host_s_drift_plus_one_percent():
+    """run.py check: a [1, 3] quality head may move on the device no further than the host's
+    own max abs plus 1% of its largest value (a cosine of three numbers near 1 cannot tell);
+    a damaged host figure is no figure, never a crash."""
+    from packager._runtimes.runner.check import small_drift
+    from packager._runtimes.runner.metrics import compare
+
+    ref = np.array([[[3.1, 2.5, 4.0]], [[2.0, 1.5, 3.2]]], np.float32)
+    golden = {"host": {"mos": {"max_abs": 0.01}}}
+    close = compare(ref + 0.04, ref)
+    assert close["cosine_min"] > 0.999
+    assert small_drift("mos", ref, close, golden)["passed"]            # 0.04 <= 0.01 + 0.04
+    far = compare(ref + np.float32([0.0, 0.0, 0.3]), ref)
+    assert far["cosine_min"] > 0.99 and not small_drift("mos", ref, far, golden)["passed"]
+    for damaged in ({"host": []}, {"host": {"mos": "x"}}, {"host": {"mos": {"max_abs": True}}},
+                    {"host": {"mos": {"max_abs": float("nan")}}}, {}):
+        assert small_drift("mos", ref, far, damaged) is None
+    assert small_drift("big", np.zeros((2, 1, 16), np.float32), far, golden) is None

@@ -46,7 +46,8 @@ def bench_part(bundle, manifest, part, args):
                                 "throughput_per_s": float(1000.0 * batch / np.mean(bound))}
     if opened["provider"] != CPU:
         result["gpu_memory_mb"] = gpu_memory_mb()
-    ops = (part.get("operations") or {}).get("per_call")
+    counted = part.get("operations")
+    ops = counted.get("per_call") if isinstance(counted, dict) else None
     if isinstance(ops, (int, float)) and ops > 0:
         result["operations_per_call"] = ops
         result["achieved_gops"] = ops / (result["latency_ms"]["p50"] * 1e6)

@@ -85,6 +85,12 @@ def print_human(command, report):
                 if entry["reference"] == "fp32":
                     print("%s/%s: vs FP32 reference: %s" % (
                         part, name, figure(s, s["min_cosine"], "budget ")))
+                small = s.get("small_output")
+                if small:
+                    print("%s/%s: a few values a sample: max abs %.4g <= %.4g (the host's "
+                          "%.4g + 1%% of its largest value): %s" % (
+                              part, name, small["max_abs"], small["allowed"],
+                              small["host_max_abs"], "ok" if small["passed"] else "FAILED"))
                 elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
                     print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
                         part, name, figure(s, s["min_cosine"])))
