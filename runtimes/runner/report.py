@@ -113,8 +113,11 @@ def print_human(command, report):
         print("%s on %s (%s, %s cores), %d runs" % (
             report["bundle"], report["providers"][0], report["device"]["arch"],
             report["device"]["cores"], report["runs"]))
-        print("session: %s (from %s)" % (describe_session(report["session"]),
-                                         report["session_from"]))
+        print("session: %s (from %s)%s" % (
+            describe_session(report["session"]), report["session_from"],
+            "" if tuning or "tuned" in report["session_from"] else
+            "; threads not tuned on this device: --tune times other thread counts and keeps "
+            "the fastest"))
         for part, entry in report["parts"].items():
             lat = entry["latency_ms"]
             print("%s (%s, %s): p50 %.3f ms (p10-p90 %.3f-%.3f)  p99 %.3f  mean %.3f ms, "
