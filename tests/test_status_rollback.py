@@ -132,8 +132,9 @@ def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
 
 
 def test_rollback_checks_the_previous_release_first(bundles, tmp_path):
-    """A previous release changed on the device is refused before anything of it runs, and
-    the one in use stays; the API's answer says why."""
+    """A previous release that fails its check (a latency budget no run meets) is not put in
+    use (exit 1); one changed on the device is refused before anything of it runs (exit 2);
+    either way the one in use stays, and the API's answer says why."""
     from packager.device.deploy import DeployOptions, deploy
     from packager.device.releases import rollback
 
@@ -146,13 +147,22 @@ def test_rollback_checks_the_previous_release_first(bundles, tmp_path):
         for v in ("v1", "v2"):
             [r] = deploy(bundles[v], hosts, options=opts)
             assert r.exit_code == 0, r.error
-        v1 = release_of(bundles["v1"])
+        v1, v2 = release_of(bundles["v1"]), release_of(bundles["v2"])
+        # a budget no run meets: the previous release fails its check, current stays
+        [r] = rollback(hosts, options=DeployOptions(runs=3, warmup=1, latency_budget_ms=1e-6))
+        assert r.exit_code == 1 and r.report["passed"] is False
+        assert f"releases/{v1} (previous) failed its check on the device; current still " \
+               f"points at {v2}" in r.error
+        assert links(f, "pi-01") == (v2, v1)
+        record = json.loads((f.remote_dir("pi-01") / "releases" / v1 / RECORD).read_text())
+        assert record["by"] == "rollback" and record["passed"] is False
+
         golden = f.remote_dir("pi-01") / "releases" / v1 / "golden" / "model.shipped.npz"
         golden.write_bytes(golden.read_bytes()[:-10] + b"0123456789")
         [r] = rollback(hosts, options=opts)
         assert r.exit_code == 2
         assert "golden/model.shipped.npz: sha256 mismatch" in r.error and "nothing was run" in r.error
-        assert links(f, "pi-01") == (release_of(bundles["v2"]), v1)
+        assert links(f, "pi-01") == (v2, v1)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
