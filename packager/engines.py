@@ -31,8 +31,9 @@ CPU = "CPUExecutionProvider"
 OPENVINO_OPTIONS = {"device_type": "CPU"}   # FP32 inference on the CPU (no bf16/fp16 hint)
 OPENVINO_PACKAGE = "onnxruntime-openvino"
 OPENVINO_MIN = "1.20"
-OPENVINO_INSTALL = ("python3 -m pip install 'onnxruntime-openvino>=1.20' numpy  "
-                    "# replaces onnxruntime: uninstall that first")
+OPENVINO_INSTALL = ("python3 -m venv ~/ort && ~/ort/bin/pip install "
+                    "'onnxruntime-openvino>=1.20' numpy  # in place of onnxruntime (the same "
+                    "import name): not both in one venv")
 ENV = "EDGEPACK_OPENVINO_PYTHON"
 TIMEOUT_S = 600
 

@@ -110,8 +110,8 @@ def problems(info, needs):
     if version(info["python"]) < (3, 8):
         found.append("Python %s is older than 3.8, which run.py needs" % info["python"])
     if not info.get("numpy"):
-        found.append("numpy is missing (%s); install it: python3 -m pip install numpy"
-                     % info.get("numpy_error", "not installed"))
+        found.append("numpy is missing (%s); install it: %s"
+                     % (info.get("numpy_error", "not installed"), install))
     if not info.get("onnxruntime"):
         found.append("%s is missing (%s); install it: %s"
                      % (package, info.get("onnxruntime_error", "not installed"), install))

@@ -169,7 +169,9 @@ def test_device_without_onnxruntime_fails_preflight(server, built, tmp_path):
                  options=options(server, tmp_path, python=system_python))
     assert r.exit_code == 2 and "preflight failed" in r.error
     assert "onnxruntime is missing" in r.error
-    assert "install it: python3 -m pip install 'onnxruntime>=1.17' numpy" in r.error
+    assert "install it: python3 -m venv ~/ort && ~/ort/bin/pip install 'onnxruntime>=1.17' " \
+        "numpy" in r.error
+    assert "--python ~/ort/bin/python" in r.error   # a venv's Python, as the install makes
     assert not (tmp_path / "device").exists()   # nothing was copied
 
 

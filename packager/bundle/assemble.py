@@ -216,6 +216,13 @@ def _graphs_text(p: dict[str, Any]) -> str:
     return "".join(lines)
 
 
+def device_python(install: str) -> str:
+    """The Python the device runs run.py with after the target's install line: its venv's
+    (`python3 -m venv ~/ort && ~/ort/bin/pip ...` -> ~/ort/bin/python), else python3."""
+    found = re.search(r"python3 -m venv (\S+) &&", install or "")
+    return f"{found.group(1)}/bin/python" if found else "python3"
+
+
 def _readme(m: Manifest, target: Target) -> str:
     sections = []
     for p in m.parts:
@@ -232,6 +239,7 @@ Outputs:
     several = len(m.parts) > 1
     part_arg = f" --part {m.parts[0]['name']}" if several else ""
     providers = " → ".join(_provider_text(p) for p in target.providers)
+    py = device_python(target.install)
     return f"""# {m.name}
 
 Bundle for **{target.name}** ({target.description}), built by edgepack
@@ -243,21 +251,22 @@ Python {target.python}+ and:
 
     {target.install}
 
-(`requirements.txt` lists the same.) Nothing else is needed; `run.py` installs nothing.
+(`requirements.txt` lists the same.) Nothing else is needed; `run.py` installs nothing.{
+    "" if py == "python3" else f" Run it with that venv's Python, `{py}` (below; or activate it)."}
 
 Execution providers, tried in this order: {providers}. The runner prints which one runs;
 `--require-provider NAME` makes a fallback an error.
 
 ## Run
 
-    python3 run.py check                  # file hashes, the host's outputs reproduced{
+    {py} run.py check                  # file hashes, the host's outputs reproduced{
         ", accuracy vs FP32" if any(p["golden"]["reference"] == "fp32" for p in m.parts)
         else " (no FP32 reference)"}
-    python3 run.py bench --runs 200       # latency p50/p90/p99, throughput, peak memory{
+    {py} run.py bench --runs 200       # latency p50/p90/p99, throughput, peak memory{
         " (each model)" if several else ""}
-    python3 run.py bench --json           # the same as one JSON object
-    python3 run.py infer{part_arg} input.npy --json # or an image file when it has preprocessing
-    python3 run.py serve --port 8080      # HTTP: POST /infer, GET /health, GET /metadata
+    {py} run.py bench --json           # the same as one JSON object
+    {py} run.py infer{part_arg} input.npy --json # or an image file when it has preprocessing
+    {py} run.py serve --port 8080      # HTTP: POST /infer, GET /health, GET /metadata
 
 {"Every command takes `--part NAME` to run one model only. " if several else ""}Exit codes: 0
 passed, 1 a check failed, 2 bad input or a broken bundle.

@@ -285,7 +285,9 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     problems = preflight_problems(info, manifest, _size(folder), options)
     if problems:
         raise DeviceError(f"{host.name}: preflight failed: " + "; ".join(problems),
-                          "install what is missing on the device, then deploy again")
+                          "install what is missing on the device (or pass --python with the "
+                          "Python that has it, e.g. a venv's: --python ~/ort/bin/python), "
+                          "then deploy again")
     say(f"preflight ok: {info['arch']}, Python {info['python']}, onnxruntime "
         f"{info['onnxruntime']}, {info['free_mb']:.0f} MB free")
     for note in optional_providers_missing(info, manifest):

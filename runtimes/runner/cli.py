@@ -160,7 +160,7 @@ def check_dependencies(manifest):
     """numpy and onnxruntime importable here, else one line naming the manifest's install line
     (the import error alone names neither this Python nor the fix)."""
     install = (manifest.get("target") or {}).get("install") or \
-        "python3 -m pip install -r requirements.txt"
+        "python3 -m venv ~/ort && ~/ort/bin/pip install -r requirements.txt"
     missing = "numpy" if np is None else None
     if missing is None:
         try:
