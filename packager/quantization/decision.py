@@ -167,7 +167,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if (forced != "int8" and base.mode == "dynamic" and static_ok and "mode" not in pinned
             and preset is not target.quantization and target.quantization.mode == "static"
             and not search.over("INT8 static (the target's default preset)",
-                                2 * search.first_cost)):   # (it calibrates: ~2 variants)
+                                2 * search.first_cost, search.limit)):   # (~2 variants)
         # a family preset chose dynamic (transformers): the target's static preset is still
         # measured, since which wins depends on the model and the onnxruntime version
         search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(

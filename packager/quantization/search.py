@@ -244,10 +244,11 @@ class Search:
                      "histograms of every tensor cost about 10x a MinMax pass)")
         return [self.calib[i] for i in spread(len(self.calib), cap)]
 
-    def over(self, what: str, needs: float = 0.0) -> bool:
-        """Whether the search is past its limit, or *needs* seconds more would end past the
-        bisection's; says so once per *what* (what is left out)."""
-        if self.elapsed < self.limit and self.elapsed + needs <= self.limit * BISECT_SHARE:
+    def over(self, what: str, needs: float = 0.0, end: float | None = None) -> bool:
+        """Whether the search is past its limit, or *needs* seconds more would end past *end*
+        (default: the bisection's limit); says so once per *what* (what is left out)."""
+        end = self.limit * BISECT_SHARE if end is None else end
+        if self.elapsed < self.limit and self.elapsed + needs <= end:
             return False
         if what not in self._said:
             self._said.add(what)
@@ -255,7 +256,7 @@ class Search:
                 f"the search is at its {self.limit:.0f} s limit ({self.elapsed:.0f} s"
                 if self.elapsed >= self.limit else
                 f"it would take about {needs:.0f} s more, past the search's "
-                f"{self.limit * BISECT_SHARE:.0f} s ({self.elapsed:.0f} s so far")
+                f"{end:.0f} s ({self.elapsed:.0f} s so far")
                 + "; --search-seconds sets another)")
         return True
 
