@@ -115,7 +115,12 @@ def test_search_stops_when_even_the_most_int8_variant_cannot_pay(tmp_path):
     assert "INT8 cannot pay on this CPU" in slow.record["reason"]
     labels = [c["label"] for c in slow.record["candidates"]]
     assert not any("most sensitive" in label for label in labels)
-    assert all(c["p50_ms"] for c in slow.record["candidates"] if not c["error"])
+    # the variants no other beats in structure were timed; one dominated by another was not
+    timed = [c for c in slow.record["candidates"] if c["p50_ms"] and c["label"] != "FP32"]
+    assert timed and all(
+        any(t["int8_nodes"] >= c["int8_nodes"] and t["qdq_boundaries"] <= c["qdq_boundaries"]
+            for t in timed)
+        for c in slow.record["candidates"] if not c["error"] and c["label"] != "FP32")
     (tmp_path / "fast").mkdir()
     fast = decide(model, tmp_path / "fast", timer=_timer(0.5), **kwargs)
     assert "cannot pay" not in fast.record["reason"]
@@ -443,3 +448,17 @@ def test_a_bisection_probe_s_gain_is_predicted_from_the_last_timed_one():
     assert predicted_gain(None, 0.4) is None
     assert predicted_gain((1.0, 1.5), 0.4) is None    # shares unknown: no prediction
     assert predicted_gain((0.5, 0.9), 0.4) is None    # a slower probe predicts nothing
+
+
+def test_only_the_variants_no_other_beats_in_structure_are_timed(tmp_path):
+    from packager.quantization.decision import frontier
+    from packager.quantization.search import Candidate
+
+    def cand(label, int8, boundaries):
+        c = Candidate(label, QuantConfig.from_preset(X86), tmp_path / f"{label}.onnx")
+        c.int8_nodes, c.boundaries = int8, boundaries
+        return c
+
+    preset, narrow = cand("preset", 18, 6), cand("7-bit", 18, 6)
+    edges, heavy = cand("edges", 6, 6), cand("heavy", 15, 2)
+    assert [c.label for c in frontier([preset, narrow, edges, heavy])] == ["preset", "heavy"]
