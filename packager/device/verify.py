@@ -324,14 +324,20 @@ def render_markdown(report: dict[str, Any]) -> str:
     if bench:
         dev = bench["device"]
         rss = bench.get("peak_rss_mb")
-        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up)", "",
-                  "| model | batch | p50 ms | p90 ms | p99 ms | mean ms | std ms | throughput/s |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        threads = (bench.get("session") or {}).get("intra_op_threads") or "auto"
+        lines += ["", f"## Benchmark ({bench['runs']} runs after {bench['warmup']} warm-up, "
+                      f"{threads} threads)", "",
+                  "| model | batch | p50 ms | p10-p90 ms | p99 ms | mean ms | throughput/s | "
+                  "others' CPU | noisy |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for part, entry in bench["parts"].items():
             lat = entry["latency_ms"]
-            lines.append(f"| {part} | {entry['batch']} | {lat['p50']:.3f} | {lat['p90']:.3f} | "
-                         f"{lat['p99']:.3f} | {lat['mean']:.3f} | {lat['std']:.3f} | "
-                         f"{entry['throughput_per_s']:.1f} |")
+            share = (entry.get("load") or {}).get("other_share")
+            lines.append(f"| {part} | {entry['batch']} | {lat['p50']:.3f} | "
+                         f"{lat.get('p10', lat['min']):.3f}-{lat['p90']:.3f} | "
+                         f"{lat['p99']:.3f} | {lat['mean']:.3f} | "
+                         f"{entry['throughput_per_s']:.1f} | "
+                         f"{'-' if share is None else f'{100 * share:.0f}%'} | "
+                         f"{entry.get('noisy') or 'no'} |")
         ceiling = bench.get("roofline")
         for part, entry in bench["parts"].items():
             if entry.get("achieved_gops"):
