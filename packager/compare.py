@@ -366,6 +366,7 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
         graph = (paths.get("INT8 QDQ U8S8") if name == OV_INT8 else raw) if other else \
             paths.get(name)
         row.update({"p50_ms": p50, "p90_ms": medians[name]["p90"],
+                    "p10_ms": medians[name].get("p10"), "load": medians[name].get("load"),
                     "per_sample_ms": p50 / batch,
                     "vs_eager": None if other else eager / p50 if eager else None,
                     "vs_ort_fp32": own_base / p50 if own_base else None,
@@ -501,11 +502,16 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
 
 def markdown(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (one row per variant and batch)."""
+    from ._runtimes.runner.load import BUSY
     from .timing import machine_line
 
+    shares = {r["batch"]: r["load"]["other_share"] for r in result["rows"]
+              if (r.get("load") or {}).get("other_share") is not None}
+    busy = "; ".join(f"batch {b}: other processes used {100 * v:.0f}% of the cores"
+                     + (" (NOISY)" if v > BUSY else "") for b, v in shares.items())
     lines = [f"Machine: {machine_line(result['machine'])}; {result['threads'] or 'default'} "
              f"intra-op threads (ORT spinning off); {result['rounds']} rounds, interleaved in "
-             "blocks.", "",
+             "blocks" + (f"; {busy}" if busy else "") + ".", "",
              "| variant | batch | p50 ms | p90 ms | per sample ms | vs eager | vs ORT FP32 | "
              "GOP/s | % of ceiling | size MB | cosine min | top-1 | cold start ms | prepare s |",
              "|" + " --- |" * 14]
