@@ -36,7 +36,7 @@ except ImportError:
 
 from .errors import BundleError
 from .images import normalise
-from .tasks import iou_matrix
+from .tasks import iou_matrix, matched_pairs
 
 CELL, STRIDE = 12, 2      # P-Net: a cell sees 12x12 pixels, cells are 2 pixels apart
 MARGIN = CELL - STRIDE    # the pixels a block of cells needs past 2 x its cells
@@ -361,19 +361,7 @@ def agreement(want, got):
     *want* and *got* are the cascade's answers ({"faces": [...]}), each face of *got* matched
     once, the best overlap first."""
     a, b = want.get("faces") or [], got.get("faces") or []
-    if not a or not b:
-        return len(a), 0, len(b)
-    iou = iou_matrix([f["box"] for f in a], [f["box"] for f in b])
-    used, same = set(), 0
-    for i in np.argsort(-iou.max(axis=1), kind="stable"):
-        for j in np.argsort(-iou[i], kind="stable"):
-            if iou[i, j] < 0.5:
-                break
-            if int(j) not in used:
-                used.add(int(j))
-                same += 1
-                break
-    return len(a), same, len(b)
+    return len(a), len(matched_pairs([f["box"] for f in a], [f["box"] for f in b])), len(b)
 
 
 def landmark_error(want, got):

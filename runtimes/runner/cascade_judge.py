@@ -16,12 +16,7 @@ pipeline bundle keeps (golden/pipeline/) against the answers the original models
 
 import math
 
-try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
-    import numpy as np
-except ImportError:
-    np = None
-
-from .tasks import iou_matrix
+from .tasks import matched_pairs
 
 KEEP = 0.99   # the original's answers the bundle must give alike, unless the manifest says
 GOLDEN_DIR = "golden/pipeline"
@@ -33,20 +28,8 @@ WORDS = {"ocr": ("lines", "text lines", "read alike (box IoU >= 0.5, same text)"
 def match_lines(want, got):
     """How many of *want*'s lines a line of *got* matches: box IoU >= 0.5 and the same text
     (each line of *got* matched once, the best overlap first)."""
-    if not want or not got:
-        return 0
-    iou = iou_matrix([w["box"] for w in want], [g["box"] for g in got])
-    used = set()
-    same = 0
-    for i in np.argsort(-iou.max(axis=1), kind="stable"):
-        for j in np.argsort(-iou[i], kind="stable"):
-            if iou[i, j] < 0.5:
-                break
-            if int(j) not in used:
-                used.add(int(j))
-                same += want[i]["text"] == got[j]["text"]
-                break
-    return same
+    pairs = matched_pairs([w["box"] for w in want], [g["box"] for g in got])
+    return sum(want[i]["text"] == got[j]["text"] for i, j in pairs)
 
 
 def ocr_agreement(want, got):

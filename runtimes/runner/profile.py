@@ -44,7 +44,7 @@ def profile_part(bundle, manifest, part, args, graph, runs=PROFILE_RUNS):
             session = ort.InferenceSession(os.path.join(bundle, graph), sess_options=so,
                                            providers=[CPU])
         except Exception as exc:
-            raise BundleError("%s: onnxruntime cannot profile it (%s)" % (graph, one_line(exc)))
+            raise BundleError("%s: onnxruntime cannot profile it (%s)" % (graph, one_line(exc))) from None
         warmup = 3
         for _ in range(warmup + runs):
             session.run(None, feed)

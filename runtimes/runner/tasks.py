@@ -112,6 +112,24 @@ def iou_matrix(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 
 
+def matched_pairs(want, got, threshold=0.5):
+    """[(i, j)]: each box of *want* with the box of *got* it overlaps most at IoU >= *threshold*,
+    each of *got* matched once, the best-overlapping boxes of *want* first."""
+    if not len(want) or not len(got):
+        return []
+    iou = iou_matrix(want, got)
+    used, pairs = set(), []
+    for i in np.argsort(-iou.max(axis=1), kind="stable"):
+        for j in np.argsort(-iou[i], kind="stable"):
+            if iou[i, j] < threshold:
+                break
+            if int(j) not in used:
+                used.add(int(j))
+                pairs.append((int(i), int(j)))
+                break
+    return pairs
+
+
 def nms(boxes, scores, threshold, classes=None, limit=None):
     """Indices kept by greedy non-maximum suppression, best first (at most *limit*); with
     *classes*, a box only suppresses boxes of its own class."""
