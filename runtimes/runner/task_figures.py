@@ -29,7 +29,7 @@ from .tasks import (
     ctc_decode,
     decode_boxes,
     embedding,
-    iou_matrix,
+    matched_pairs,
     multilabel_reads,
     pick,
     segment_map,
@@ -77,19 +77,7 @@ def match_count(ref, got, threshold=0.5):
     """Greedy one-to-one matches of boxes *ref* against *got* (each (boxes, classes)), same
     class and IoU >= *threshold*, the best-overlapping reference box first."""
     (rb, rc), (gb, gc) = ref, got
-    if not len(rb) or not len(gb):
-        return 0
-    m = iou_matrix(rb, gb) * (np.asarray(rc)[:, None] == np.asarray(gc)[None, :])
-    used, matched = set(), 0
-    for i in np.argsort(-m.max(axis=1), kind="stable"):
-        for j in np.argsort(-m[i], kind="stable"):
-            if m[i, j] < threshold:
-                break
-            if int(j) not in used:
-                used.add(int(j))
-                matched += 1
-                break
-    return matched
+    return len(matched_pairs(rb, gb, threshold, (rc, gc)))
 
 
 def detect_figures(conf, reference, candidate):

@@ -112,12 +112,15 @@ def iou_matrix(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 
 
-def matched_pairs(want, got, threshold=0.5):
+def matched_pairs(want, got, threshold=0.5, classes=None):
     """[(i, j)]: each box of *want* with the box of *got* it overlaps most at IoU >= *threshold*,
-    each of *got* matched once, the best-overlapping boxes of *want* first."""
+    each of *got* matched once, the best-overlapping boxes of *want* first; with *classes*
+    ((want's, got's) class ids) only boxes of the same class match."""
     if not len(want) or not len(got):
         return []
     iou = iou_matrix(want, got)
+    if classes is not None:
+        iou = iou * (np.asarray(classes[0])[:, None] == np.asarray(classes[1])[None, :])
     used, pairs = set(), []
     for i in np.argsort(-iou.max(axis=1), kind="stable"):
         for j in np.argsort(-iou[i], kind="stable"):
