@@ -59,7 +59,7 @@ RETRIES = 4          # quantizer failures worked around per variant
 # No new stage starts after SEARCH_SECONDS (--search-seconds), and the bisection starts no probe
 # after BISECT_SHARE times that: zoo builds took up to 264 s (CenterFace), mostly in searches
 # that found no INT8 variant within budget, and users wait on every build. At 40 s, three zoo
-# builds still took 67-79 s; at 18 s (and the rest of this change) they take 35-60 s, and every
+# builds still took 67-79 s; at 18 s (and the rest of this change) the four slowest take 22-57 s, and every
 # zoo model ships what it did at 40 s.
 SEARCH_SECONDS = 18.0
 BISECT_SHARE = 1.25
