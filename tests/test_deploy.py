@@ -6,6 +6,7 @@ elsewhere they skip with the reason.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -219,6 +220,10 @@ ansible_python_interpreter={sys.executable}
     assert (tmp_path / "d2" / "current" / "run.py").is_file()
     table = summary_table(results)
     assert table.count("| pass |") == 2 and "| down |" in table and "unreachable" in table
+    # latency as run.py bench measures it: threads, p50, p10-p90, other processes' CPU share
+    assert "| threads | p50 ms | p10-p90 ms | p99 ms | others' CPU |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| device1 |"))
+    assert re.search(r"\| \d+\.\d\d-\d+\.\d\d \|", row) and re.search(r"\| \d+%( NOISY)? \|", row)
     reports = built.bundle.directory / "reports"
     assert (reports / "device1" / "report.md").is_file()
     assert (reports / "device2" / "report.md").is_file()

@@ -464,23 +464,41 @@ def _size(folder: Path) -> int:
 
 
 def summary_table(results: Sequence[HostResult]) -> str:
-    """One row per host: arch, Python, onnxruntime, provider, latency, accuracy, the release in
-    use after the deploy, result."""
-    lines = ["| host | arch | python | onnxruntime | provider | p50 ms | p90 ms | p99 ms | "
-             "accuracy (cosine min) | in use | result |", "|" + " --- |" * 11]
+    """One row per host: arch, Python, onnxruntime, provider, threads, latency as run.py bench
+    measures it (p50, p10-p90, p99, other processes' share of the cores, NOISY when that or the
+    spread is high), accuracy, the release in use after the deploy, result."""
+    lines = ["| host | arch | python | onnxruntime | provider | threads | p50 ms | p10-p90 ms | "
+             "p99 ms | others' CPU | accuracy (cosine min) | in use | result |",
+             "|" + " --- |" * 13]
     for r in results:
         dev, rep = r.device, r.report
-        bench = rep.get("bench", {}).get("parts", {})
-        lat = [e["latency_ms"] for e in bench.values()]
+        bench = rep.get("bench", {})
+        parts = [e for e in bench.get("parts", {}).values() if isinstance(e, dict)]
+        lat = [e["latency_ms"] for e in parts]
+        shares = [e["load"]["other_share"] for e in parts
+                  if isinstance(e.get("load"), dict) and e["load"].get("other_share") is not None]
+        noisy = [e["noisy"] for e in parts if e.get("noisy")]
         cos = [o["cosine_min"] for p in rep.get("check", {}).get("parts", {}).values()
                for o in p["outputs"].values()]
+        threads = (bench.get("session") or {}).get("intra_op_threads") if bench else None
         cells = [r.host, dev.get("arch", "?"), dev.get("python", "?"),
                  dev.get("onnxruntime") or ("missing" if dev else "?"),
                  (rep.get("providers") or ["?"])[0].replace("ExecutionProvider", ""),
-                 *(" / ".join(f"{x[k]:.2f}" for x in lat) or "-" for k in ("p50", "p90", "p99")),
+                 "-" if not bench else str(threads or "auto"),
+                 " / ".join(f"{x['p50']:.2f}" for x in lat) or "-",
+                 " / ".join(f"{x.get('p10', x.get('min', 0)):.2f}-{x['p90']:.2f}"
+                            for x in lat) or "-",
+                 " / ".join(f"{x['p99']:.2f}" for x in lat) or "-",
+                 (f"{100 * max(shares):.0f}%" if shares else "-")
+                 + (" NOISY" if noisy else ""),
                  f"{min(cos):.4f}" if cos else "-", _in_use(r.release),
                  r.status + (f": {r.error or r.skipped}" if r.error or r.skipped else "")]
         lines.append("| " + " | ".join(cells) + " |")
+    notes = sorted({f"{r.host}: {e['noisy']}" for r in results
+                    for e in r.report.get("bench", {}).get("parts", {}).values()
+                    if isinstance(e, dict) and e.get("noisy")})
+    if notes:
+        lines += ["", "NOISY latency (measure again on a quieter device): " + "; ".join(notes)]
     return "\n".join(lines)
 
 
