@@ -179,23 +179,24 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
     from .device.verify import verify
     from .pipeline import ExportOptions, build
     from .source.specs import TensorSpec
+    from .tasks.declare import parse_tasks
 
     torch.set_num_threads(2)
     work = Path(work)
     data = work / "data"
     if not (data / "test").is_dir():
         log(f"demo: drawing images into {data}")
-        make_dataset(data, per_class={"train": TRAIN_PER_CLASS, "calib": 40, "test": 60})
+        make_dataset(data, per_class={"train": TRAIN_PER_CLASS, "calib": 125, "test": 60})
     weights, torch_accuracy = trained_weights(work, data, log)
     x_test, y_test = load_labelled(data / "test")
     source = "packager.demo:make_net"   # what `edgepack build packager.demo:make_net` loads
     (work / "labels.txt").write_text("\n".join(CLASSES) + "\n")
     out = work / "bundle"
-    log(f"demo: edgepack build {source} --weights {weights.name} -o {out}")
+    log(f"demo: edgepack build {source} --weights {weights.name} --task classify -o {out}")
     built = build(source, out, target="x86_64-cpu", calib=data / "calib", preprocess=dict(PREPROCESS),
                   inputs=[TensorSpec("image", (1, 3, SIZE, SIZE))],
                   export_options=ExportOptions(weights=weights, output_names=["scores"]),
-                  labels=CLASSES, force=True, log=log)
+                  labels=CLASSES, tasks=parse_tasks(["classify"], ["model"]), force=True, log=log)
     log(f"demo: edgepack verify {out}")
     report = verify(out, runs=runs)
     manifest = json.loads((out / "manifest.json").read_text())

@@ -169,6 +169,26 @@ def others_share(before, after) -> str:
             "model's run (/proc/stat, less this run's own CPU time).")
 
 
+def latency_section(work: Path) -> str:
+    """One bundle (the demo's INT8 CNN) timed by the build's decision, by `verify` and by its own
+    `run.py bench`: the figures agree when each p50 lies inside the p10-p90 the others state."""
+    import json
+
+    from latency_agreement import demo_bundle, disagreements, measure, table
+
+    print("== One latency answer: build, verify and run.py bench on one bundle", flush=True)
+    out = demo_bundle(work)
+    rows = measure(out)
+    shipped = json.loads((out / "manifest.json").read_text())["parts"][0]["precision"]
+    verdict = ("Each p50 lies inside the p10-p90 the measures state." if not disagreements(rows)
+               else "They disagree: " + "; ".join(disagreements(rows)) + ".")
+    text = (f"The demo's CNN ({shipped['description']}), 200 timed calls each for verify and "
+            f"run.py bench, each with the session options the manifest names "
+            f"(tests/latency_agreement.py). {verdict}\n\n{table(rows)}")
+    print(text, flush=True)
+    return f"## One latency answer: build, verify and run.py bench on one bundle\n\n{text}\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -217,6 +237,7 @@ def main():
             table = markdown(result)
             print(load + table, flush=True)
             sections.append(f"## {title}\n\n{load}{table}")
+        sections.append(latency_section(work / "latency"))
     info = machine()
     flags = set(info["flags"]) | cpu_flags()
     integer = ("AMX-INT8 and VNNI" if "amx_int8" in flags else
