@@ -131,3 +131,17 @@ def test_the_checks_see_the_imports():
     assert "graph.modelio" in edges["quantization.quantize"]
     assert "bundle.assemble" in edges["pipeline"]
     assert len(edges) > 40
+
+
+def test_the_installed_package_lists_every_folder():
+    """pyproject's packages name every folder of packager/ (a folder left out is missing from a
+    non-editable install: `pip install .` then fails on its first import), and runtimes/ and
+    targets/ under the names the code imports them by."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {".".join(p.relative_to(ROOT).parts) for p in PACKAGE.rglob("*") if p.is_dir()
+               and p.name != "__pycache__"} | {"packager"}
+    folders |= {"packager._runtimes", "packager._runtimes.runner", "packager._targets"}
+    assert listed == folders, (sorted(folders - listed), sorted(listed - folders))
