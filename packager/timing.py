@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ._runtimes.runner.load import load_facts, snapshot
+
 # the device script and the host stop timing rounds by one rule
 from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, enough_rounds, settled  # noqa: F401
-from ._runtimes.runner.load import load_facts, snapshot
 from .progress import OFF, Progress
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import OPENVINO_PYTHON, PREP, run_py
 
+from conftest import OPENVINO_PYTHON, PREP, run_py
 from packager import engines
 from packager.cli import main
 from packager.device.deploy import optional_providers_missing, preflight_needs
@@ -65,8 +65,8 @@ def test_target_lists_openvino_only_as_a_faster_candidate(tmp_path):
 
 
 def test_one_graph_timed_under_both_providers_in_one_run(openvino, cnn_onnx, tmp_path):
-    from packager.graph.shapes import fix_shapes_proto
     from packager.graph.modelio import load_model, save_model
+    from packager.graph.shapes import fix_shapes_proto
 
     fixed = tmp_path / "cnn.onnx"
     save_model(fix_shapes_proto(load_model(cnn_onnx), {"image": [1, 3, 32, 32]}), fixed)

@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from click.testing import CliRunner
-from conftest import run_py, save
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import run_py, save
 from packager.cli import main
 from packager.graph.hard_activations import fuse_hard_activations, rewrite
 from packager.quantization.profile import (
