@@ -360,3 +360,24 @@ def test_build_tune_on_a_device(server, cnn_onnx, image_dir, tmp_path):
     assert manifest["tuning"]["measured_on"] == "device1"
     assert manifest["session"] == manifest["tuning"]["chosen"]
     assert not list(Path.home().glob("edgepack/.tune-*"))   # the scratch folder is gone
+
+
+def test_the_summary_says_which_host_timed_noisily():
+    """A host whose run.py bench marked its timing NOISY gets it in its row and under the
+    table, with the reason; a quiet host shows its others' share only."""
+    from packager.device.deploy import HostResult
+
+    def host(name, share, noisy):
+        part = {"latency_ms": {"p10": 1.0, "p50": 1.1, "p90": 1.3, "p99": 1.5},
+                "load": {"other_share": share, "cores": 4}, "noisy": noisy}
+        return HostResult(name, 0, device={"arch": "aarch64"}, report={
+            "bench": {"session": {"intra_op_threads": 4}, "parts": {"model": part}},
+            "providers": ["CPUExecutionProvider"]}, release={})
+
+    table = summary_table([host("pi-01", 0.02, ""),
+                           host("pi-02", 0.61, "other processes used 61% of the 4 cores")])
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| pi")}
+    assert "| 4 | 1.10 | 1.00-1.30 | 1.50 | 2% |" in rows["pi-01"]
+    assert "| 61% NOISY |" in rows["pi-02"]
+    assert table.endswith("NOISY latency (measure again on a quieter device): "
+                          "pi-02: other processes used 61% of the 4 cores")

@@ -470,6 +470,7 @@ def summary_table(results: Sequence[HostResult]) -> str:
     lines = ["| host | arch | python | onnxruntime | provider | threads | p50 ms | p10-p90 ms | "
              "p99 ms | others' CPU | accuracy (cosine min) | in use | result |",
              "|" + " --- |" * 13]
+    notes: list[str] = []
     for r in results:
         dev, rep = r.device, r.report
         bench = rep.get("bench", {})
@@ -478,6 +479,7 @@ def summary_table(results: Sequence[HostResult]) -> str:
         shares = [e["load"]["other_share"] for e in parts
                   if isinstance(e.get("load"), dict) and e["load"].get("other_share") is not None]
         noisy = [e["noisy"] for e in parts if e.get("noisy")]
+        notes += [f"{r.host}: {n}" for n in dict.fromkeys(noisy)]
         cos = [o["cosine_min"] for p in rep.get("check", {}).get("parts", {}).values()
                for o in p["outputs"].values()]
         threads = (bench.get("session") or {}).get("intra_op_threads") if bench else None
@@ -494,9 +496,6 @@ def summary_table(results: Sequence[HostResult]) -> str:
                  f"{min(cos):.4f}" if cos else "-", _in_use(r.release),
                  r.status + (f": {r.error or r.skipped}" if r.error or r.skipped else "")]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = sorted({f"{r.host}: {e['noisy']}" for r in results
-                    for e in r.report.get("bench", {}).get("parts", {}).values()
-                    if isinstance(e, dict) and e.get("noisy")})
     if notes:
         lines += ["", "NOISY latency (measure again on a quieter device): " + "; ".join(notes)]
     return "\n".join(lines)
