@@ -125,13 +125,21 @@ def scratch_cwd() -> Iterator[Path]:
             os.chdir(cwd)
 
 
+def check_named(path: Path | str) -> Path:
+    """*path* as a Path, unless it names no file or folder of its own (., .., /, ''): the one
+    error every output option gives for that."""
+    shown = str(path) or "''"
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise BundleError(f"-o {shown}: names no file or folder",
+                          "name the output itself, e.g. -o out/mynet")
+    return path
+
+
 def check_free(path: Path, *, force: bool, inputs: Sequence[Path | str] = ()) -> None:
     """Raise unless *path* is free to write (or *force* allows replacing it), is not one of
     *inputs*, does not contain one and does not lie inside one."""
-    path = Path(path)
-    if path.name in ("", ".", ".."):
-        raise BundleError(f"-o {path}: names no file or folder",
-                          "name the output itself, e.g. -o out/mynet")
+    path = check_named(path)
     here = Path(os.path.abspath(path))
     for given in inputs:
         source = Path(os.path.abspath(given))

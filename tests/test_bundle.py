@@ -285,6 +285,28 @@ def test_an_output_that_names_no_folder_is_refused(cnn_onnx, image_dir, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
+@pytest.mark.parametrize("output", [".", "./", "/", ""])
+@pytest.mark.parametrize("command", ["build", "bundle"])
+def test_build_and_bundle_refuse_an_output_of_no_name(cnn_onnx, image_dir, tmp_path, monkeypatch,
+                                                      command, output):
+    """-o . (or /, or nothing) is exit 2 with the one line, not an exception from the archive's
+    name (was exit 3), and nothing is written where the command ran."""
+    from click.testing import CliRunner
+
+    from packager.cli import main
+    from packager.graph.modelio import load_model, save_model
+    from packager.graph.shapes import fix_shapes_proto
+
+    model = tmp_path.parent / f"{tmp_path.name}-static.onnx"   # bundle takes static shapes
+    save_model(fix_shapes_proto(load_model(cnn_onnx), {"image": [1, 3, 32, 32]}), model)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, [command, str(model), "--calib", str(image_dir),
+                                  "--preprocess", "size=32x32,scale=1/255", "-o", output])
+    assert r.exit_code == 2, r.output
+    assert "names no file or folder; name the output itself" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_single_stage_commands_never_write_over_their_input(cnn_onnx, tmp_path):
     import shutil
 

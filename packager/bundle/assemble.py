@@ -19,7 +19,7 @@ import numpy as np
 
 from .._runtimes.runner.cascade_judge import GOLDEN_DIR
 from .._runtimes.runner.manifest import read_npz
-from ..atomic import atomic_pair, check_free
+from ..atomic import atomic_pair, check_free, check_named
 from ..errors import BundleError
 from ..graph.compat import fit_to_runtime
 from ..graph.execute import Sample, compare_outputs, run_model, stack
@@ -63,6 +63,7 @@ def runner_sources() -> dict[str, Path]:
 
 
 def archive_path(directory: Path) -> Path:
+    directory = check_named(directory)
     return directory.with_name(directory.name + ".tar.gz")
 
 
