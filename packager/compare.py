@@ -142,8 +142,13 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     """
     steps = steps or OFF
     target = load_target(target) if isinstance(target, str | Path) else target
-    wanted = list(variants or VARIANTS)
+    by_case = {v.lower(): v for v in VARIANTS}
+    wanted = [by_case.get(v.lower(), v) for v in variants or VARIANTS]
     unknown = [v for v in wanted if v not in VARIANTS]
+    for name, value in (("--batch", min(batches, default=1)), ("--rounds", rounds),
+                        ("--block", block), ("--threads", 1 if threads is None else threads)):
+        if value < 1:
+            raise PackagerError(f"{name} {value}: must be 1 or more", f"pass {name} 1 or more")
     if unknown:
         raise PackagerError(f"unknown variant '{unknown[0]}'", f"variants: {', '.join(VARIANTS)}")
     if threads is None:

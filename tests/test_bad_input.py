@@ -264,3 +264,37 @@ def test_export_prints_its_validation_once(tmp_path):
 def test_targets_checks_one_profile():
     r = CliRunner().invoke(main, ["targets", "--target", "x86_64-cpu", "--json"])
     assert r.exit_code == 0 and [t["name"] for t in json.loads(r.stdout)] == ["x86_64-cpu"]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["compare", "{model}", "--batch", "0"], "--batch"),
+    (["compare", "{model}", "--batch", "-2"], "--batch"),
+    (["compare", "{model}", "--rounds", "0"], "--rounds"),
+    (["compare", "{model}", "--threads", "-1"], "--threads"),
+    (["fix-shapes", "{model}", "-o", "{out}", "--batch", "-4"], "--batch"),
+    (["fix-shapes", "{model}", "-o", "{out}", "--batch", "0"], "--batch"),
+    (["verify", "{out}", "--runs", "0"], "--runs"),
+    (["verify", "{out}", "--threads", "-3"], "--threads"),
+    (["verify", "{out}", "--latency-budget-ms", "-1"], "--latency-budget-ms"),
+])
+def test_counts_below_one_are_refused_by_name(args, option, cnn_onnx, tmp_path):
+    """A batch, round, run or thread count below 1 (or a negative budget) is exit 2 naming the
+    option; compare's --batch 0 was a ZeroDivisionError (exit 3), fix-shapes --batch -4 wrote a
+    -4x3x32x32 model with exit 0."""
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, [a.format(model=cnn_onnx, out=out) for a in args])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{option}'" in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_the_library_refuses_a_batch_below_one_too(cnn_onnx, tmp_path):
+    from packager.compare import compare
+    from packager.errors import PackagerError
+    from packager.graph.shapes import fix_shapes
+
+    with pytest.raises(PackagerError, match="--batch 0: a batch holds at least one sample"):
+        fix_shapes(cnn_onnx, tmp_path / "f.onnx", shapes={}, batch=0)
+    with pytest.raises(PackagerError, match="--rounds 0: must be 1 or more"):
+        compare(cnn_onnx, rounds=0)
+    assert list(tmp_path.iterdir()) == []

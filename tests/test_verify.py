@@ -35,6 +35,8 @@ def test_budget_miss_fails(built, tmp_path):
     report = verify(bundle, runs=5, warmup=1, latency_budget_ms=1e-6)
     assert not report["passed"]
     assert [c["name"] for c in report["checks"] if not c["passed"]] == ["latency"]
+    miss = next(c for c in report["checks"] if c["name"] == "latency")
+    assert " ms > budget 1e-06 ms" in miss["detail"]   # says the miss, not "<="
 
 
 def test_missing_golden_file_fails_integrity(built, tmp_path):

@@ -214,14 +214,15 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
 @click.option("--preprocess", help="image spec for --calib images")
 @click.option("--target", default="x86_64-cpu", show_default=True,
               help="quantization presets and threads")
-@click.option("--batch", "batches", type=int, multiple=True,
+@click.option("--batch", "batches", type=click.IntRange(min=1), multiple=True,
               help="batch sizes (default: 1 and 8)")
 @click.option("--variant", "variants", multiple=True,
               help="only these variants (repeatable; default: all)")
-@click.option("--rounds", type=int, default=5, show_default=True)
-@click.option("--block", type=int, default=20, show_default=True,
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--block", type=click.IntRange(min=1), default=20, show_default=True,
               help="timed calls per engine per round (fewer for larger batches)")
-@click.option("--threads", type=int, default=None, help="intra-op threads for every engine")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="intra-op threads for every engine")
 @click.option("--cold/--no-cold", default=True, show_default=True,
               help="also time import + load + first call in fresh processes")
 @click.option("--chart", type=click.Path(path_type=Path), help="write a PNG bar chart here")

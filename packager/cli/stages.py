@@ -128,7 +128,8 @@ def simplify_cmd(model: Path, output: Path, force: bool, as_json: bool) -> None:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
-@click.option("--batch", type=int, default=1, show_default=True, help="size for a dynamic dim 0")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="size for a dynamic dim 0")
 @click.option("--force", is_flag=True, help="replace an existing output")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def fix_shapes_cmd(model: Path, output: Path, inputs: tuple[str, ...], batch: int, force: bool,

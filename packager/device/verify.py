@@ -212,7 +212,8 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
                 p90 = entry["latency_ms"]["p90"]
                 checks.append({"name": "latency" + (f":{part}" if several else ""),
                                "passed": p90 <= budget,
-                               "detail": f"p90 {p90:.3f} ms <= budget {budget:g} ms"})
+                               "detail": f"p90 {p90:.3f} ms {'<=' if p90 <= budget else '>'} "
+                                         f"budget {budget:g} ms"})
     elsewhere = not_the_target(manifest, check, bench)
     if elsewhere:
         checks.append({"name": "target", "passed": True, "skipped": True,

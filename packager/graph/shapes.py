@@ -234,6 +234,9 @@ def fix_shapes_proto(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     With *strict* False, tensors whose shapes only a simplifier can resolve (shape arithmetic
     that constant folding removes) may stay dynamic; the build checks again after simplifying.
     """
+    if batch is not None and batch < 1:
+        raise ShapeError(f"--batch {batch}: a batch holds at least one sample",
+                         "pass --batch 1 or more")
     resolved = resolve_input_shapes(model, shapes, batch=batch)
     redeclared = {i.name: dims_of(i) for i in graph_inputs(model)
                   if any(isinstance(d, int) and d > 0 and d != want
