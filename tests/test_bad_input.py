@@ -92,6 +92,8 @@ def cases(d: Path, cnn: Path, images: Path, out: Path) -> dict:
                                      2, "gap64.onnx takes image 1x3x64x64 float32"),
         "debug-quant unrelated": (["debug-quant", d / "static.onnx", d / "gap32.onnx", *prep], 2,
                                   "share no tensor names"),
+        "debug-quant two FP32": (["debug-quant", d / "static.onnx", d / "static.onnx", *prep], 2,
+                                 "static.onnx has no quantized op: nothing to compare with"),
         # calibration data
         "nan calibration": (["quantize", d / "static.onnx", "-o", out, "--calib", d / "nan"], 2,
                             "s.npy: 'image' holds NaN or Inf (12288 of 12288 values)"),
@@ -298,3 +300,17 @@ def test_the_library_refuses_a_batch_below_one_too(cnn_onnx, tmp_path):
     with pytest.raises(PackagerError, match="--rounds 0: must be 1 or more"):
         compare(cnn_onnx, rounds=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_debug_quant_with_its_models_swapped_says_which_goes_first(files, image_dir, tmp_path):
+    """The INT8 model first and the FP32 one second is exit 2 with the order to use, not a
+    table of damage followed by "nothing to keep in FP32" (it was exit 0)."""
+    prep = ["--calib", str(image_dir), "--preprocess", PREP_TEXT]
+    q = tmp_path / "q.onnx"
+    r = CliRunner().invoke(main, ["quantize", str(files / "static.onnx"), "-o", str(q), *prep,
+                                  "--precision", "int8"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["debug-quant", str(q), str(files / "static.onnx"), *prep])
+    assert r.exit_code == 2
+    assert "q.onnx is the quantized one (" in one_error(r.stderr)
+    assert f"pass the FP32 model first: debug-quant {files / 'static.onnx'} {q}" in r.stderr

@@ -340,7 +340,7 @@ def bundle_cmd(model: Path, output: Path, target: str, reference: Path | None, c
     if names:
         check_labels(names, load_model(model, check=False, external_data=False), model, labels)
     if reference is not None:
-        check_pair(reference, model, same_graph=False)
+        check_pair(reference, model, same_graph=False, needs_quantized=False)
     profile = load_target(target)
     budget = check_min_cosine(min_cosine) if min_cosine is not None else profile.min_cosine
     _, held = split_holdout(samples_for_model(reference or model, calib, preprocess=spec,

@@ -59,12 +59,15 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, flo
     return cosine, float(sqnr)
 
 
-def check_pair(fp32: Path, quantized: Path, *, same_graph: bool = True) -> None:
+def check_pair(fp32: Path, quantized: Path, *, same_graph: bool = True,
+               needs_quantized: bool = True) -> None:
     """Refuse two models that are not an FP32 model and a quantized copy of it: different
-    inputs, or (*same_graph*) no tensor name in common, so nothing to compare layer by layer."""
+    inputs, (*needs_quantized*) the second without a quantized op or the two swapped, or
+    (*same_graph*) no tensor name in common, so nothing to compare layer by layer."""
     from ..errors import ModelError
     from ..graph.inspection import graph_inputs, io_specs
     from ..graph.modelio import load_model
+    from ..graph.quantized import quantized_ops, quantized_summary
 
     a, b = (load_model(p, check=False, external_data=False) for p in (fp32, quantized))
     ins = [{i["name"]: (i["shape"], i["dtype"]) for i in io_specs(graph_inputs(m))} for m in (a, b)]
@@ -79,6 +82,16 @@ def check_pair(fp32: Path, quantized: Path, *, same_graph: bool = True) -> None:
     if same_graph and not names[0] & names[1]:
         raise ModelError(f"{quantized} and {fp32} share no tensor names: not a quantized copy "
                          "of it", "pass the FP32 model and the model quantized from it")
+    if not needs_quantized:
+        return
+    found = [quantized_ops(m.graph) for m in (a, b)]
+    if found[0] and not found[1]:
+        raise ModelError(f"{fp32} is the quantized one ({quantized_summary(found[0])}) and "
+                         f"{quantized} has no quantized op", "pass the FP32 model first: "
+                         f"debug-quant {quantized} {fp32}")
+    if not found[1]:
+        raise ModelError(f"{quantized} has no quantized op: nothing to compare with {fp32}",
+                         "pass a model quantized from it second (edgepack quantize writes one)")
 
 
 def layer_errors(fp32: Path, quantized: Path, samples: Sequence[Sample]) -> list[dict[str, Any]]:
