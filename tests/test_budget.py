@@ -332,3 +332,26 @@ def test_the_device_holds_a_few_values_a_sample_to_the_host_s_drift_plus_one_per
                     {"host": {"mos": {"max_abs": float("nan")}}}, {}):
         assert small_drift("mos", ref, far, damaged) is None
     assert small_drift("big", np.zeros((2, 1, 16), np.float32), far, golden) is None
+
+
+def test_a_preset_that_pays_but_misses_is_named_as_the_reason(sensitive, tmp_path):
+    """When the preset pays (here timed at 2x FP32) but misses the budget and the variants that
+    keep more nodes FP32 lose the gain, the decision says the budget kept INT8 out, not 'INT8
+    cannot pay on this CPU' about the slower bisected variant alone."""
+    from packager.quantization.decision import decide
+
+    root, _, calib, held = sensitive
+
+    def timer(paths, feed, threads, rounds, block):   # the --time-on interface, fixed figures
+        return ({str(p): {"p50": 1.0 if p.name == "fp32.onnx" else
+                          0.5 if p.name == "variant_00.onnx" else 1.2, "p90": 1.3}
+                 for p in paths}, {"arch": "test"})
+
+    (tmp_path / "d").mkdir()
+    result = decide(root / "fp32.onnx", tmp_path / "d", timer=timer,
+                    target=load_target("x86_64-cpu"), family="default", overrides={},
+                    calib=calib, held=held, budget=AccuracyBudget(min_cosine=0.99999999))
+    reason = result.record["reason"]
+    assert reason.startswith("FP32: the INT8 that pays misses the budget: INT8 preset runs "
+                             "2.00x FP32's speed (0.500 vs 1.000 ms p50) but cosine "), reason
+    assert "keeping nodes FP32 to meet it costs the gain" in reason
