@@ -396,7 +396,8 @@ def _accuracy_checks(label: str, entry: dict[str, Any], stats: dict[str, Any]) -
             "a kernel computes differently on this device")}
     else:
         reproduce = {"passed": True, "skipped": True, "detail": f"not checked: {rep['reason']}"}
-    what = ("the FP32 reference (budget)" if entry.get("reference", "fp32") == "fp32" else
+    what = ("the FP32 reference (the device's floor: the build's own cosine less a margin, "
+            "never below the budget)" if entry.get("reference", "fp32") == "fp32" else
             "the host's outputs (no FP32 reference: the bundle makes no accuracy claim)")
     return [{"name": f"reproduce:{label}", **reproduce},
             {"name": f"accuracy:{label}", "passed": stats["cosine_min"] >= entry["min_cosine"],
