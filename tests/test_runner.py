@@ -12,8 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_serve
+from test_serve import strict_json
 
 from conftest import run_py
+
+built_fp32 = test_serve.built_fp32   # the FP32 bundle fixture, shared with serve's tests
 
 RUNTIMES = Path(__file__).resolve().parent.parent / "runtimes"
 RUNNER = RUNTIMES / "run.py"
@@ -469,3 +473,46 @@ def test_bench_reports_operations_and_the_roofline(built):
                                                    ceiling[kind + "_gops"])
     human = run_py(built.bundle.directory, "bench", "--runs", "3", "--roofline")
     assert "GOP per call" in human.stdout and "roofline (best of " in human.stdout
+
+
+def test_infer_json_writes_non_finite_outputs_as_null(built_fp32, tmp_path):
+    """NaN and infinity out of the model: --json stays JSON (null in their place, and said),
+    the human report names the output, and the exit code stays 0 (the model ran)."""
+    np.save(tmp_path / "a_nan.npy", np.full((1, 3, 32, 32), np.nan, np.float32))
+    np.save(tmp_path / "b_inf.npy", np.full((1, 3, 32, 32), -np.inf, np.float32))
+    np.save(tmp_path / "c_ok.npy", np.zeros((1, 3, 32, 32), np.float32))
+    files = [str(tmp_path / n) for n in ("a_nan.npy", "b_inf.npy", "c_ok.npy")]
+    r = run_py(built_fp32.bundle.directory, "infer", *files, "--json")
+    assert r.returncode == 0, r.stderr
+    report = strict_json(r.stdout)
+    nan, inf, ok = report["results"]
+    for entry in (nan, inf):
+        assert [t["score"] for t in entry["outputs"]["scores"]["top"]] == [None] * 5
+        assert entry["notes"] == ["output 'scores' holds 10 non-finite value(s) (NaN or infinity) "
+                                  "of 10: the model computed them from this input"]
+    assert "notes" not in ok and all(isinstance(t["score"], float)
+                                     for t in ok["outputs"]["scores"]["top"])
+    assert report["non_finite"]["count"] == 10
+    assert report["non_finite"]["paths"][5] == "/results/1/outputs/scores/top/0/score"
+    human = run_py(built_fp32.bundle.directory, "infer", *files)
+    assert human.returncode == 0
+    assert (f"{files[0]}: output 'scores' holds 10 non-finite value(s) (NaN or infinity) of 10"
+            in human.stdout)
+    assert f"{files[2]}: output" not in human.stdout
+
+
+def test_to_json_writes_null_for_non_finite_and_names_where():
+    from packager._runtimes.runner.report import to_json
+
+    finite = {"p50_ms": 1.5, "parts": {"m": [1, 2.0, None, "x"]}}
+    assert to_json(finite, indent=2, sort_keys=True) == json.dumps(finite, indent=2,
+                                                                   sort_keys=True)
+    report = {"cosine_min": float("nan"), "a/b": {"~x": [0.5, float("-inf")]},
+              "nested": [{"v": float("inf")}], "passed": False}
+    out = strict_json(to_json(report, sort_keys=True))
+    assert out["cosine_min"] is None and out["a/b"]["~x"] == [0.5, None]
+    assert out["nested"] == [{"v": None}] and out["passed"] is False
+    assert out["non_finite"]["count"] == 3
+    assert out["non_finite"]["paths"] == ["/cosine_min", "/a~1b/~0x/1", "/nested/0/v"]
+    assert report["cosine_min"] != report["cosine_min"]   # the report itself is left as it was
+    assert strict_json(to_json([float("nan")])) == [None]   # not a dict: no field to add

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import raw_http, start_server
+from conftest import PREP, raw_http, start_server
 
 
 @pytest.fixture
@@ -33,6 +33,31 @@ def server(built):
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def built_fp32(tmp_path_factory, cnn_onnx, image_dir):
+    """The tiny CNN as an FP32 bundle: a NaN input comes out as NaN scores (the INT8 bundle
+    quantizes NaN to a number before its first layer)."""
+    from packager.pipeline import build
+
+    out = tmp_path_factory.mktemp("bundles") / "cnn32"
+    return build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                 labels=[f"class{i}" for i in range(10)], quant={"precision": "fp32"})
+
+
+def strict_json(text):
+    """json.loads as JavaScript's JSON.parse reads: NaN, Infinity and -Infinity are refused."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def npy(array: np.ndarray) -> bytes:
+    buf = __import__("io").BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
 
 
 def request(url, body=None, content_type=None):
@@ -249,6 +274,7 @@ def test_odd_requests_get_4xx(strict, data, code, message):
     still_serves(strict[0])
 
 
+
 def test_bad_bodies_get_4xx(strict):
     x = np.zeros((1, 3, 32, 32), np.float32)
     buf = __import__("io").BytesIO()
@@ -310,3 +336,31 @@ def test_busy_port_is_named(built):
     assert r.stderr.splitlines()[-1] == (
         f"error: 127.0.0.1:{port} is in use (Address already in use); pass another --port, "
         "or --port 0 for a free one")
+
+
+def test_non_finite_outputs_are_answered_as_null(built_fp32, tmp_path):
+    """A model output of NaN or infinity: the answer is JSON every parser reads, with null in
+    their place, and it says so."""
+    proc, url = start_server(built_fp32.bundle.directory, tmp_path / "log", "--quiet")
+    try:
+        for value in (np.nan, np.inf):
+            status, _, body = raw_http(url, post(npy(np.full((1, 3, 32, 32), value, np.float32)),
+                                                 "Content-Type: application/octet-stream"))
+            assert status == 200, body
+            with pytest.raises(ValueError, match="is not JSON"):   # what Python's json writes
+                strict_json(json.dumps({"score": value}))
+            out = strict_json(body)
+            assert [t["score"] for t in out["outputs"]["scores"]["top"]] == [None] * 5
+            assert out["non_finite"]["count"] == 5
+            assert out["non_finite"]["paths"][0] == "/outputs/scores/top/0/score"
+            assert out["notes"] == ["output 'scores' holds 10 non-finite value(s) (NaN or "
+                                    "infinity) of 10: the model computed them from this input"]
+        x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        status, _, body = raw_http(url, post(npy(x), "Content-Type: application/octet-stream"))
+        out = strict_json(body)   # a finite answer carries neither field
+        assert status == 200 and "non_finite" not in out and "notes" not in out
+        assert all(isinstance(t["score"], float) for t in out["outputs"]["scores"]["top"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in (tmp_path / "log").read_text()

@@ -3,7 +3,6 @@ printed, and every error turned into one line and an exit code.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -28,7 +27,7 @@ from .images import MAX_PIXELS
 from .infer import cmd_infer
 from .manifest import load_manifest
 from .profile import cmd_profile
-from .report import print_human
+from .report import print_human, to_json
 from .serve import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S, cmd_serve
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
 from .tuning import TUNE_MARGIN, load_tuned
@@ -213,7 +212,7 @@ def run_command(args, json_out=None):
         return EXIT_OK
     if json_out is not None:
         with json_out:
-            json_out.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+            json_out.write(to_json(report, indent=2, sort_keys=True) + "\n")
     else:
         print_human(args.command, report)
     return EXIT_OK if report.get("passed", True) else EXIT_FAILED

@@ -1,12 +1,13 @@
 """Connections `serve` will not answer in full, closed gracefully: a 503 for one over a cap,
 and the half-close that lets a client read its answer before the socket goes."""
 
-import json
 import time
+
+from .report import to_json
 
 
 def busy_answer(why):
-    body = json.dumps({"error": "busy: %s; retry shortly" % why}).encode("utf-8")
+    body = to_json({"error": "busy: %s; retry shortly" % why}).encode("utf-8")
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
             % len(body)) + body

@@ -63,13 +63,28 @@ def save_outputs(out, arrays):
         raise
 
 
+def non_finite_notes(names, outputs):
+    """A note per floating-point output holding NaN or infinity: JSON writes those as null
+    (report.to_json), and a human reads "score nan" as a runner bug, not the model's answer."""
+    notes = []
+    for name, value in zip(names, outputs):
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc":
+            bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+            if bad:
+                notes.append("output '%s' holds %d non-finite value(s) (NaN or infinity) of %d: "
+                             "the model computed them from this input" % (name, bad, value.size))
+    return notes
+
+
 def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None):
     """One sample's answer: {"task": result, "summary": text} in *part*'s task's terms, or with
     *raw* or no task, {"outputs": the tensors described}. A task's arrays (a segmentation map)
     go to *arrays* as KEY/task.map. When *body* (the input's bytes) is an image, a detector's
     boxes are also given in its pixels."""
+    notes = non_finite_notes(names, outputs)
     if not wants_task(part, raw):
-        return {"outputs": describe_outputs(names, outputs, part.get("labels"), top)}
+        return dict({"outputs": describe_outputs(names, outputs, part.get("labels"), top)},
+                    **({"notes": notes} if notes else {}))
     result = part_result(part, names, outputs, feed)
     size = image_size(body) if body is not None and part.get("preprocess") and \
         result["kind"] == "detect" else None
@@ -77,7 +92,8 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
         add_image_boxes(result, part["preprocess"], size)
     if "_map" in result and arrays is not None:
         arrays["%s/task.map" % key] = result["_map"]
-    return {"task": public(result), "summary": summary(part["task"], result)}
+    return dict({"task": public(result), "summary": summary(part["task"], result)},
+                **({"notes": notes} if notes else {}))
 
 
 def cmd_infer(bundle, manifest, args):

@@ -1,6 +1,47 @@
-"""The human-readable report of check, bench and infer (--json prints the report itself)."""
+"""The human-readable report of check, bench and infer, and the JSON text of every report and
+answer the runner writes (--json, serve)."""
+
+import json
+import math
 
 from .sessions import describe_session
+
+NON_FINITE_SHOWN = 20   # paths named in a report's "non_finite" field
+
+
+def finite(obj, path, found):
+    """*obj* with each NaN or infinity replaced by None, its JSON Pointer appended to *found*."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        found.append(path)
+        return None
+    if isinstance(obj, dict):
+        return dict((key, finite(value, "%s/%s" % (
+            path, str(key).replace("~", "~0").replace("/", "~1")), found))
+            for key, value in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return [finite(value, "%s/%d" % (path, i), found) for i, value in enumerate(obj)]
+    return obj
+
+
+def to_json(obj, **options):
+    """*obj* as JSON that every parser reads (JavaScript's JSON.parse too): Python's json
+    writes NaN and Infinity, which JSON does not have. Each one becomes null, and a dict says
+    so in its "non_finite" field (how many, and where as JSON Pointers). The one serialiser of
+    what the runner prints or answers; *options* go to json.dumps."""
+    try:
+        return json.dumps(obj, allow_nan=False, **options)
+    except ValueError:   # a NaN or an infinity somewhere: the walk below is the slow path
+        pass
+    found = []
+    obj = finite(obj, "", found)
+    if isinstance(obj, dict):
+        obj["non_finite"] = {
+            "count": len(found), "paths": found[:NON_FINITE_SHOWN],
+            "note": "%d number(s) were NaN or infinite, which JSON cannot hold: written as null"
+                    % len(found)}
+    return json.dumps(obj, allow_nan=False, **options)
 
 
 def figure(stats, floor, label="", why=""):
@@ -172,3 +213,5 @@ def print_human(command, report):
                         " '%s'" % best["label"] if best["label"] else "", best["score"]))
                 else:
                     print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
+            for note in entry.get("notes", ()):   # NaN or infinity in an output
+                print("%s: %s" % (entry["file"], note))

@@ -1,7 +1,6 @@
 """`run.py serve`: a small HTTP inference endpoint, standard library only."""
 
 import io
-import json
 import re
 import signal
 import sys
@@ -18,6 +17,7 @@ from .errors import BundleError, one_line
 from .infer import answer
 from .inputs import decode_body, json_limit
 from .manifest import load_golden, require_intact, select_parts
+from .report import to_json
 from .sessions import open_session
 
 MAX_BODY = 64 * 1024 * 1024
@@ -189,7 +189,7 @@ def cmd_serve(bundle, manifest, args):
                 sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
 
         def reply(self, code, obj, headers=()):
-            body = json.dumps(obj).encode("utf-8")
+            body = to_json(obj).encode("utf-8")   # NaN, infinity: null, and said
             self.connection.settimeout(args.timeout)   # a client that does not read: bounded
             if gate.stopping or gate.crowded(self.client_address[0]):
                 # stopping, or half the connections (in all or this client's) are open: no
