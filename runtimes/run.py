@@ -11,7 +11,8 @@ only for image inputs). It never installs anything.
     python3 run.py serve --port 8080     # HTTP: POST /infer, GET /health, GET /metadata
 
 Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
-bundle, 3 an unexpected error (a bug: please report it), 130 interrupted.
+bundle, 3 an unexpected error (a bug: please report it), 130 interrupted, 141 the reader of
+stdout left early (`| head`).
 """
 
 import sys

@@ -516,3 +516,29 @@ def test_to_json_writes_null_for_non_finite_and_names_where():
     assert out["non_finite"]["paths"] == ["/cosine_min", "/a~1b/~0x/1", "/nested/0/v"]
     assert report["cosine_min"] != report["cosine_min"]   # the report itself is left as it was
     assert strict_json(to_json([float("nan")])) == [None]   # not a dict: no field to add
+
+
+def test_a_reader_that_leaves_early_ends_infer_quietly(built, tmp_path):
+    """`run.py infer DIR | head -1`: exit 141, no traceback, no "Exception ignored"."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    for i in range(300):   # --json: about 260 KB, more than a pipe and head -1 take
+        np.save(folder / f"x{i:03d}.npy", x)
+    bundle = built.bundle.directory
+    python = f"{sys.executable} -I run.py infer {folder}"
+    for extra in ("--json", "--json 2>&1"):   # stdout's reader leaves; stderr's too
+        r = subprocess.run(["bash", "-c", f"{python} {extra} | head -1; "
+                                          "echo python-exit=${PIPESTATUS[0]} >&2"],
+                           cwd=bundle, capture_output=True, text=True, timeout=300)
+        assert r.stdout.splitlines()[0] in ("{", "edgepack: model running on "
+                                            "CPUExecutionProvider (model.onnx, INT8)"), r.stdout
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+        assert "python-exit=141" in r.stderr, r.stderr
+    # the human report, its reader gone before the first line
+    proc = subprocess.Popen([sys.executable, "-I", "run.py", "infer", str(folder / "x000.npy")],
+                            cwd=bundle, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "error:" not in err, err

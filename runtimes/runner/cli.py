@@ -15,6 +15,7 @@ from .bench import cmd_bench
 from .check import cmd_check
 from .errors import (
     EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
     EXIT_BUG,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -139,6 +140,25 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    """run.py's command line; a reader that leaves early (`run.py infer DIR | head -1`) ends it
+    quietly with exit 141 (128 + SIGPIPE, as a shell reports it), as `edgepack` ends quietly."""
+    try:
+        try:
+            return run_main(argv)
+        finally:   # here, not at exit (where a failed flush is "Exception ignored", exit 120)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # stdout (or stderr) lost its reader: nothing more can be said. Both go to /dev/null,
+        # so that Python's own flush at exit does not fail on them again (a traceback, or
+        # exit 120 for a broken stderr).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def run_main(argv):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "json", False):
         return run_command(args)
@@ -198,6 +218,8 @@ def run_command(args, json_out=None):
     except ProviderMissing as exc:
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_FAILED
+    except BrokenPipeError:   # stdout or stderr lost its reader: main ends quietly
+        raise
     except OSError as exc:  # e.g. serve's port in use
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_BAD_INPUT

@@ -4,6 +4,7 @@
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130   # Ctrl-C, as shells and `edgepack build` report it
 EXIT_BUG = 3             # an unexpected exception: a bug, as in `edgepack`
+EXIT_BROKEN_PIPE = 141   # stdout's reader left early (| head): 128 + SIGPIPE, as a shell says
 
 
 class BundleError(Exception):
