@@ -307,6 +307,16 @@ def test_build_and_bundle_refuse_an_output_of_no_name(cnn_onnx, image_dir, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_named_like_the_archive_is_refused(cnn_onnx, image_dir, tmp_path):
+    """-o out/net.tar.gz would write a folder net.tar.gz/ and net.tar.gz.tar.gz: exit 2 saying
+    -o names the folder, with the -o to pass."""
+    with pytest.raises(BundleError, match=r"names the bundle folder; its archive is written "
+                                          r"beside it as net.tar.gz.tar.gz; pass -o .*/net "):
+        build(cnn_onnx, tmp_path / "net.tar.gz", target="x86_64-cpu", calib=image_dir,
+              preprocess=PREP, quant={"precision": "fp32"})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_single_stage_commands_never_write_over_their_input(cnn_onnx, tmp_path):
     import shutil
 

@@ -51,6 +51,12 @@ def test_missing_golden_file_fails_integrity(built, tmp_path):
 def test_broken_bundle_is_a_verify_error(tmp_path):
     with pytest.raises(Exception, match="no manifest.json"):
         verify(tmp_path)
+    with pytest.raises(BundleError, match="nope: no such bundle folder"):
+        verify(tmp_path / "nope")
+    (tmp_path / "net.tar.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(BundleError, match=r"net.tar.gz: a file, not a bundle folder \(the "
+                                          r"archive\); pass the folder beside it"):
+        verify(tmp_path / "net.tar.gz")
     bundle = tmp_path / "b"
     bundle.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"schema_version": 2, "name": "x"}))

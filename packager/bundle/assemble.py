@@ -64,6 +64,12 @@ def runner_sources() -> dict[str, Path]:
 
 def archive_path(directory: Path) -> Path:
     directory = check_named(directory)
+    if directory.name.endswith((".tar.gz", ".tgz")):
+        stem = directory.name.removesuffix(".gz").removesuffix(".tar").removesuffix(".tgz")
+        raise BundleError(f"-o {directory}: names the bundle folder; its archive is written "
+                          f"beside it as {directory.name}.tar.gz",
+                          f"pass -o {directory.with_name(stem)} (that writes "
+                          f"{directory.with_name(stem)}/ and {directory.with_name(stem)}.tar.gz)")
     return directory.with_name(directory.name + ".tar.gz")
 
 

@@ -68,6 +68,14 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
     runner read, and a name that is one safe path component), or BundleError naming the field
     and the fix."""
     path = Path(bundle) / MANIFEST
+    if not Path(bundle).exists():
+        raise BundleError(f"{bundle}: no such bundle folder",
+                          "pass the directory written by `edgepack build` or `edgepack bundle`")
+    if Path(bundle).is_file():
+        raise BundleError(f"{bundle}: a file, not a bundle folder" + (
+            " (the archive)" if str(bundle).endswith(".tar.gz") else ""),
+            "pass the folder beside it (out/net for out/net.tar.gz), or unpack the archive "
+            "and pass that folder")
     if not path.is_file():
         raise BundleError(f"{bundle}: no {MANIFEST}; not an edgepack bundle",
                           "pass the directory written by `edgepack build` or `edgepack bundle`")
