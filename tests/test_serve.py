@@ -270,8 +270,39 @@ def test_odd_requests_get_4xx(strict, data, code, message):
     if message:
         assert message in json.loads(body)["error"]
     if code == 405:
-        assert headers["Allow"] == "GET, POST"
+        assert headers["Allow"] == "POST"
     still_serves(strict[0])
+
+
+@pytest.mark.parametrize("method, path, body, code, allow", [
+    ("GET", "/infer", b"", 405, "POST"),
+    ("GET", "/infer/model", b"", 405, "POST"),
+    ("DELETE", "/infer?part=model", b"", 405, "POST"),
+    ("POST", "/health", b'{"inputs": {}}', 405, "GET"),
+    ("PUT", "/metadata", b"x" * 5000, 405, "GET"),
+    ("HEAD", "/health", b"", 405, "GET"),
+    ("GET", "/predict", b"", 404, None),
+    ("POST", "/", b"{}", 404, None),
+    ("PATCH", "/nope", b"", 404, None),
+])
+def test_a_known_path_asked_with_another_method_gets_405_and_allow(strict, method, path, body,
+                                                                      code, allow):
+    """405 names the method the path takes (Allow, and the error); an unknown path is 404
+    whatever the method. A body sent along is not read: that connection closes after it."""
+    url = strict[0]
+    head = f"{method} {path} HTTP/1.1\r\nHost: device\r\nContent-Length: {len(body)}\r\n\r\n"
+    status, headers, answer = raw_http(url, head.encode() + body)
+    assert status == code and headers.get("Allow") == allow, (status, headers, answer)
+    if method == "HEAD":
+        assert answer == b""
+    else:
+        error = json.loads(answer)["error"]
+        bare = path.split("?")[0]
+        assert error == (f"method {method} not allowed on {bare}: use {allow} {bare}" if allow
+                         else f"no such path {bare}: use POST /infer, GET /health, GET /metadata")
+    if body:
+        assert headers.get("Connection") == "close"
+    still_serves(url)
 
 
 

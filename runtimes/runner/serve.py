@@ -29,6 +29,17 @@ MAX_CONNECTIONS = 256
 MAX_PER_CLIENT = 64
 REJECTERS = 64       # threads that answer 503 to connections over a cap; one more waits
 REJECT_WAIT_S = 1.0  # that long for one of them, then gets its 503 from the accept loop
+GET_PATHS = ("/health", "/metadata")
+USAGE = "use POST /infer, GET /health, GET /metadata"
+
+
+def allowed_method(path):
+    """The one method *path* answers to (its Allow header), or None: no such path."""
+    if path in GET_PATHS:
+        return "GET"
+    if path == "/infer" or path.startswith("/infer/"):
+        return "POST"
+    return None
 
 
 class DeadlineReader(io.RawIOBase):
@@ -195,7 +206,8 @@ def cmd_serve(bundle, manifest, args):
                 # stopping, or half the connections (in all or this client's) are open: no
                 # keep-alive, so idle connections do not hold the places a burst needs
                 self.close_connection = True
-                headers = list(headers) + [("Connection", "close")]
+                if ("Connection", "close") not in headers:
+                    headers = list(headers) + [("Connection", "close")]
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -220,9 +232,24 @@ def cmd_serve(bundle, manifest, args):
             raise AttributeError(name)
 
         def not_allowed(self):
-            self.reply(405, {"error": "method %s not allowed: use POST /infer, GET /health, "
-                                      "GET /metadata" % self.command[:20]},
-                       [("Allow", "GET, POST")])
+            url = self.target()
+            if url is not None:
+                self.no_such(url[0])
+
+        def no_such(self, path):
+            """404 for a path serve does not have; 405 with its Allow header for one it has,
+            asked with another method. A body sent with it is not read: the connection closes
+            after the answer (the server reads what the client still sends, then closes)."""
+            headers = []
+            if self.headers.get("Transfer-Encoding") or \
+                    self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+                headers.append(("Connection", "close"))
+            allow = allowed_method(path)
+            if allow is None:
+                return self.reply(404, {"error": "no such path %s: %s" % (path[:200], USAGE)},
+                                  headers)
+            return self.reply(405, {"error": "method %s not allowed on %s: use %s %s" % (
+                self.command[:20], path[:200], allow, path[:200])}, headers + [("Allow", allow)])
 
         def target(self):
             """(path, query) of the request, or None after a 400."""
@@ -245,8 +272,7 @@ def cmd_serve(bundle, manifest, args):
             elif path == "/metadata":
                 self.reply(200, metadata)
             else:
-                self.reply(404, {"error": "no such path %s: use POST /infer, GET /health, "
-                                          "GET /metadata" % path[:200]})
+                self.no_such(path)
 
         def do_POST(self):
             try:
@@ -259,8 +285,8 @@ def cmd_serve(bundle, manifest, args):
             if url is None:
                 return
             path, query = url
-            if path != "/infer" and not path.startswith("/infer/"):
-                return self.reply(404, {"error": "no such path %s: POST /infer" % path[:200]})
+            if allowed_method(path) != "POST":
+                return self.no_such(path)
             name = path[len("/infer/"):] or parse_qs(query).get("part", [default])[0]
             self.raw = args.raw or parse_qs(query).get("raw", [""])[0] in ("1", "true")  # tensors
             piped = name is None and cascade is not None and not self.raw
