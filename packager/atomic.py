@@ -149,12 +149,12 @@ def check_free(path: Path, *, force: bool, inputs: Sequence[Path | str] = ()) ->
             raise BundleError(f"-o {path} {relation} the input {given}",
                               "write the output somewhere else")
     if path.exists() or path.is_symlink():
+        if path.is_dir() and not (path / BUNDLE_MARK).is_file():   # --force would not help
+            raise BundleError(f"{path} is a folder that is not an edgepack bundle; --force "
+                              "replaces bundles only", "pick another -o")
         if not force:
             raise BundleError(f"{path} already exists",
                               "pass --force to replace it, or pick another -o")
-        if path.is_dir() and not (path / BUNDLE_MARK).is_file():
-            raise BundleError(f"{path} is a folder that is not an edgepack bundle; --force "
-                              "replaces bundles only", "pick another -o")
 
 
 def check_writable(path: Path, *, need_bytes: int = 0) -> None:

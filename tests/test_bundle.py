@@ -74,9 +74,10 @@ def test_force_never_replaces_a_folder_that_is_not_a_bundle(cnn_onnx, image_dir,
     out = tmp_path / "work"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(BundleError, match="is a folder that is not an edgepack bundle"):
-        build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, force=True,
-              quant={"precision": "fp32"})
+    for force in (True, False):   # without --force too: it does not say "pass --force"
+        with pytest.raises(BundleError, match="is a folder that is not an edgepack bundle"):
+            build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                  force=force, quant={"precision": "fp32"})
     assert (out / "notes.txt").read_text() == "mine"
 
 
