@@ -220,7 +220,7 @@ def test_budget_above_what_the_model_reaches_fails(built, tmp_path):
     resign(bundle, manifest)
     r = run_py(bundle, "check")
     assert r.returncode == 1
-    assert f"model/scores: vs FP32 reference: cosine {reached:.5f} < budget {floor:.4f}" in r.stdout
+    assert f"model/scores: vs FP32 reference: cosine {reached:.5f} < floor {floor:.4f}" in r.stdout
     assert "reproduces the host's INT8 outputs" in r.stdout and ": ok" in r.stdout
     out = json.loads(run_py(bundle, "check", "--json").stdout)["parts"]["model"]["outputs"]
     assert out["scores"]["reproduce"]["passed"] and not out["scores"]["passed"]

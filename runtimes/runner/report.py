@@ -125,7 +125,7 @@ def print_human(command, report):
                 print("%s/%s: %s" % (part, name, reproduce_line(entry, s["reproduce"])))
                 if entry["reference"] == "fp32":
                     print("%s/%s: vs FP32 reference: %s" % (
-                        part, name, figure(s, s["min_cosine"], "budget ")))
+                        part, name, figure(s, s["min_cosine"], "floor ")))
                 small = s.get("small_output")
                 if small:
                     print("%s/%s: a few values a sample: max abs %.4g <= %.4g (the host's "
