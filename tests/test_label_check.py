@@ -17,14 +17,14 @@ from packager.quantization.label_check import MIN_CHECKED, chance_p_value
 CLASSES = {"0_red": 2, "1_green": 1, "2_blue": 0}   # folder -> its strong channel in BGR
 
 
-def colour_model(path: Path) -> Path:
+def colour_model(path: Path, batch: int = 1) -> Path:
     """Scores = the mean of each input channel: a photo's strongest colour wins (R, G, B)."""
     graph = helper.make_graph(
         [helper.make_node("Conv", ["image", "w"], ["c"]),
          helper.make_node("GlobalAveragePool", ["c"], ["g"]),
          helper.make_node("Flatten", ["g"], ["scores"])], "colours",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [batch, 3])],
         [helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 1, 1],
                             np.eye(3, dtype=np.float32).ravel().tolist())])
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -81,6 +81,20 @@ def test_a_model_fed_the_wrong_colour_order_stops_the_build(tmp_path):
         (calib / folder).rename(numbered / number)
     result = build(model, numbered, tmp_path / "numbers", "rgb")
     assert result.exit_code == 0 and "folder names as output numbers" in result.output
+
+
+def test_a_batch_of_four_images_a_sample_is_checked_image_by_image(tmp_path):
+    """At batch 4 each calibration sample holds 4 consecutive images: their folders are their
+    labels, so the check still runs (it was skipped: no output had one score a sample)."""
+    model = colour_model(tmp_path / "colours4.onnx", batch=4)
+    calib = photos(tmp_path / "calib", per_class=10)   # 30 images: 7 samples of 4
+    good = build(model, calib, tmp_path / "good", "rgb")
+    assert good.exit_code == 0, good.output
+    assert "the FP32 model itself scores 100.0 % top-1 on your 28 labelled images" in good.output
+    bad = build(model, calib, tmp_path / "bad", "bgr")   # only the 10 green images right
+    assert bad.exit_code == 1, bad.output
+    assert "scores 35.7 % top-1 on your 28 labelled images" in bad.output
+    assert "no better than guessing" in bad.output and not (tmp_path / "bad").exists()
 
 
 def test_too_few_or_unmatched_labelled_images_are_said_not_judged(tmp_path):

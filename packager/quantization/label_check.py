@@ -19,9 +19,10 @@ MIN_CHECKED = 20    # fewer cannot tell a weak model from a wrongly fed one
 P_CHANCE = 0.01     # the score must be unlikely (p < 1 %) under guessing among the classes
 
 
-def folder_labels(source: Path, count: int) -> list[str] | None:
-    """The class folder of each of the *count* samples loaded from *source* (one image a
-    sample, the loader's own picks), or None where there are no class folders."""
+def folder_labels(source: Path, count: int, batch: int = 1) -> list[str] | None:
+    """The class folder of each image in the *count* samples loaded from *source* (*batch*
+    consecutive images a sample, the loader's own picks), sample by sample, or None where
+    there are no class folders."""
     files = list_sources(source)
     if not is_image_source(files):
         return None
@@ -29,9 +30,10 @@ def folder_labels(source: Path, count: int) -> list[str] | None:
     labels = [p.parent.name if p.parent != root else None for p in files]
     if None in labels or len(set(labels)) < 2:
         return None
-    if len(labels) != count:
-        labels = [labels[i] for i in spread(len(labels))]
-    return labels if len(labels) == count else None
+    picks = spread(len(labels) // batch)   # as calibration._image_samples picks its samples
+    if len(picks) != count:
+        return None
+    return [labels[p * batch + j] for p in picks for j in range(batch)]
 
 
 def chance_p_value(hits: int, n: int, p: float) -> float:
@@ -39,11 +41,12 @@ def chance_p_value(hits: int, n: int, p: float) -> float:
     return float(sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1)))
 
 
-def class_output(outputs: dict[str, np.ndarray], labels: Sequence[str] | None) -> str | None:
-    """The output holding one score per class per sample: (samples, 1, C) with C >= 2 (C the
-    number of --labels when given)."""
+def class_output(outputs: dict[str, np.ndarray], labels: Sequence[str] | None,
+                 batch: int = 1) -> str | None:
+    """The output holding one score per class per image: (samples, batch, C) with C >= 2 (C
+    the number of --labels when given)."""
     for name, value in outputs.items():
-        if value.ndim == 3 and value.shape[1] == 1 and value.shape[2] >= 2 and \
+        if value.ndim == 3 and value.shape[1] == batch and value.shape[2] >= 2 and \
                 (labels is None or value.shape[2] == len(labels)):
             return name
     return None
@@ -55,13 +58,14 @@ def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
     labelled images among *samples*, or {"skipped": why} / None (no class folders)."""
     if source is None:
         return None
-    found = folder_labels(source, len(samples))
+    batch = int(next(iter(samples[0].values())).shape[0]) if samples else 1
+    found = folder_labels(source, len(samples), batch)
     if found is None:
         return None
     names = sorted(set(found))
-    picks = spread(len(samples), MAX_CHECKED)
+    picks = spread(len(samples), max(1, MAX_CHECKED // batch))
     outputs = run_model(model, [samples[i] for i in picks])
-    name = class_output(outputs, labels)
+    name = class_output(outputs, labels, batch)
     if name is None:
         return {"skipped": "no output holds one score per class"
                 + (f" for the {len(labels)} --labels" if labels else "")}
@@ -81,9 +85,10 @@ def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
     else:
         return {"skipped": f"{len(names)} class folders for {classes} outputs and no --labels "
                            "to match them by name"}
-    predicted = outputs[name].reshape(len(picks), classes).argmax(axis=1)
-    hits = int(sum(int(p) == index[found[i]] for p, i in zip(predicted, picks, strict=True)))
-    n = len(picks)
+    predicted = outputs[name].reshape(len(picks) * batch, classes).argmax(axis=1)
+    wanted = [found[i * batch + j] for i in picks for j in range(batch)]
+    hits = int(sum(int(p) == index[w] for p, w in zip(predicted, wanted, strict=True)))
+    n = len(wanted)
     return {"top1": hits / n, "hits": hits, "n": n, "classes": classes, "mapping": mapping,
             "output": name, "p_value": chance_p_value(hits, n, 1.0 / classes)}
 
