@@ -192,7 +192,11 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
     source = "packager.demo:make_net"   # what `edgepack build packager.demo:make_net` loads
     (work / "labels.txt").write_text("\n".join(CLASSES) + "\n")
     out = work / "bundle"
-    log(f"demo: edgepack build {source} --weights {weights.name} --task classify -o {out}")
+    prep = (f"size={SIZE}x{SIZE},resize=stretch,color=rgb,layout=nchw,scale=1/255,"
+            "mean=0.5/0.5/0.5,std=0.25/0.25/0.25")
+    log(f"demo: edgepack build {source} --weights {weights} --input image:1x3x{SIZE}x{SIZE} "
+        f"--output-name scores --calib {data / 'calib'} --preprocess {prep} "
+        f"--labels {work / 'labels.txt'} --task classify -o {out} --force")
     built = build(source, out, target="x86_64-cpu", calib=data / "calib", preprocess=dict(PREPROCESS),
                   inputs=[TensorSpec("image", (1, 3, SIZE, SIZE))],
                   export_options=ExportOptions(weights=weights, output_names=["scores"]),

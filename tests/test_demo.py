@@ -4,6 +4,7 @@ the trained weights. On its bundle, the build's decision timing, `verify` and `r
 give one latency answer: each p50 inside the spread the three state (issue 26)."""
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -48,6 +49,22 @@ def test_a_second_run_reuses_the_trained_cnn(first_run):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "reusing the CNN trained by an earlier run" in run.stderr
     assert "demo: training" not in run.stderr
+
+
+def test_the_build_command_the_demo_shows_runs_as_shown(first_run, tmp_path):
+    """The `edgepack build ...` line the demo prints is a whole command: copied, it builds the
+    same model (it lacked --input, --calib and --preprocess, so a copy failed with exit 2)."""
+    work, run = first_run
+    line = next(x for x in run.stderr.splitlines() if x.startswith("demo: edgepack build "))
+    args = shlex.split(line.removeprefix("demo: edgepack "))
+    args[args.index("-o") + 1] = str(tmp_path / "copy")
+    copy = subprocess.run([sys.executable, "-m", "packager", *args], capture_output=True,
+                          text=True, timeout=600)
+    assert copy.returncode == 0, copy.stderr[-2000:]
+    shipped = json.loads((work / "bundle" / "manifest.json").read_text())["parts"][0]
+    again = json.loads((tmp_path / "copy" / "manifest.json").read_text())["parts"][0]
+    for key in ("inputs", "outputs", "preprocess", "labels", "task"):
+        assert again[key] == shipped[key], key
 
 
 def test_build_verify_and_bench_give_one_latency_answer(first_run):
