@@ -44,7 +44,13 @@ from .quantization.calibration import (
     split_holdout,
 )
 from .quantization.decision import decide
-from .quantization.engine_choice import choose_engine, engine_graph, engine_pays, with_engine
+from .quantization.engine_choice import (
+    check_wanted,
+    choose_engine,
+    engine_graph,
+    engine_pays,
+    with_engine,
+)
 from .quantization.fp32_graph import (
     against_original,
     choose_fp32,
@@ -203,6 +209,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         raise SpecError(f"--offline-optimize: {target.name} runs "
                         f"{target.providers[0].name}, which builds its own graph at load",
                         "use it for CPU targets (x86_64-cpu, rpi) only")
+    check_wanted(target, openvino, timer)   # before the slow stages, not after the search
     output = Path(output)
     # held from the first check to the publish: a second run to this -o fails at once
     with output_lock(output, archive_path(output)):

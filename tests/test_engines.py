@@ -163,3 +163,5 @@ def test_openvino_no_and_no_python(cnn_onnx, image_dir, tmp_path, monkeypatch):
     assert res.exit_code == 2, res.output
     assert "--openvino yes: cannot run OpenVINO here" in res.output
     assert "Traceback" not in res.output and not out3.exists()
+    # said before the slow stages (it came after the whole search): nothing was simplified
+    assert "simplify:" not in res.output and "search:" not in res.output

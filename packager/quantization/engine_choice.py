@@ -46,6 +46,28 @@ def _label(provider: Provider) -> str:
     return provider.name.replace("ExecutionProvider", "")
 
 
+def check_wanted(target: Target, wanted: str, timer: Any = None) -> None:
+    """SpecError unless --openvino *wanted* can be done for *target* on this host: called by
+    build before anything slow runs, and again where the engine is chosen."""
+    if wanted not in WANTED:
+        raise SpecError(f"--openvino {wanted}: not one of {', '.join(WANTED)}",
+                        "use auto (measure), yes or no")
+    if wanted != "yes":
+        return
+    if not target.faster:
+        raise SpecError(f"--openvino yes: {target.name} lists no provider the build can "
+                        "choose for speed", "use it with x86_64-cpu, or drop it")
+    if timer is not None or target.arch != platform.machine() or engines.openvino_python() is None:
+        raise SpecError(f"--openvino yes: cannot run {_label(target.faster[0])} here to measure "
+                        "its accuracy (" + ("timed on the device" if timer is not None else
+                                            f"{target.name} is {target.arch}, this host "
+                                            f"{platform.machine()}"
+                                            if target.arch != platform.machine() else
+                                            engines.why_no_openvino()) + ")",
+                        "drop --openvino yes, or run `make openvino` (or set "
+                        "EDGEPACK_OPENVINO_PYTHON)")
+
+
 def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence[Sample],
                   budget: AccuracyBudget, labels: Sequence[Any] | None,
                   fp32_outputs: dict[str, Any], *, timer: Any = None,
@@ -55,13 +77,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     entry either way (what was tried, the figures, why). *wanted*: "auto" (measure), "yes"
     (list it whatever the timing, when a graph keeps the budget under it), "no". *original*:
     the user's graph, timed on the CPU provider in the same run (record: original_p50_ms)."""
-    if wanted not in WANTED:
-        raise SpecError(f"--openvino {wanted}: not one of {', '.join(WANTED)}",
-                        "use auto (measure), yes or no")
+    check_wanted(target, wanted, timer)
     if not target.faster:
-        if wanted == "yes":
-            raise SpecError(f"--openvino yes: {target.name} lists no provider the build can "
-                            "choose for speed", "use it with x86_64-cpu, or drop it")
         return None
     if wanted == "no":
         decision.record["engine"] = {"provider": target.faster[0].name, "chosen": False,
@@ -76,12 +93,6 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
         record["reason"] = why
         log(f"engine: {name} not measured: {why}")
 
-    if wanted == "yes" and (timer is not None or target.arch != platform.machine()
-                            or engines.openvino_python() is None):
-        raise SpecError(f"--openvino yes: cannot run {name} here to measure its accuracy ("
-                        + ("timed on the device" if timer is not None else
-                           engines.why_no_openvino()) + ")", "drop --openvino yes, or run "
-                        "`make openvino` (or set EDGEPACK_OPENVINO_PYTHON)")
     if timer is not None:
         return skip("the candidates were timed on the device (--time-on); the build measures "
                     f"{name} on this host only")
