@@ -11,7 +11,7 @@ except ImportError:
 from .cascade import cmd_infer_pipeline, wants_pipeline
 from .errors import BundleError, one_line
 from .images import IMAGE_SUFFIXES, image_size
-from .inputs import describe_outputs, input_files, load_input_file
+from .inputs import describe_outputs, image_batch, image_row, input_files, load_input_file, stack_images
 from .manifest import one_part, require_intact
 from .sessions import open_session
 from .tasks import add_image_boxes, part_result, public, summary, wants_task
@@ -96,6 +96,36 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
                 **({"notes": notes} if notes else {}))
 
 
+def model_calls(files, part, max_pixels):
+    """(the files with their feeds, the feed to run, stacked?) per session.run, in file order.
+    A .npy/.npz file runs alone, as does an image for a batch-1 part; for a part with a static
+    batch of N > 1, N images run stacked in one call, the last call's spare rows filled with
+    copies of its last image."""
+    rows, images = image_batch(part), []
+    for path in files:
+        feed = load_input_file(path, part, max_pixels)
+        if rows > 1 and path.lower().endswith(IMAGE_SUFFIXES):
+            images.append((path, feed))
+            if len(images) == rows:
+                yield images, stack_images([f for _, f in images], rows), True
+                images = []
+            continue
+        if images:   # a tensor file after images: they run first, in file order
+            yield images, stack_images([f for _, f in images], rows), True
+            images = []
+        yield [(path, feed)], feed, False
+    if images:
+        yield images, stack_images([f for _, f in images], rows), True
+
+
+def batching_note(rows, images, calls, padded):
+    """The one line saying how images ran stacked: 'batch 4: 10 images in 3 calls, the last
+    padded'."""
+    return "batch %d: %d image%s in %d call%s%s" % (
+        rows, images, "" if images == 1 else "s", calls, "" if calls == 1 else "s",
+        "" if not padded else ", the last padded" if padded == 1 else ", %d padded" % padded)
+
+
 def cmd_infer(bundle, manifest, args):
     if wants_pipeline(manifest, args):   # the parts run as one cascade on each photo
         return cmd_infer_pipeline(bundle, manifest, args, result_keys(args.files))
@@ -104,22 +134,34 @@ def cmd_infer(bundle, manifest, args):
     files = input_files(args.files, part)
     session, _ = open_session(bundle, manifest, part, args)
     names = [o.name for o in session.get_outputs()]
-    results, arrays = [], {}
+    results, arrays, keys = [], {}, iter(result_keys(files))
+    rows, stacked_images, stacked_calls, padded = image_batch(part), 0, 0, 0
     max_pixels = args.max_megapixels * 1e6
-    for path, key in zip(files, result_keys(files)):
-        feed = load_input_file(path, part, max_pixels)
+    for group, feed, stacked in model_calls(files, part, max_pixels):
         try:
             outputs = session.run(names, feed)
         except Exception as exc:  # e.g. a token id past the vocabulary: the input's fault
             raise BundleError("%s: onnxruntime refused it: %s"
-                              % (printable(path), one_line(exc))) from None
-        for name, value in zip(names, outputs):
-            arrays["%s/%s" % (key, name)] = value
-        body = np.fromfile(path, dtype=np.uint8) if path.lower().endswith(IMAGE_SUFFIXES) \
-            else None
-        entry = answer(part, names, outputs, feed, args.raw, args.top, arrays, key, body)
-        entry.update(file=printable(path), key=key)
-        results.append(entry)
+                              % (", ".join(printable(p) for p, _ in group), one_line(exc))) \
+                from None
+        if stacked:
+            stacked_images, stacked_calls = stacked_images + len(group), stacked_calls + 1
+            padded += len(group) < rows
+        for i, (path, one) in enumerate(group):   # each file's answer, as batch 1 gives it
+            mine = image_row(outputs, i, rows) if stacked else outputs
+            key = next(keys)
+            for name, value in zip(names, mine):
+                arrays["%s/%s" % (key, name)] = value
+            body = np.fromfile(path, dtype=np.uint8) if path.lower().endswith(IMAGE_SUFFIXES) \
+                else None
+            entry = answer(part, names, mine, one, args.raw, args.top, arrays, key, body)
+            entry.update(file=printable(path), key=key)
+            results.append(entry)
     if args.out:
         save_outputs(args.out, arrays)
-    return {"results": results, "providers": session.get_providers(), "passed": True}
+    report = {"results": results, "providers": session.get_providers(), "passed": True}
+    if stacked_calls:
+        report["batching"] = batching_note(rows, stacked_images, stacked_calls, padded)
+        if not getattr(args, "json", False):   # said once, before the answers
+            print(report["batching"])
+    return report

@@ -52,10 +52,34 @@ def some_keys(keys):
     return shown + (" and %d more" % (len(keys) - SHOWN_KEYS) if len(keys) > SHOWN_KEYS else "")
 
 
-def check_feed(feed, part, source):
-    """Check names and shapes against the part's inputs; cast to its dtypes."""
+def image_batch(part):
+    """N where *part* reads images into a static batch of N > 1 (infer and serve stack N images,
+    or copies of one, into a call), else 1."""
+    shape = part["inputs"][0]["shape"] if part.get("preprocess") and part["inputs"] else ()
+    return shape[0] if shape and isinstance(shape[0], int) and shape[0] > 1 else 1
+
+
+def stack_images(feeds, rows):
+    """Image *feeds* (a batch axis of 1 each) as one feed of *rows* rows: the last image repeated
+    to fill the rows left over."""
+    feeds = list(feeds) + [feeds[-1]] * (rows - len(feeds))
+    return dict((name, np.concatenate([f[name] for f in feeds])) for name in feeds[0])
+
+
+def image_row(outputs, i, rows):
+    """Row *i* of each output with a batch axis of *rows*, kept as a batch of 1: what a batch-1
+    model gives for that image (an output without that axis is kept whole)."""
+    return [v[i:i + 1] if getattr(v, "ndim", 0) and v.shape[0] == rows else v for v in outputs]
+
+
+def check_feed(feed, part, source, rows=None):
+    """Check names and shapes against the part's inputs, with *rows* as the batch axis where given
+    (1: one image, to be stacked for a part with a batch of N); cast to its dtypes."""
     out = {}
     for spec in part["inputs"]:
+        want = list(spec["shape"])
+        if rows is not None and want:
+            want[0] = rows
         if spec["name"] not in feed:
             raise BundleError("%s: no input named %s (has: %s)"
                               % (source, spec["name"], some_keys(feed)))
@@ -66,9 +90,9 @@ def check_feed(feed, part, source):
         if arr.dtype.kind not in "biuf":
             raise BundleError("%s: input %s holds %s, not numbers; the model wants %s"
                               % (source, spec["name"], arr.dtype, spec["dtype"]))
-        if list(arr.shape) != list(spec["shape"]):
+        if list(arr.shape) != want:
             raise BundleError("%s: %s has shape %s, the model wants %s"
-                              % (source, spec["name"], list(arr.shape), spec["shape"]))
+                              % (source, spec["name"], list(arr.shape), want))
         out[spec["name"]] = arr.astype(spec["dtype"], copy=False)
     return out
 
@@ -107,7 +131,7 @@ def load_input_file(path, part, max_pixels=MAX_PIXELS):
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:   # truncated, damaged
         raise BundleError("%s: cannot read it (%s); save it again with numpy.save/savez"
                           % (path, one_line(exc))) from None
-    return check_feed(feed, part, path)
+    return check_feed(feed, part, path, 1 if lower.endswith(IMAGE_SUFFIXES) else None)
 
 
 def megabytes(count):
@@ -201,7 +225,7 @@ def decode_body(body, content_type, part, max_pixels=MAX_PIXELS):
     if not body:
         raise BundleError("empty request body; POST an image, a .npy/.npz file or JSON")
     try:
-        if ctype.startswith("image/") or body.startswith(IMAGE_MAGIC):
+        if is_image_body(body, content_type):
             feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source, max_pixels)
         elif body.startswith(b"\x93NUMPY"):
             feed = single_input(npy_body(body, source), part, source)
@@ -230,7 +254,13 @@ def decode_body(body, content_type, part, max_pixels=MAX_PIXELS):
                        "the model's inputs only") from None
     except Exception as exc:  # whatever the bytes were, they were the client's
         raise BundleError("cannot decode the request body: %s" % one_line(exc)) from None
-    return check_feed(feed, part, source)
+    return check_feed(feed, part, source, 1 if is_image_body(body, content_type) else None)
+
+
+def is_image_body(body, content_type):
+    """Whether decode_body reads *body* as an image (one image: a batch axis of 1)."""
+    ctype = content_type.split(";")[0].strip().lower()
+    return ctype.startswith("image/") or body.startswith(IMAGE_MAGIC)
 
 
 def input_files(paths, part):

@@ -15,7 +15,7 @@ from .cascade import served_cascade, wants_pipeline
 from .closing import answer_and_close, busy_answer, drain, reject
 from .errors import BundleError, one_line
 from .infer import answer
-from .inputs import decode_body, json_limit
+from .inputs import decode_body, image_batch, image_row, is_image_body, json_limit, stack_images
 from .manifest import load_golden, require_intact, select_parts
 from .report import to_json
 from .sessions import open_session
@@ -395,9 +395,15 @@ def cmd_serve(bundle, manifest, args):
             if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
                 return session.serve(body, max_pixels)
             try:
-                feed = decode_body(body, self.headers.get("Content-Type", ""), part, max_pixels)
+                ctype = self.headers.get("Content-Type", "")
+                feed = decode_body(body, ctype, part, max_pixels)
+                # one image to a part with a static batch of N: N copies run, the first answered
+                rows = image_batch(part) if is_image_body(body, ctype) else 1
                 start = time.perf_counter()
-                outputs = session.run(names, feed)
+                if rows > 1:
+                    outputs = image_row(session.run(names, stack_images([feed], rows)), 0, rows)
+                else:
+                    outputs = session.run(names, feed)
                 ms = (time.perf_counter() - start) * 1000.0
                 return 200, dict(answer(part, names, outputs, feed, self.raw, args.top, body=body),
                                  part=part["name"], latency_ms=ms)
