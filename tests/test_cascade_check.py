@@ -231,3 +231,24 @@ def test_a_damaged_golden_entry_or_file_is_one_line_never_a_crash(trio, tmp_path
     (bundle / "golden/pipeline/answers.json").write_text(answers)
     rehash(bundle, "golden/pipeline/answers.json")
     assert cli.main(["--bundle", str(bundle), "check"]) == 0, capfd.readouterr()
+
+
+def test_the_golden_photos_are_those_the_original_finds_something_on_first():
+    """The device's check judges the golden photos' answers: photos where the original found
+    nothing judge nothing, so those with answers are kept first, within the byte budget."""
+    import numpy as np
+
+    from packager.cascade.judge import GOLDEN_BYTES, pick_golden
+
+    rng = np.random.default_rng(0)
+    line = {"text": "EXIT", "box": [[0, 0], [40, 0], [40, 10], [0, 10]], "score": 0.9}
+
+    def photo(name, lines, side=32):
+        return (name, rng.integers(0, 255, (side, side, 3), dtype=np.uint8),
+                {"lines": lines}, {"lines": []})
+
+    empty, text, empty2 = photo("a.jpg", []), photo("b.jpg", [line, line]), photo("c.jpg", [])
+    assert [g[0] for g in pick_golden("ocr", [empty, text, empty2])] == ["b.jpg", "a.jpg", "c.jpg"]
+    # a photo too large for what is left is passed over, not the ones after it
+    big = photo("big.jpg", [line], side=int((GOLDEN_BYTES / 3) ** 0.5) + 8)   # noise: no gain
+    assert [g[0] for g in pick_golden("ocr", [empty, big, text])] == ["b.jpg", "a.jpg"]

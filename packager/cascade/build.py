@@ -83,9 +83,13 @@ def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], ret
             raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with "
                                f"every stage at FP32 ({figure['text']})",
                                "check the glue parameters against the models' own pipeline")
-        if figure.get("golden"):
-            log(f"end to end: {figure['golden']['count']} of the held-out photos and the "
-                "original's answers kept in golden/pipeline/ for `run.py check`")
+        golden = figure.get("golden")
+        if golden:
+            log(f"end to end: {golden['count']} of the held-out photos and the original's "
+                f"answers ({golden['wanted']} to find) kept in golden/pipeline/ for `run.py check`"
+                + ("" if golden["wanted"] else ": the original finds nothing on them at "
+                   "their kept size, so the device's check has nothing to judge; add held-out "
+                   "photos where it does"))
         return figure
     return judge
 

@@ -28,6 +28,7 @@ from .spec import PipelineSpec
 KEEP_LINES = KEEP    # the original's lines the bundle must read alike (box IoU >= 0.5, same text)
 GOLDEN_SIDE = 640    # a golden photo's long side at most (the detector's input is 640 here)
 GOLDEN_BYTES = 2_000_000   # the golden photos' pixels, compressed, a bundle keeps at most
+GOLDEN_OFFERED = 48        # held-out photos considered for it (each runs both cascades again)
 
 
 def end_to_end(spec: PipelineSpec, bundle: Path, photos: Sequence[Path]) -> dict[str, Any]:
@@ -35,27 +36,49 @@ def end_to_end(spec: PipelineSpec, bundle: Path, photos: Sequence[Path]) -> dict
     original line matches, "photos", "value", "keep", "shown", "passed", "text", "golden"} on
     *photos*, the bundle's parts run by its own runner code on this machine's providers.
 
-    The first photos (up to GOLDEN_BYTES compressed, each shrunk to GOLDEN_SIDE) are written
+    Photos (up to GOLDEN_BYTES compressed, each shrunk to GOLDEN_SIDE; pick_golden) are written
     into *bundle*'s golden/pipeline/ with the original's answers on them (photos.npz,
     answers.json); `golden` names them with how many answers the bundle gave alike there."""
     original = original_cascade(spec)
     manifest = load_manifest(str(bundle))
     shipped = Cascade(manifest, session_runner(pipeline_sessions(str(bundle), manifest, None)))
-    pairs, golden, room = [], [], GOLDEN_BYTES
+    pairs, offered = [], []
     for path in photos:
         image = read_image(path, spec.stages[0].preprocess)
         pairs.append((original.read(image), shipped.read(image)))
-        small = shrink(image)
-        size = len(zlib.compress(small.tobytes(), 1))
-        if size <= room:
-            room -= size
-            golden.append((path.name, small, *(pairs[-1] if small is image else
-                                               (original.read(small), shipped.read(small)))))
+        if len(offered) < GOLDEN_OFFERED:
+            small = shrink(image)
+            entry = (path.name, small, *(pairs[-1] if small is image else
+                                         (original.read(small), shipped.read(small))))
+            # what the original finds only at full size (small faces) is kept at full size
+            offered.append(entry if found(spec.kind, entry) or not found(
+                spec.kind, (path.name, image, *pairs[-1])) else (path.name, image, *pairs[-1]))
+    golden = pick_golden(spec.kind, offered)
     figure = verdict(spec.kind, tally(spec.kind, pairs), KEEP, "held-out photo(s)")
     figure["text"] = "end to end: " + figure["text"]
     if golden:
         figure["golden"] = write_golden(bundle, spec.kind, golden)
     return figure
+
+
+def pick_golden(kind: str, offered: list[tuple[str, np.ndarray, dict, dict]]
+                ) -> list[tuple[str, np.ndarray, dict, dict]]:
+    """The photos the device's check keeps, up to GOLDEN_BYTES compressed: those on which the
+    original gives an answer (faces, text lines) first, in their order, then the others; a
+    photo with nothing to find judges nothing on the device."""
+    ranked = sorted(offered, key=lambda g: not found(kind, g))
+    golden, room = [], GOLDEN_BYTES
+    for entry in ranked:
+        size = len(zlib.compress(entry[1].tobytes(), 1))
+        if size <= room:
+            room -= size
+            golden.append(entry)
+    return golden
+
+
+def found(kind: str, entry: tuple[str, np.ndarray, dict, dict]) -> int:
+    """How many things (faces, text lines) the original finds in a golden candidate."""
+    return tally(kind, [(entry[2], entry[3])])[words(kind)[0]]
 
 
 def shrink(image: np.ndarray) -> np.ndarray:
