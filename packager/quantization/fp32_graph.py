@@ -262,6 +262,9 @@ def speed_line(record: dict[str, Any]) -> str:
             f"{record['speedup']:.2f}x its speed (timed in one run on {cpu}, "
             f"{info.get('cores', '?')} cores"
             + (f"; other processes used {100 * share:.0f}% of them" if share is not None else "")
-            + ")" + (f"; NOISY ({why}): build again on a quiet machine for a steady figure"
+            + ")" + ("; the same speed within timing noise (the original's p50 lies inside "
+                     "the bundle's p10-p90)" if spread and record["speedup"] < 1
+                     and spread[0] <= record["original_p50_ms"] <= spread[1] else "")
+            + (f"; NOISY ({why}): build again on a quiet machine for a steady figure"
                      if (why := noise(load, {"p10": spread[0], "p90": spread[1]}
                                       if spread else {})) else ""))
