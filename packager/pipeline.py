@@ -111,8 +111,10 @@ class PartResult:
         if self.engine is None:
             return self.config.describe()
         name = self.engine.provider.name.replace("ExecutionProvider", "")
-        return (f"{self.engine.candidate.config.describe()} on {name} (the CPU provider, where "
-                f"{name} is not installed: {self.config.describe()})")
+        fast, cpu = self.engine.candidate.config.describe(), self.config.describe()
+        if fast == cpu:
+            return f"{cpu}, under {name} where the device has it, else the CPU provider"
+        return f"{fast} under {name}; {cpu} on the CPU provider where {name} is not installed"
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "nodes_before": self.nodes_before,
