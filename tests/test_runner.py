@@ -118,6 +118,10 @@ def test_check_bench_infer_from_unpacked_archive(built, tmp_path):
     top = json.loads(infer.stdout)["results"][0]["outputs"]["scores"]["top"]
     assert len(top) == 5 and top[0]["label"].startswith("class")
     assert np.load(tmp_path / "out.npz")["cat.png/scores"].shape == (1, 10)
+    # --out without .npz: numpy's name (.npz added), said rather than left to be found
+    human = run_py(bundle, "infer", str(tmp_path / "cat.png"), "--out", str(tmp_path / "res.txt"))
+    assert f"outputs written to {tmp_path / 'res.txt.npz'}" in human.stdout
+    assert (tmp_path / "res.txt.npz").is_file() and not (tmp_path / "res.txt").exists()
 
 
 def test_tampered_model_fails_check(built, tmp_path):

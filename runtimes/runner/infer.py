@@ -160,6 +160,8 @@ def cmd_infer(bundle, manifest, args):
     if args.out:
         save_outputs(args.out, arrays)
     report = {"results": results, "providers": session.get_providers(), "passed": True}
+    if args.out:   # np.savez's name: .npz added when missing, and said
+        report["out"] = args.out if args.out.endswith(".npz") else args.out + ".npz"
     if stacked_calls:
         report["batching"] = batching_note(rows, stacked_images, stacked_calls, padded)
         if not getattr(args, "json", False):   # said once, before the answers

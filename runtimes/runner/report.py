@@ -215,3 +215,5 @@ def print_human(command, report):
                     print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
             for note in entry.get("notes", ()):   # NaN or infinity in an output
                 print("%s: %s" % (entry["file"], note))
+        if report.get("out"):
+            print("outputs written to %s" % report["out"])
