@@ -382,6 +382,8 @@ def face_folder(tmp_path, random_nets, image_dir):
 
 @pytest.mark.parametrize("changes, said", [
     ({"pnet__step": '"detect"'}, "stage[0].step = 'detect' is not a step of a face pipeline"),
+    ({"pnet__step": None}, "stage[0].step is missing: each stage says which step it is; add "
+                           "step = \"propose\""),
     ({"pnet__calib": None}, "stage[0] has no calib"),
     ({"pnet__min_face": "3"}, "stage[0].min_face must be a number from 6 to 100000"),
     ({"rnet__factor": "0.5"}, "stage[1].factor is not a parameter of a refine stage"),

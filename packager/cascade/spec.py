@@ -112,6 +112,9 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
     if not isinstance(raw, dict):
         raise _fail(path, where, "is not a table", "write [[stage]] and its keys under it")
     step = raw.get("step")
+    if step is None:
+        raise _fail(path, f"{where}.step", "is missing: each stage says which step it is",
+                    f"add step = \"{STEPS[kind][0]}\" (steps: {', '.join(STEPS[kind])})")
     if step not in STEPS[kind]:
         raise _fail(path, f"{where}.step", f"= {step!r:.40} is not a step of {_a(kind)} pipeline",
                     f"use one of {', '.join(STEPS[kind])}")
