@@ -27,8 +27,8 @@ import numpy as np
 
 from .bundle.roofline import MATMUL_SHAPES
 from .compare_engines import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
+from .compare_samples import agreement, batched
 from .errors import PackagerError
-from .graph.execute import Sample
 from .graph.inspection import estimate_flops, graph_inputs, io_specs, model_family
 from .graph.modelio import load_model, save_model
 from .graph.shapes import fix_shapes_proto
@@ -98,35 +98,6 @@ t4 = time.perf_counter()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
                   "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
 """
-
-
-def batched(samples: Sequence[Sample], batch: int, count: int | None = None) -> list[Sample]:
-    """Concatenate consecutive batch-1 samples into batches (cycling when there are too few)."""
-    if not samples:
-        return []
-    groups = max(1, len(samples) // batch) if count is None else count
-    out = []
-    for g in range(groups):
-        picks = [samples[(g * batch + i) % len(samples)] for i in range(batch)]
-        out.append({k: np.concatenate([p[k] for p in picks], axis=0) for k in picks[0]})
-    return out
-
-
-def agreement(got: Sequence[Sequence[np.ndarray]], ref: Sequence[Sequence[np.ndarray]]) -> dict:
-    """Cosine (min over samples and outputs) and top-1 agreement of class scores."""
-    cosines, top1 = [], []
-    for g_out, r_out in zip(got, ref, strict=True):
-        for g, r in zip(g_out, r_out, strict=True):
-            a = np.asarray(g, np.float64).reshape(len(g), -1)
-            b = np.asarray(r, np.float64).reshape(len(r), -1)
-            norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-            cosines += list(np.where(norms > 0, (a * b).sum(1) / np.maximum(norms, 1e-30), 1.0))
-            if b.shape[1] >= 2 and np.asarray(r).ndim == 2:
-                top1 += list(a.argmax(1) == b.argmax(1))
-    result = {"cosine_min": float(min(cosines))}
-    if top1:
-        result["top1"] = float(np.mean(top1))
-    return result
 
 
 def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Path | None = None,

@@ -16,7 +16,7 @@ from .bundle.assemble import BundleResult, PartPayload, Tuner, archive_path, bun
 from .errors import CalibrationError, SpecError
 from .graph.execute import Sample, run_model
 from .graph.freeze import branch_inputs, calibration_consts, const_value, freeze_inputs
-from .graph.inspection import check_labels, dims_of, graph_inputs, io_specs, model_family
+from .graph.inspection import check_labels, graph_inputs, io_specs, model_family
 from .graph.modelio import load_model
 from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from .hashing import sha256
@@ -39,7 +39,6 @@ from .quantization.calibration import (
     is_image_source,
     list_sources,
     load_samples,
-    peek_shapes,
     sample_labels,
     split_holdout,
 )
@@ -61,7 +60,8 @@ from .quantization.fp32_graph import (
     speed_line,
 )
 from .quantization.label_check import check_labelled, labelled_top1
-from .quantization.preprocessing import check_fits, spec_shape
+from .quantization.part_shapes import check_task_early, shapes_for
+from .quantization.preprocessing import check_fits
 from .quantization.provider_graphs import provider_graphs
 from .quantization.quantize import QuantConfig, check_exclude
 from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
@@ -143,26 +143,6 @@ class ExportOptions:
     output_names: Sequence[str] = ()
 
 
-def _shapes_for(model, shapes: Mapping[str, Sequence[int]], preprocess, calib: Path | None,
-                batch: int) -> dict[str, list[int]]:
-    """--input shapes first, then the preprocessing size, then the first calibration tensor."""
-    resolved = {k: list(v) for k, v in shapes.items()}
-    inputs = graph_inputs(model)
-    dynamic = [i for i in inputs if i.name not in resolved and
-               not all(isinstance(d, int) and d > 0 for d in dims_of(i))]
-    if not dynamic:
-        return resolved
-    if preprocess and len(inputs) == 1:
-        resolved[inputs[0].name] = spec_shape(preprocess, batch)
-    elif calib is not None:
-        peeked = peek_shapes(calib)
-        for value in dynamic:
-            shape = peeked.get(value.name) or (peeked.get("") if len(inputs) == 1 else None)
-            if shape and len(shape) == len(dims_of(value)):
-                resolved[value.name] = shape
-    return resolved
-
-
 def build(model: Path | str, output: Path, *, target: Target | str,
           calib: Path | None = None, preprocess: dict[str, Any] | None = None,
           inputs: Sequence[TensorSpec] = (), quant: Mapping[str, Any] = {},
@@ -232,6 +212,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         for req in requests:
             if req.calib is not None:
                 list_sources(req.calib)  # fail before the slow stages when a folder is empty
+            check_task_early(req.source, req.task, keep, {s.name: list(s.shape) for s in
+                                                          req.inputs},
+                             req.preprocess, req.calib, target.batch)
         several = len(requests) > 1
         results, payloads = [], []
         with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:
@@ -432,7 +415,7 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
         first = io_specs(graph_inputs(proto))[0]
         check_fits(req.preprocess, first["name"], shapes.get(first["name"], first["shape"]),
                    first["dtype"])
-    fixed = fix_shapes_proto(proto, _shapes_for(proto, shapes, req.preprocess, req.calib,
+    fixed = fix_shapes_proto(proto, shapes_for(proto, shapes, req.preprocess, req.calib,
                                                 target.batch), batch=target.batch, strict=False)
     clock.lap("shapes")
     # what stays open after this is resolved from a real run once the samples are loaded

@@ -118,7 +118,7 @@ def bad_cases(tmp: Path, cnn: Path, images: Path):
         "bad spec": (cnn, ["--calib", images, "--preprocess", "size=32x32,colour=rgb"],
                      "unknown preprocess key 'colour'"),
         "unknown target": (cnn, [*base, "--target", "pdp-11"], "unknown target 'pdp-11'"),
-        "output exists": (cnn, base, "already exists"),
+        "output exists": (cnn, base, "is a folder that is not an edgepack bundle"),
     }
 
 

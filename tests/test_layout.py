@@ -22,7 +22,8 @@ LAYERS = [
     ("quantization", {"quantization"}),
     ("bundle", {"bundle"}),
     ("device", {"device"}),
-    ("jobs", {"pipeline", "compare", "compare_engines", "demo", "chart", "cascade"}),
+    ("jobs", {"pipeline", "compare", "compare_engines", "compare_samples", "demo", "chart",
+              "cascade"}),
     ("cli", {"cli"}),
     ("entry", {"__init__", "__main__"}),
 ]

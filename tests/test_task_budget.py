@@ -101,6 +101,22 @@ def test_bad_task_and_keep_are_one_line_errors(cnn_onnx, image_dir, tmp_path):
         assert r.exit_code == 2, (extra, r.output)
         assert words in r.output and "Traceback" not in r.output, (extra, r.output)
         assert not out.exists()
+        # said before the slow stages (a pipeline's last part was checked after the first
+        # part's whole search): nothing was simplified or searched
+        if "--task" in extra and "--keep" not in extra:
+            assert "simplify:" not in r.output and "search:" not in r.output, r.output
+
+
+def test_a_task_that_cannot_fit_a_later_part_stops_the_build_first(cnn_onnx, image_dir,
+                                                                    tmp_path):
+    from packager.quantization.part_shapes import check_task_early
+
+    prep = PREP
+    ctc = {"kind": "ctc", "alphabet": ["blank", "a", "b"]}   # 3 entries, the CNN has 10 classes
+    with pytest.raises(SpecError, match="task.alphabet has 3 entries, output 0 has 10 classes"):
+        check_task_early(cnn_onnx, ctc, None, {}, prep, image_dir, 1)
+    check_task_early(cnn_onnx, {"kind": "classify"}, None, {}, prep, image_dir, 1)   # fits
+    check_task_early("torch_models.py:Net", ctc, None, {}, prep, image_dir, 1)   # after export
 
 
 def test_a_built_classifier_answers_with_labels_and_its_check_holds_top1(cnn_onnx, image_dir,
