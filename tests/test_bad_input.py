@@ -275,9 +275,6 @@ def test_targets_checks_one_profile():
     (["compare", "{model}", "--threads", "-1"], "--threads"),
     (["fix-shapes", "{model}", "-o", "{out}", "--batch", "-4"], "--batch"),
     (["fix-shapes", "{model}", "-o", "{out}", "--batch", "0"], "--batch"),
-    (["verify", "{out}", "--runs", "0"], "--runs"),
-    (["verify", "{out}", "--threads", "-3"], "--threads"),
-    (["verify", "{out}", "--latency-budget-ms", "-1"], "--latency-budget-ms"),
 ])
 def test_counts_below_one_are_refused_by_name(args, option, cnn_onnx, tmp_path):
     """A batch, round, run or thread count below 1 (or a negative budget) is exit 2 naming the
@@ -288,6 +285,20 @@ def test_counts_below_one_are_refused_by_name(args, option, cnn_onnx, tmp_path):
     assert r.exit_code == 2, r.output
     assert f"Invalid value for '{option}'" in r.output and "Traceback" not in r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--runs", "0"], "--runs 0: not a number of runs; give 1 or more"),
+    (["--warmup", "-1"], "--warmup -1: not a number of warm-up runs; give 0 or more"),
+    (["--threads", "-3"], "--threads -3: not a number of threads; give 1 or more"),
+    (["--latency-budget-ms", "-1"], "--latency-budget-ms -1.0: not a latency"),
+])
+def test_verify_refuses_bad_counts_as_deploy_does(args, said, built):
+    """verify --runs 0 ran the bundle and blamed it ('run.py bench failed ... rebuild'); it is
+    the option: exit 2 before anything runs, with deploy's words."""
+    r = CliRunner().invoke(main, ["verify", str(built.bundle.directory), *args])
+    assert r.exit_code == 2, r.output
+    assert said in one_error(r.stderr), r.stderr
 
 
 def test_the_library_refuses_a_batch_below_one_too(cnn_onnx, tmp_path):

@@ -12,15 +12,13 @@ from .base import emit, log, main
 
 @main.command("verify")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="override the session's threads")
+@click.option("--runs", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--threads", type=int, default=None, help="override the session's threads")
 @click.option("--tune", is_flag=True,
               help="first time thread counts, optimisation levels and the execution mode "
                    "here (run.py bench --tune) and keep the fastest for this machine")
-@click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="p90 ceiling")
+@click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--python", default=sys.executable, show_default="this Python",
               help="interpreter that runs run.py")
 @click.option("--expect-digest", metavar="SHA256",
@@ -69,15 +67,13 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: 
 @click.option("--checksum", is_flag=True, help="compare contents, not size and time (rsync)")
 @click.option("--bwlimit", type=int, default=None, metavar="KB/S",
               help="limit the copy's bandwidth (slow or metered links)")
-@click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="override the session's threads")
+@click.option("--runs", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--threads", type=int, default=None, help="override the session's threads")
 @click.option("--tune", is_flag=True,
               help="first time thread counts, optimisation levels and the execution mode on "
                    "each device (run.py bench --tune) and keep the fastest there")
-@click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="p90 ceiling")
+@click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--require-provider", default=None, help="fail unless this provider runs")
 @click.option("--allow-fallback", is_flag=True,
               help="run even when the device lacks the target's providers")

@@ -79,12 +79,10 @@ def status_cmd(hosts, inventory, limit, name, remote_dir, port, identity, ssh_co
 
 @main.command("rollback")
 @fleet_options
-@click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="override the session's threads")
-@click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="p90 ceiling")
+@click.option("--runs", type=int, default=100, show_default=True)
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--threads", type=int, default=None, help="override the session's threads")
+@click.option("--latency-budget-ms", type=float, default=None, help="p90 ceiling")
 @click.option("--require-provider", default=None, help="fail unless this provider runs")
 @click.option("--reports", type=click.Path(path_type=Path), default=None,
               help="write each host's report to REPORTS/HOST/")

@@ -24,7 +24,15 @@ from .release_probe import RECORD
 from .remote import Connection, DeviceError, check_destination, end_all, have_local
 from .rollout import HostResult, Rollout
 from .rollout import run as run_rollout
-from .verify import bundle_digest, check_tune, integrity_problems, report_folder, run_checks, write_reports
+from .verify import (
+    bundle_digest,
+    check_timing_options,
+    check_tune,
+    integrity_problems,
+    report_folder,
+    run_checks,
+    write_reports,
+)
 
 Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
@@ -61,10 +69,7 @@ class DeployOptions:
         def bad(option: str, value: Any, fix: str) -> None:
             raise PackagerError(f"{option} {value}: {fix.split(';')[0]}", fix.split("; ", 1)[-1])
 
-        if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
-            bad("--runs", self.runs, "not a number of runs; give 1 or more")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            bad("--warmup", self.warmup, "not a number of warm-up runs; give 0 or more")
+        check_timing_options(self.runs, self.warmup, self.threads, self.latency_budget_ms)
         if not _positive(self.timeout):
             bad("--timeout", self.timeout, "not a number of seconds; give more than 0")
         if self.bwlimit_kbps is not None and (not isinstance(self.bwlimit_kbps, int)
@@ -73,9 +78,6 @@ class DeployOptions:
         if self.port is not None and not (isinstance(self.port, int)
                                           and 1 <= self.port <= 65535):
             bad("--port", self.port, "not a TCP port; give 1 to 65535")
-        if self.latency_budget_ms is not None and not _positive(self.latency_budget_ms):
-            bad("--latency-budget-ms", self.latency_budget_ms,
-                "not a latency; give a number of milliseconds above 0")
         if self.transfer not in ("auto", "rsync", "scp"):
             bad("--transfer", self.transfer, "unknown; use auto, rsync or scp")
         if self.remote_dir is not None:

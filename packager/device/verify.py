@@ -10,7 +10,7 @@ from typing import Any
 
 from .._runtimes.runner.sessions import describe_session
 from ..bundle.manifest import read_manifest
-from ..errors import BundleError, VerifyError
+from ..errors import BundleError, PackagerError, VerifyError
 from .reports import write_files
 
 REPORTS = "reports"
@@ -119,6 +119,25 @@ def refused(manifest: dict[str, Any], problems: list[str], digest: str) -> dict[
                         "detail": "; ".join(problems) + "; nothing from the bundle was run"}]}
 
 
+def check_timing_options(runs: Any, warmup: Any, threads: Any, latency_budget_ms: Any) -> None:
+    """PackagerError (exit 2) naming the option when a count or the latency budget is not one:
+    verify and deploy refuse it here, before anything runs."""
+    def whole(value: Any, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    for option, value, least, what in (("--runs", runs, 1, "runs"),
+                                       ("--warmup", warmup, 0, "warm-up runs"),
+                                       ("--threads", 1 if threads is None else threads, 1,
+                                        "threads")):
+        if not whole(value, least):
+            raise PackagerError(f"{option} {value}: not a number of {what}",
+                                f"give {least} or more")
+    if latency_budget_ms is not None and (isinstance(latency_budget_ms, bool) or not isinstance(
+            latency_budget_ms, int | float) or not 0 < latency_budget_ms < float("inf")):
+        raise PackagerError(f"--latency-budget-ms {latency_budget_ms}: not a latency",
+                            "give a number of milliseconds above 0")
+
+
 def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmup: int = 10,
            threads: int | None = None, latency_budget_ms: float | None = None,
            require_provider: str | None = None, timeout: float = 900.0,
@@ -127,6 +146,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     run.py: accuracy, benchmark, budgets; write reports/ in *bundle*. *tune*: first time
     session options with `run.py bench --tune`, which keeps the fastest in the bundle's
     session.tuned.json for this machine."""
+    check_timing_options(runs, warmup, threads, latency_budget_ms)
     check_tune(tune, threads)
     bundle = Path(bundle)
     wanted = parse_digest(expect_digest) if expect_digest is not None else None
