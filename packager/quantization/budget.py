@@ -101,6 +101,11 @@ class AccuracyBudget:
             drop = 1.0 - acc.get("top1_agreement", acc["cosine_mean"])
         acc["drop"] = drop
         failures = []
+        broken = [k for k in ("cosine_min", "cosine_mean", "drop")
+                  if not np.isfinite(acc.get(k, 0.0))]
+        if broken:   # NaN compares False with every bound: it would pass them all
+            failures.append(f"{broken[0].replace('_', ' ')} is {acc[broken[0]]} (the outputs hold "
+                            "NaN or infinity where FP32's do not)")
         if self.min_cosine is not None and acc["cosine_min"] < self.min_cosine:
             outputs = acc.get("outputs", {})
             worst = min(outputs, key=lambda n: outputs[n]["cosine_min"]) if outputs else ""

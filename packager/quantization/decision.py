@@ -23,7 +23,9 @@ from ..graph.quantized import quantized_ops, quantized_summary
 from ..progress import OFF, Progress
 from ..targets import Target
 from ..timing import SETTLE, machine, session, time_blocks
+from . import kfold
 from .budget import AccuracyBudget
+from .kfold import Evidence
 from .quantize import QuantConfig, quantize_file
 from .search import MIN_GAIN, Candidate, Search, dynamic_ops
 
@@ -200,20 +202,34 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             "drop --precision to ship the best precision within budget (FP32 if nothing "
             "else), or loosen --min-cosine")
     timing: dict[str, Any] = {}
-    if len(held) < MIN_HELD and not forced:
-        reason = (f"FP32: {len(held)} held-out samples are too few to decide whether INT8 keeps "
+    evidence = Evidence("held-out", len(held))
+    pool = [*calib, *held] if static_ok else []
+    if not forced and kfold.wanted(len(held), len(pool), passing, MIN_HELD, budget, labels):
+        passing, evidence = _cross_check(passing, pool, fp32, folder, search, budget, log)
+    if evidence.samples < MIN_HELD and not forced:
+        reason = (f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps "
                   f"the budget (need {MIN_HELD}); give more --calib samples")
         return _record(reference, reference, candidates, reason, "auto", budget, held,
-                       started, timing, log)
+                       started, timing, log, evidence)
+    unproven = [c for c in passing if not kfold.shown(c.accuracy)]
+    if unproven and len(unproven) == len(passing) and not forced:
+        best = unproven[0]
+        reason = (f"FP32: INT8 not proven: {best.label} misses nothing on "
+                  f"{evidence.words()}, but {_unshown(best)}; give more --calib samples to "
+                  "prove it, or --precision int8 to ship it unproven")
+        return _record(reference, reference, candidates, reason, "auto", budget, held,
+                       started, timing, log, evidence)
+    if not forced:
+        passing = [c for c in passing if kfold.shown(c.accuracy)]
     if not passing and search.futile:
         return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
                        budget, held, started, {"measured": True, "threads": threads, **measured},
-                       log)
+                       log, evidence)
     if not passing:
         reason = "FP32: no INT8 variant kept the budget (" + "; ".join(
             c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
         return _record(reference, reference, candidates, reason, "auto", budget, held,
-                       started, timing, log)
+                       started, timing, log, evidence)
     # a variant with no more ops in INT8 and no fewer Q/DQ boundaries than another is not timed
     useful = [c for c in passing if not any(
         d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
@@ -236,7 +252,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                       f"measured ({why_not})")
         return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
                        started, {"measured": False, "why": why_not,
-                                 "basis": "providers" if gpu else "ops"}, log)
+                                 "basis": "providers" if gpu else "ops"}, log, evidence)
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
     where, noisy = _time([reference] + ranked, fp32, held, threads, timer, steps)
     timing = {"measured": True, "threads": threads, "measured_on": where, "noisy": noisy}
@@ -269,7 +285,26 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         reason += (f"; timed on {where['host']}"
                    + (f" under {', '.join(where['providers'])}" if where.get("providers") else ""))
     return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
-                   started, timing, log)
+                   started, timing, log, evidence)
+
+
+def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folder: Path,
+                 search: Search, budget: AccuracyBudget, log: Log
+                 ) -> tuple[list[Candidate], Evidence]:
+    """The candidates within budget judged again by k-fold rotation over every sample."""
+    rotation = kfold.Rotation(fp32, pool)
+    evidence = Evidence("k-fold", len(rotation.order), len(rotation.folds))
+    log(f"search: the held-out split is too thin to decide; judging on {evidence.words()}")
+    kept = kfold.confirm(passing, rotation, folder=folder, budget=budget, log=log,
+                         source=lambda c: search.source if c.config.mode == "static" else fp32,
+                         histogram_cap=search.histogram_cap)
+    return kept, evidence
+
+
+def _unshown(cand: Candidate) -> str:
+    """What the candidate's task figures could not show, in the figures' own words."""
+    figures = cand.accuracy.get("task", {}).get("figures", {})
+    return "; ".join(f["text"] for f in figures.values() if not f.get("shown", True))
 
 
 def frontier(cands: Sequence[Candidate]) -> list[Candidate]:
@@ -358,19 +393,22 @@ def _fp16(fp32: Path, folder: Path, base: QuantConfig, held, budget, labels,
 
 def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candidate],
             reason: str, mode: str, budget: AccuracyBudget, held: Sequence[Sample],
-            started: float, timing: dict[str, Any], log: Log) -> Decision:
+            started: float, timing: dict[str, Any], log: Log,
+            evidence: Evidence | None = None) -> Decision:
     seconds = time.perf_counter() - started
+    evidence = evidence or Evidence("held-out", len(held))
     notes = []
-    if len(held) < FEW_HELD:
-        notes.append(f"only {len(held)} held-out samples: the accuracy figures are rough; "
-                     f"{FEW_HELD} or more (5x as many --calib samples) give a steadier decision")
+    if evidence.samples < FEW_HELD:
+        notes.append(f"only {evidence.samples} samples judged: the accuracy figures are rough; "
+                     f"{FEW_HELD} or more give a steadier decision")
     for note in notes:
         log(f"warning: {note}")
     log(f"decision: {chosen.config.describe()} - {reason} ({len(candidates)} candidates, "
-        f"{len(held)} held-out samples, {seconds:.1f} s)")
+        f"{evidence.words()}, {seconds:.1f} s)")
     record = {"mode": mode, "chosen": chosen.config.describe(), "label": chosen.label,
               "reason": reason, "budget": budget.describe(),
               "budget_min_cosine": budget.min_cosine, "held_out": len(held),
+              "evidence": evidence.to_record(),
               "notes": notes, "search_seconds": round(seconds, 2),
               "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
               "timing": timing, "candidates": [c.summary() for c in candidates]}

@@ -1,0 +1,131 @@
+"""Evidence by rotation: every sample both calibrates and judges (k-fold cross-checking).
+
+A build given 12 calibration images holds 2 out: too few to tell a good INT8 variant from a bad
+one, so it shipped FP32 without trying. A detector's 6 held-out images held 6 boxes, too few to
+show 95 % box recall, and its INT8 shipped on "pass, not shown" though it missed 2 of 17 boxes
+elsewhere. Here a candidate's configuration is quantized k times, each time calibrated on all
+samples but one fold and judged on that fold; the folds' outputs together are judged as one
+held-out set as large as all the samples. What ships is still calibrated on the usual split:
+k-fold measures the procedure (this configuration, calibrated on this many samples), which is
+what decides whether INT8 keeps the budget.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..graph.execute import Sample, run_model
+from .budget import AccuracyBudget
+from .calibration import spread
+from .quantize import QuantConfig, quantize_file
+
+FOLDS = 5          # each fold a fifth: the default --holdout 0.2, turned round
+MAX_CONFIRMED = 2  # candidates cross-checked (most INT8 first): each costs FOLDS quantizations
+MIN_POOL = 4       # fewer samples than this cannot judge anything, rotated or not
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How a candidate's accuracy was measured: on the held-out split, or by rotation."""
+
+    method: str        # "held-out" or "k-fold"
+    samples: int       # samples judged
+    folds: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        return {"method": self.method, "samples": self.samples, "folds": self.folds}
+
+    def words(self) -> str:
+        if self.method != "k-fold":
+            return f"{self.samples} held-out samples"
+        return (f"all {self.samples} samples, each judged by a model calibrated without it "
+                f"({self.folds}-fold rotation)")
+
+
+def shown(accuracy: dict[str, Any]) -> bool:
+    """Whether the candidate's task figures counted enough units to show their keep (True
+    when no task judges it: a cosine is shown by every sample)."""
+    task = accuracy.get("task")
+    return not task or bool(task.get("shown", True))
+
+
+def wanted(held: int, pool: int, passing: Sequence[Any], min_held: int,
+           budget: AccuracyBudget, labels: Any) -> bool:
+    """Whether the held-out split is too thin to decide and rotation would judge more."""
+    if not passing or pool <= held or pool < MIN_POOL:
+        return False
+    if budget.metric is not None and labels is not None:
+        return False   # the user's labels exist for the held-out split only
+    return held < min_held or not all(shown(c.accuracy) for c in passing)
+
+
+def folds_of(count: int, folds: int = FOLDS) -> list[list[int]]:
+    """Index folds spread over the set (sample i in fold i mod k), none empty."""
+    k = max(2, min(folds, count))
+    return [list(range(j, count, k)) for j in range(k)]
+
+
+class Rotation:
+    """The pool of samples in fold order and FP32's outputs on it, computed once."""
+
+    def __init__(self, fp32: Path, pool: Sequence[Sample], folds: int = FOLDS):
+        self.fp32, self.pool = fp32, list(pool)
+        self.folds = folds_of(len(self.pool), folds)
+        self.order = [self.pool[i] for fold in self.folds for i in fold]
+        self.reference = run_model(fp32, self.order)
+
+    def accuracy(self, source: Path, config: QuantConfig, folder: Path,
+                 budget: AccuracyBudget, histogram_cap: int | None) -> dict[str, Any]:
+        """*config* quantized from *source* once per fold, each judged on its own fold."""
+        if config.mode != "static":   # no calibration: every sample is unseen already
+            path = folder / "kfold_all.onnx"
+            quantize_file(source, path, config=config)
+            return self._judge(path, budget, run_model(path, self.order))
+        parts: list[dict[str, np.ndarray]] = []
+        path = folder / "kfold_0.onnx"
+        for j, fold in enumerate(self.folds):
+            out = set(fold)
+            calib = [s for i, s in enumerate(self.pool) if i not in out]
+            if histogram_cap and config.calibration_method != "minmax" and \
+                    len(calib) > histogram_cap:
+                calib = [calib[i] for i in spread(len(calib), histogram_cap)]
+            path = folder / f"kfold_{j}.onnx"
+            quantize_file(source, path, config=config, samples=calib)
+            parts.append(run_model(path, [self.pool[i] for i in fold]))
+            if j:
+                (folder / f"kfold_{j - 1}.onnx").unlink(missing_ok=True)
+        outputs = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return self._judge(path, budget, outputs)
+
+    def _judge(self, path: Path, budget: AccuracyBudget,
+               outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        acc = budget.evaluate(path, self.fp32, self.order, None, self.reference, outputs)
+        acc["evidence"] = Evidence("k-fold", len(self.order), len(self.folds)).to_record()
+        return acc
+
+
+def confirm(passing: Sequence[Any], rotation: Rotation, *, source: Callable[[Any], Path],
+            folder: Path, budget: AccuracyBudget, histogram_cap: int | None,
+            log: Log) -> list[Any]:
+    """Cross-check the candidates within budget on the held-out split, most INT8 first (at most
+    MAX_CONFIRMED): their accuracy becomes the rotation's; returns those still within budget."""
+    ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries))
+    kept = []
+    for cand in ranked[:MAX_CONFIRMED]:
+        before = cand.accuracy
+        cand.accuracy = {**rotation.accuracy(source(cand), cand.config, folder, budget,
+                                             histogram_cap), "held_out_only": {
+            "cosine_min": before.get("cosine_min"), "samples": before.get("samples")}}
+        cand.notes.append("judged by rotation: " + Evidence(
+            "k-fold", len(rotation.order), len(rotation.folds)).words())
+        log(f"search: {cand.line()} (cross-checked on {len(rotation.order)} samples, "
+            f"{len(rotation.folds)}-fold)")
+        if cand.passed:
+            kept.append(cand)
+            if shown(cand.accuracy):
+                break   # the most INT8 that is proven: the others can only be slower
+    return kept
