@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[torch,test]'
+	$(PY) -m pip install --quiet -e '.[torch,test,nncf]'
 	touch $(STAMP)
 
 # onnxruntime-openvino replaces the onnxruntime package, so it gets a venv of its own: build

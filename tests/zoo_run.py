@@ -172,6 +172,7 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
             continue
         cosines.append(cosine(got, ref))
     res.update(product_task(out, part))
+    res["int8_by_generator"] = int8_by_generator(decision)
     res["cosine_min"] = round(float(min(cosines)), 5) if cosines else None
     res["cosine_skipped"] = silent
     result = model.check(bundle, orig, prepared.eval)
@@ -328,6 +329,61 @@ def git_commit() -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def int8_by_generator(decision: dict) -> dict:
+    """The best INT8 each generator made (onnxruntime's search; NNCF's default with the head's
+    post-processing float; NNCF with its most damaging nodes float), from the build's own
+    record: cosine and task figures on the held-out samples (CPU provider), and the cosine
+    under OpenVINO where the engine choice ran that graph."""
+    made = [c for c in decision.get("candidates", []) if not c.get("error")
+            and str(c.get("precision", "")).startswith("INT8") and c.get("cosine_min") is not None]
+    tried = {t["label"]: t for t in (decision.get("engine") or {}).get("tried", [])}
+
+    def best(keep) -> dict | None:
+        pool = [c for c in made if keep(c["label"])]
+        c = max(pool, key=lambda c: (bool(c.get("meets_budget")), c["cosine_min"]), default=None)
+        if c is None:
+            return None
+        ov = tried.get(c["label"], {})
+        return {"label": c["label"], "cosine": c["cosine_min"], "task": c.get("task") or {},
+                "int8_ops": c.get("int8_nodes"), "within": bool(c.get("meets_budget")),
+                "openvino_cosine": ov.get("cosine_min"), "openvino_p50_ms": ov.get("p50_ms")}
+    return {"onnxruntime": best(lambda label: "NNCF" not in label),
+            "nncf_default": best(lambda label: label == "INT8 NNCF"),
+            "nncf_search": best(lambda label: "NNCF" in label and label != "INT8 NNCF")}
+
+
+def _int8_cell(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    task = ", ".join(f"{k} {100 * v:.1f}%" for k, v in entry["task"].items() if v is not None)
+    text = (f"{entry['label']}: cosine {entry['cosine']:.4f}" + (f", {task}" if task else "")
+            + f", {entry['int8_ops']} INT8 ops, {'within budget' if entry['within'] else 'misses'}")
+    if entry.get("openvino_cosine") is not None:
+        text += f"; OpenVINO: cosine {entry['openvino_cosine']:.4f}" + (
+            f", {entry['openvino_p50_ms']:.2f} ms" if entry.get("openvino_p50_ms") else "")
+    return text
+
+
+def int8_table(rows: list[dict]) -> list[str]:
+    lines = ["## INT8 by generator and engine", "",
+             "The best INT8 graph each generator made in the build (cosine min and task figures "
+             "on the build's held-out samples under the CPU provider, or by k-fold rotation where "
+             "the held-out split was thin; `OpenVINO:` the same graph under the OpenVINO provider "
+             "where the engine choice ran it, with its p50). onnxruntime: edgepack's search over "
+             "onnxruntime's quantize_static; NNCF default: `nncf.quantize` 3.4 with its default "
+             "preset and fast bias correction, the head's post-processing kept float; NNCF "
+             "search: the same with its most damaging nodes kept float (the search's bisection).",
+             "", "| model | onnxruntime (edgepack's search) | NNCF default | NNCF search |",
+             "| --- | --- | --- | --- |"]
+    for r in rows:
+        gen = r.get("int8_by_generator")
+        if r.get("stage") == "done" and gen:
+            lines.append(f"| {r['name']} | " + " | ".join(
+                _cell(_int8_cell(gen.get(k))) for k in ("onnxruntime", "nncf_default",
+                                                        "nncf_search")) + " |")
+    return lines + [""]
+
+
 def write_report(rows: list[dict]) -> Path:
     from bench import MATH_FLAGS, cpu_flags
 
@@ -401,7 +457,8 @@ def write_report(rows: list[dict]) -> Path:
                      f"{_cell(check)} | {_cell(product)} | {cos} | "
                      f"{' | '.join(_cell(m) for m in ms)} | {build} | "
                      f"{r.get('rc')} @ {r.get('commit', '?')} |")
-    lines += ["", "## Decisions (build's last line)", ""]
+    lines += [""] + int8_table(rows)
+    lines += ["## Decisions (build's last line)", ""]
     lines += [f"- **{r['name']}**: {r['decision_line'].replace('decision: ', '')}" for r in rows
               if r.get("decision_line")]
     failed = [r for r in rows if r.get("rc") not in (0, None) or r.get("stage") != "done"]

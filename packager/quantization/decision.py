@@ -27,7 +27,7 @@ from . import kfold
 from .budget import AccuracyBudget
 from .kfold import Evidence
 from .quantize import QuantConfig, quantize_file
-from .search import MIN_GAIN, Candidate, Search, dynamic_ops
+from .search import BISECT_COST, MIN_GAIN, Candidate, Search, dynamic_ops
 
 SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
 # On a busy machine (runner/load.py: others use a quarter of the cores, or p90 > 1.5x p10) INT8
@@ -188,6 +188,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(
             target.quantization, **{k: v for k, v in overrides.items() if k != "precision"},
             precision="int8"))
+    if not (search.futile and engine_pays is None):   # (INT8 cannot pay, nor elsewhere)
+        nncf_variant(search, base, family, log)
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
         search.show("FP16")
@@ -288,6 +290,35 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                    started, timing, log, evidence)
 
 
+def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Candidate | None:
+    """NNCF's INT8 of the same graph, beside onnxruntime's variants (nncf_generator.py): its
+    own Q/DQ placement, ranges and bias correction; the head's post-processing stays float as
+    in the preset. Built after the search, whatever it found: on the CPU provider it is often
+    slower than onnxruntime's INT8, under OpenVINO often the fastest graph within budget, and
+    the engine choice times it there."""
+    from .graph_facts import post_processing
+    from .nncf_generator import unavailable
+
+    if base.mode != "static" or not search.calib:
+        return None
+    why = unavailable()
+    if why:
+        log(f"search: NNCF's INT8 not tried: {why}")
+        return None
+    if search.over("NNCF's INT8", end=2 * search.limit):
+        return None
+    tail = tuple(post_processing(search.graph))
+    config = replace(base, generator="nncf", transformer=family == "transformer",
+                     exclude=tuple(dict.fromkeys(base.exclude + tail)))
+    made = search.variant("INT8 NNCF", config)
+    if made.passed or made.error or search.over("NNCF's sensitivity bisection",
+                                                BISECT_COST * search.first_cost,
+                                                end=2 * search.limit):
+        return made
+    # its most damaging quantizers back to float, as the search does for onnxruntime's
+    return search.bisect(made, timed=False, until=2 * search.limit) or made
+
+
 def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folder: Path,
                  search: Search, budget: AccuracyBudget, log: Log
                  ) -> tuple[list[Candidate], Evidence]:
@@ -298,6 +329,11 @@ def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folde
     kept = kfold.confirm(passing, rotation, folder=folder, budget=budget, log=log,
                          source=lambda c: search.source if c.config.mode == "static" else fp32,
                          histogram_cap=search.histogram_cap)
+    for cand in passing:   # not cross-checked: the thin split alone proves nothing
+        if cand.accuracy.get("evidence") is None:
+            budget_record = cand.accuracy["budget"]
+            cand.accuracy["budget"] = {**budget_record, "passed": False, "failures": [
+                "not cross-checked (the held-out split alone is too thin to prove it)"]}
     return kept, evidence
 
 

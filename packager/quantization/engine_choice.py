@@ -185,15 +185,20 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
 
 def _graphs(decision: Decision) -> list[Candidate]:
     """The decision's choice, FP32, and the most quantized INT8 graph within budget on the CPU
-    provider (at most 3: every graph is evaluated and timed in the engine's run, and the next
-    most quantized ones are near copies: MiniLM's 13 and 14 nodes FP32). The budget is
-    measured again under the other provider."""
+    provider from each generator (onnxruntime's, NNCF's; at most 4: every graph is evaluated
+    and timed in the engine's run, and the next most quantized ones are near copies: MiniLM's
+    13 and 14 nodes FP32). The budget is measured again under the other provider."""
     cands = list(decision.candidates)
     reference = cands[0]
     passing = sorted((c for c in cands[1:] if c.passed and c.config.precision == "int8"),
                      key=lambda c: (-c.int8_nodes, c.boundaries))
+    # and the best of each other generator: NNCF places Q/DQ where OpenVINO fuses them, so
+    # its graph may run fastest there while onnxruntime's has more INT8 ops
+    others = [next(c for c in passing if c.config.generator == g)
+              for g in dict.fromkeys(c.config.generator for c in passing[1:])
+              if g != passing[0].config.generator] if passing else []
     found: list[Candidate] = []
-    for c in [decision.candidate, reference] + passing[:1]:
+    for c in [decision.candidate, reference] + passing[:1] + others:
         if c.path not in {f.path for f in found}:
             found.append(c)
     return found

@@ -23,7 +23,8 @@ from .calibration import spread
 from .quantize import QuantConfig, quantize_file
 
 FOLDS = 5          # each fold a fifth: the default --holdout 0.2, turned round
-MAX_CONFIRMED = 2  # candidates cross-checked (most INT8 first): each costs FOLDS quantizations
+MAX_CONFIRMED = 2  # candidates cross-checked per generator (most INT8 first): each costs FOLDS
+                   # quantizations
 MIN_POOL = 4       # fewer samples than this cannot judge anything, rotated or not
 Log = Callable[[str], None]
 
@@ -112,10 +113,18 @@ def confirm(passing: Sequence[Any], rotation: Rotation, *, source: Callable[[Any
             folder: Path, budget: AccuracyBudget, histogram_cap: int | None,
             log: Log) -> list[Any]:
     """Cross-check the candidates within budget on the held-out split, most INT8 first (at most
-    MAX_CONFIRMED): their accuracy becomes the rotation's; returns those still within budget."""
-    ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries))
+    MAX_CONFIRMED of each generator, up to its first proven one): their accuracy becomes the
+    rotation's; returns those still within budget. The others are dropped: unproven."""
+    ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries,
+                                            -c.accuracy.get("cosine_min", 0.0)))
     kept = []
-    for cand in ranked[:MAX_CONFIRMED]:
+    proven: set[str] = set()   # generators with a candidate proven: their others are slower
+    tried: dict[str, int] = {}
+    for cand in ranked:
+        who = cand.config.generator   # each generator's own best: the engines differ on them
+        if who in proven or tried.get(who, 0) >= MAX_CONFIRMED:
+            continue
+        tried[who] = tried.get(who, 0) + 1
         before = cand.accuracy
         cand.accuracy = {**rotation.accuracy(source(cand), cand.config, folder, budget,
                                              histogram_cap), "held_out_only": {
@@ -127,5 +136,5 @@ def confirm(passing: Sequence[Any], rotation: Rotation, *, source: Callable[[Any
         if cand.passed:
             kept.append(cand)
             if shown(cand.accuracy):
-                break   # the most INT8 that is proven: the others can only be slower
+                proven.add(who)
     return kept

@@ -29,6 +29,10 @@ class QuantConfig(QuantPreset):
 
     exclude: tuple[str, ...] = field(default_factory=tuple)
     op_types: tuple[str, ...] = field(default_factory=tuple)   # quantize only these op types
+    # who places the Q/DQ pairs: "onnxruntime" (quantize_static) or "nncf" (nncf_generator.py,
+    # its own placement and ranges: the calibration and placement fields above do not apply)
+    generator: str = "onnxruntime"
+    transformer: bool = False   # NNCF's transformer model type (SmoothQuant, fewer quantizers)
 
     @classmethod
     def from_preset(cls, preset: QuantPreset, **overrides: Any) -> "QuantConfig":
@@ -42,6 +46,9 @@ class QuantConfig(QuantPreset):
             return self.precision.upper()
         if self.mode == "given":
             return "INT8 (as given)"
+        if self.generator == "nncf":
+            return (f"INT8 static QDQ by NNCF {'(transformer) ' if self.transformer else ''}"
+                    f"(default preset, fast bias correction){self._scope()}")
         if self.mode == "dynamic":
             return (f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights"
                     f"{self._scope()})")
@@ -213,6 +220,11 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
                 _fp16(src, dst)
             elif config.mode == "dynamic":
                 _dynamic(src, dst, config, large)
+            elif config.generator == "nncf":
+                from .nncf_generator import nncf_quantize
+
+                nncf_quantize(src, dst, samples=samples, exclude=config.exclude,
+                              transformer=config.transformer)
             else:
                 _static(src, dst, config, samples, progress, large, cache, deadline)
         except QuantizationError:

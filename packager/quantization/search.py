@@ -394,7 +394,8 @@ class Search:
                          replace(shape.config, per_channel=flip))
 
     def _keep(self, start: Candidate, order: Sequence[str], k: int) -> Candidate:
-        return self.variant(f"INT8, {k} most sensitive node{'s' if k > 1 else ''} FP32",
+        who = " NNCF" if start.config.generator == "nncf" else ""
+        return self.variant(f"INT8{who}, {k} most sensitive node{'s' if k > 1 else ''} FP32",
                             replace(start.config, exclude=tuple(
                                 dict.fromkeys(start.config.exclude + tuple(order[:k])))))
 
@@ -427,10 +428,15 @@ class Search:
                 and n not in cand.config.exclude]
         return order + sorted(rest)
 
-    def bisect(self) -> Candidate | None:
-        """Keep the k worst nodes of the most accurate variant FP32; find the smallest k."""
-        start = self.best()
-        if start is None:
+    def bisect(self, start: Candidate | None = None, timed: bool = True,
+               until: float | None = None) -> Candidate | None:
+        """Keep the k worst nodes of *start* (default: the most accurate variant) FP32; find
+        the smallest k. *timed*: probes that miss are timed on the CPU provider to stop when
+        more float cannot pay (not for a graph made for another engine). *until*: no probe
+        starts after it (seconds into the search; default BISECT_SHARE x its limit)."""
+        until = self.limit * BISECT_SHARE if until is None else until
+        start = start or self.best()
+        if start is None or start.error or not start.accuracy:
             return None
         order = self.ranking(start)
         if not order:
@@ -440,7 +446,7 @@ class Search:
         lo, hi, found = 0, len(order), None   # k=lo misses the budget; k=hi is untested
         paid: tuple[float, float] | None = None   # (INT8 share, gain) of the last timed miss
         while lo + 1 < hi:
-            if self.elapsed > self.limit * BISECT_SHARE:
+            if self.elapsed > until:
                 self.log(f"search: bisection stopped after {self.elapsed:.0f} s with k between "
                          f"{lo} and {hi} of {len(order)} nodes (--search-seconds sets the "
                          "limit)")
@@ -461,7 +467,7 @@ class Search:
                 lo = k
                 # more nodes in float will not be faster than this one, which misses
                 why = ""
-                if self.pays is not None and lo + 1 < hi:
+                if self.pays is not None and timed and lo + 1 < hi:
                     guess = predicted_gain(paid, share)
                     if guess is not None and guess >= MIN_GAIN * PREDICT_MARGIN:
                         self.log(f"search: {cand.label} not timed: the last timed probe "
@@ -478,7 +484,7 @@ class Search:
                     self.explain()
                     break
         if found is None and hi == len(order) and not self.futile and \
-                self.elapsed <= self.limit * BISECT_SHARE and \
+                self.elapsed <= until and \
                 self.int8_share(start, order, hi) >= MIN_INT8_SHARE:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None

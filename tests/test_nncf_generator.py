@@ -1,0 +1,97 @@
+"""NNCF as a second INT8 candidate generator (quantization/nncf_generator.py): real nncf.quantize
+on small real models, its place in the decision and in the engine choice, and the build without
+it."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from packager.errors import QuantizationError
+from packager.graph.execute import run_model
+from packager.quantization import nncf_generator
+from packager.quantization.budget import AccuracyBudget
+from packager.quantization.decision import Decision, decide
+from packager.quantization.engine_choice import _graphs
+from packager.quantization.quantize import QuantConfig, quantize_file
+from packager.quantization.search import Candidate
+from packager.targets import load_target
+from test_kfold import fixed_timer, mlp, samples
+
+BASE = QuantConfig.from_preset(load_target("x86_64-cpu").quantization, precision="int8")
+NNCF = replace(BASE, generator="nncf")
+
+
+@pytest.fixture(autouse=True)
+def needs_nncf():
+    why = nncf_generator.unavailable()
+    if why:   # `make install` installs the pinned extra; a bare venv skips saying why
+        pytest.skip(why)
+
+
+def _dequantized_inputs(path: Path) -> dict[str, set[str]]:
+    graph = onnx.load(str(path)).graph
+    dq = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return {n.name: {i for i in n.input if i in dq} for n in graph.node}
+
+
+def test_nncf_writes_a_qdq_graph_that_keeps_the_outputs_and_leaves_excluded_nodes_float(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    calib, held = samples(32), samples(8, seed=3)
+    out = quantize_file(model, tmp_path / "q.onnx", config=NNCF, samples=calib)
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    ref, got = run_model(model, held)["y"], run_model(out, held)["y"]
+    cos = (ref * got).sum(-1) / np.linalg.norm(ref, axis=-1) / np.linalg.norm(got, axis=-1)
+    assert cos.min() > 0.95   # (random weights, 32 calibration samples)
+    assert _dequantized_inputs(out)["fc2"]   # quantized ...
+    kept = quantize_file(model, tmp_path / "k.onnx", config=replace(NNCF, exclude=("fc2",)),
+                         samples=calib)
+    assert not _dequantized_inputs(kept)["fc2"] and _dequantized_inputs(kept)["fc1"]
+    assert "by NNCF" in NNCF.describe()
+
+
+def test_nncf_failure_is_a_quantization_error_not_a_traceback(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    with pytest.raises(QuantizationError, match="NNCF"):
+        quantize_file(model, tmp_path / "q.onnx", config=NNCF,
+                      samples=[{"not_an_input": np.zeros((1, 64), np.float32)}])
+
+
+def test_the_decision_builds_nncf_beside_onnxruntime_and_says_so_without_it(tmp_path,
+                                                                            monkeypatch):
+    model = mlp(tmp_path / "m.onnx")
+    kwargs = dict(target=load_target("x86_64-cpu"), family="default", overrides={},
+                  calib=samples(24), held=samples(8, seed=2), timer=fixed_timer,
+                  budget=AccuracyBudget(min_cosine=0.95))
+    (tmp_path / "with").mkdir()
+    record = decide(model, tmp_path / "with", **kwargs).record
+    made = [c for c in record["candidates"] if c["label"] == "INT8 NNCF"]
+    assert made and "by NNCF" in made[0]["precision"] and made[0]["meets_budget"]
+    # without NNCF installed: one line says so, and onnxruntime's candidates still decide
+    monkeypatch.setitem(sys.modules, "nncf", None)
+    lines: list[str] = []
+    (tmp_path / "without").mkdir()
+    record = decide(model, tmp_path / "without", log=lines.append, **kwargs).record
+    assert not any("NNCF" in c["label"] for c in record["candidates"])
+    assert any("NNCF's INT8 not tried" in line and "pip install" in line for line in lines)
+    assert record["chosen"] != "FP32"
+
+
+def test_the_engine_choice_tries_the_best_graph_of_each_generator(tmp_path):
+    def cand(label, config, int8, passed=True):
+        c = Candidate(label, config, tmp_path / f"{label}.onnx",
+                      accuracy={"budget": {"passed": passed}, "cosine_min": 0.99},
+                      int8_nodes=int8)
+        return c
+
+    fp32 = cand("FP32", replace(BASE, precision="fp32"), 0)
+    ort = cand("INT8 preset", BASE, 30)
+    ort_less = cand("INT8, 3 most sensitive nodes FP32", BASE, 27)
+    nncf = cand("INT8 NNCF", NNCF, 25)
+    nncf_miss = cand("INT8 NNCF, miss", NNCF, 29, passed=False)
+    decision = Decision(fp32, {}, (fp32, ort, ort_less, nncf_miss, nncf))
+    assert [c.label for c in _graphs(decision)] == ["FP32", "INT8 preset", "INT8 NNCF"]
