@@ -64,6 +64,7 @@ from .quantization.part_shapes import check_task_early, shapes_for
 from .quantization.preprocessing import check_fits
 from .quantization.provider_graphs import provider_graphs
 from .quantization.quantize import QuantConfig, check_exclude
+from .source.eager_timing import against_eager, eager_line
 from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
@@ -250,6 +251,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
             speed = part.get("precision", {}).get("vs_original")
             if speed:
                 log(f"speed{' of ' + part['name'] if several else ''}: {speed_line(speed)}")
+            eager = part.get("precision", {}).get("vs_eager")
+            if eager:
+                log(f"speed{' of ' + part['name'] if several else ''}: {eager_line(eager)}")
             engine = part.get("precision", {}).get("decision", {}).get("engine", {})
             if engine.get("chosen") and engine.get("original_p50_ms"):
                 log(f"speed{' of ' + part['name'] if several else ''} under "
@@ -557,6 +561,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     precision["fp32_graph"] = choice.record
     precision["vs_original"] = against_original(candidate, choice.original, time_graphs,
                                                 why_not or no_original, choice)
+    if loaded is not None:   # what the user had: the module in eager PyTorch
+        precision["vs_eager"] = against_eager(candidate, loaded, export_info, feed, target,
+                                              why_not or "")
     clock.lap("speed vs original")
     precision["stage_seconds"] = clock.since(started)
     # a model quantized already has no FP32 to judge against: the device reproduces it

@@ -27,7 +27,27 @@ def test_cnn_factory_to_verified_bundle(image_dir, tmp_path):
     source = manifest["parts"][0]["source"]
     assert source["model"].endswith("torch_models.py:cnn()")
     assert source["files"]["torch_models.py"] and source["export"]["opset"] == 20
+    # what the user had is the baseline too: the module in eager PyTorch, timed in the same run
+    eager = manifest["parts"][0]["precision"]["vs_eager"]
+    assert eager["measured"] and eager["eager_p50_ms"] > 0 and eager["bundle_p50_ms"] > 0
+    assert eager["speedup"] == pytest.approx(eager["eager_p50_ms"] / eager["bundle_p50_ms"],
+                                             rel=0.01)
     assert verify(tmp_path / "cnn", runs=5)["passed"]
+
+
+def test_the_eager_line_says_plainly_when_onnx_runtime_does_not_beat_eager_pytorch():
+    from packager.source.eager_timing import eager_line
+
+    record = {"measured": True, "bundle_p50_ms": 2.0, "eager_p50_ms": 1.2, "speedup": 0.6,
+              "bundle_p10_p90_ms": [1.9, 2.2], "threads": 2}
+    text = eager_line(record)
+    assert "0.60x its speed" in text and "does not beat eager PyTorch" in text
+    assert "slower than the PyTorch you started from" in text
+    noise = eager_line({**record, "eager_p50_ms": 2.1, "speedup": 1.05})
+    assert "beyond timing noise" in noise
+    faster = eager_line({**record, "eager_p50_ms": 4.0, "speedup": 2.0})
+    assert "2.00x its speed" in faster and "does not beat" not in faster
+    assert "not compared" in eager_line({"measured": False, "why": "a GPU target"})
 
 
 def test_transformer_ships_dynamic_int8_not_static(encoder_files, tmp_path):
