@@ -304,3 +304,105 @@ def test_ansible_engine_with_hosts_on_the_command_line_and_tune(parts, bundles, 
         tuning = hosts[0]["report"]["tuning"]
         assert tuning["tried"] and all(t["p50_ms"] > 0 for t in tuning["tried"])
         assert os.readlink(tmp_path / "boards" / "current") == f"releases/{release_of(bundles['v1'])}"
+
+
+# -- a provider listed for speed (docs/openvino.md, "On the device") ----------------------------
+
+def listing_openvino(bundle: Path, dst: Path, *, faster: bool) -> Path:
+    """A copy of the x86 *bundle* whose manifest lists OpenVINO first, as `build` writes it when
+    OpenVINO measured faster (Target.with_provider: its package and install line, the CPU
+    provider after it with its own graph); *faster* False: without "when", a required provider.
+    The file table is unchanged (manifest.json is not in it); the digest is this manifest's."""
+    from packager import engines
+
+    shutil.copytree(bundle, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["providers"] = [{"name": engines.OPENVINO, "options": engines.OPENVINO_OPTIONS,
+                              **({"when": "faster"} if faster else {})},
+                             *manifest["providers"]]
+    manifest["target"].update(runtime_package=engines.OPENVINO_PACKAGE,
+                              install=engines.OPENVINO_INSTALL)
+    (dst / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return dst
+
+
+@pytest.fixture()
+def loopback():
+    require(fleet.problem(), "EDGEPACK_REQUIRE_SSH")
+    require(None if (BIN / "ansible-playbook").is_file() else
+            "ansible-playbook is missing: pip install 'edgepack[fleet]'", "EDGEPACK_REQUIRE_SSH")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_faster_provider_the_device_lacks_is_a_note_a_required_one_a_refusal(
+        loopback, built, tmp_path, engine, monkeypatch):
+    """Issue 33 item 2: a default x86 bundle lists OpenVINO first with "when": "faster". A
+    device whose Python has plain onnxruntime passes preflight with both engines, runs the CPU
+    provider's graph and each engine says so (the role too, in its own output); OpenVINO listed
+    without "when" is refused by both, nothing copied."""
+    monkeypatch.setenv("EDGEPACK_ANSIBLE_OUTPUT", "1")   # the playbook's output into the log
+    faster = listing_openvino(built.bundle.directory, tmp_path / "faster" / "cnn", faster=True)
+    required = listing_openvino(built.bundle.directory, tmp_path / "required" / "cnn",
+                                faster=False)
+    graph = built.bundle.manifest["parts"][0]["model"]["file"]
+    with Fleet(tmp_path / "fleet", [Device("box-01")]) as f:
+        hosts = inventory_hosts([f.write_inventory(tmp_path / "fleet.ini")])
+        logs: list[str] = []
+        [r] = deploy(faster, hosts, options=DeployOptions(runs=3, warmup=1), engine=engine,
+                     log=logs.append)
+        assert r.status == "pass", r.error
+        assert "OpenVINOExecutionProvider" not in r.device["providers"]
+        assert r.report["providers"][0] == "CPUExecutionProvider"
+        assert current(f, "box-01") == release_of(faster)
+        [note] = r.notes
+        assert note.startswith("OpenVINOExecutionProvider (measured faster at build) is not in "
+                               "the device's onnxruntime, so the device runs "
+                               f"CPUExecutionProvider's graph ({graph}, INT8)"), note
+        assert "pip install 'onnxruntime-openvino>=" in note
+        assert f"[box-01] note: {note}" in logs
+        if engine == "ansible":   # the role's own note, for a playbook of the user's
+            assert any(f'"msg": "note: {note}"' in line for line in logs), logs
+        assert f"note: box-01: {note}" in summary_table([r])
+
+        [r] = deploy(required, hosts, options=DeployOptions(runs=3, warmup=1), engine=engine)
+        assert r.exit_code == 2 and "preflight failed" in r.error, r.error
+        assert "has no OpenVINOExecutionProvider" in r.error and not r.notes
+        assert not (f.remote_dir("box-01") / "releases" / release_of(required)).exists()
+        assert current(f, "box-01") == release_of(faster)
+
+
+def test_both_engines_need_what_one_rule_says(built, tmp_path):
+    """The role's controller script (files/bundle_info.py, run as Ansible runs it) and deploy
+    --engine ssh's preflight ask the device for the same things: not a provider listed for speed,
+    a required one always."""
+    import ast
+
+    from packager.device.ansible_role import ROLE
+    from packager.device.deploy import optional_providers_missing, preflight_needs
+
+    for script in ("bundle_needs.py", "bundle_info.py"):   # any controller's Python 3.8+
+        path = ROLE / "files" / script
+        ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+    for faster, wanted in ((True, ["CPUExecutionProvider"]),
+                           (False, ["OpenVINOExecutionProvider", "CPUExecutionProvider"])):
+        folder = listing_openvino(built.bundle.directory, tmp_path / str(faster) / "cnn",
+                                  faster=faster)
+        pack(folder, "cnn", folder.parent / "cnn.tar.gz")
+        r = subprocess.run([sys.executable, ROLE / "files" / "bundle_info.py",
+                            folder.parent / "cnn.tar.gz"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        info = json.loads(r.stdout)
+        role = info["needs"]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        ssh = preflight_needs(manifest, 1)
+        assert role["providers"] == ssh["providers"] == wanted
+        assert {k: v for k, v in role.items() if k != "need_mb"} == \
+            {k: v for k, v in ssh.items() if k != "need_mb"}
+        plain = {"providers": ["AzureExecutionProvider", "CPUExecutionProvider"]}
+        assert list(info["notes_if_missing"].values()) == \
+            optional_providers_missing(plain, manifest) == ([] if not faster else [
+                "OpenVINOExecutionProvider (measured faster at build) is not in the device's "
+                "onnxruntime, so the device runs CPUExecutionProvider's graph "
+                f"({manifest['parts'][0]['model']['file']}, INT8); for OpenVINO's measured "
+                "speed there: " + manifest["target"]["install"]])

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError, check_destination, read_inventory_text
+from .role.edgepack_bundle.files.bundle_needs import fallback_notes
 from .rollout import HostResult
 from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, report_folder, run_checks, write_reports
 
@@ -401,6 +402,14 @@ class AnsibleEngine:
                                                           "previous", "switched")})
         result.release["rolled_back"] = data.get("rolled_back") is True
         result.copied = {"method": "ansible", "archive": self.archive.name}
+        # past the role's preflight (bundle_needs.py's rule, as --engine ssh), a provider listed
+        # for speed that the device lacks is a note, the same as --engine ssh's
+        have = device.get("providers")
+        if isinstance(answer, dict) and answer.get("problems") == [] \
+                and isinstance(have, list) and all(isinstance(p, str) for p in have):
+            result.notes = fallback_notes(self.manifest, have)
+        for note in result.notes:
+            self.log(f"[{host.name}] note: {note}")
         if data["error"]:
             result.error = f"{host.name}: {data['error']}"
             self.log(f"[{host.name}] error: {data['error']}")

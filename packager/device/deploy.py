@@ -22,6 +22,7 @@ from .device_answers import answer
 from .inventory import Host
 from .release_probe import RECORD
 from .remote import Connection, DeviceError, check_destination, end_all, have_local
+from .role.edgepack_bundle.files import bundle_needs
 from .rollout import HostResult, Rollout
 from .rollout import run as run_rollout
 from .verify import (
@@ -292,7 +293,8 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
                           "then deploy again")
     say(f"preflight ok: {info['arch']}, Python {info['python']}, onnxruntime "
         f"{info['onnxruntime']}, {info['free_mb']:.0f} MB free")
-    for note in optional_providers_missing(info, manifest):
+    result.notes = optional_providers_missing(info, manifest)
+    for note in result.notes:
         say(f"note: {note}")
 
     method = options.transfer
@@ -430,24 +432,16 @@ def record_check(conn: Connection, python: str, release: str, report: dict[str, 
 
 def preflight_needs(manifest: dict[str, Any], bundle_bytes: int, *,
                     allow_fallback: bool = False) -> dict[str, Any]:
-    """What the device needs for this bundle, as device_probe.problems reads it."""
-    target = manifest["target"]
-    return {"runtime_package": target["runtime_package"],
-            "min_onnxruntime": target["min_onnxruntime"], "install": target.get("install"),
-            # a provider the build chose for speed (OpenVINO) is not needed: the next one runs
-            "providers": [p["name"] for p in manifest.get("providers", [])
-                          if p.get("when") != "faster"],
-            "allow_fallback": allow_fallback, "need_mb": 2 * bundle_bytes / 1e6 + 50}
+    """What the device needs for this bundle, as device_probe.problems reads it: the role's
+    rule (bundle_needs.py), so both engines refuse and pass the same devices."""
+    return bundle_needs.needs(manifest, bundle_bytes, allow_fallback)
 
 
 def optional_providers_missing(info: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
-    """The providers the build listed for speed (OpenVINO) that the device lacks: it will run
-    the next one, which is no failure, and the note says how to get the measured speed."""
-    return [f"{p['name']} (listed first: measured faster at build) is not in the device's "
-            f"onnxruntime; the next provider runs. For it: "
-            f"{manifest['target'].get('install') or 'pip install ' + manifest['target']['runtime_package']}"
-            for p in manifest.get("providers", [])
-            if p.get("when") == "faster" and p["name"] not in info.get("providers", [])]
+    """The providers the build listed for speed (OpenVINO) that the device lacks: it runs the
+    next provider's graph, which is no failure; one note each, naming that provider, its graph
+    and how to get the measured speed (the same notes for both engines)."""
+    return bundle_needs.fallback_notes(manifest, info.get("providers") or [])
 
 
 def preflight_problems(info: dict[str, Any], manifest: dict[str, Any], bundle_bytes: int,
@@ -468,7 +462,8 @@ def _size(folder: Path) -> int:
 def summary_table(results: Sequence[HostResult]) -> str:
     """One row per host: arch, Python, onnxruntime, provider, threads, latency as run.py bench
     measures it (p50, p10-p90, p99, other processes' share of the cores, NOISY when that or the
-    spread is high), accuracy, the release in use after the deploy, result."""
+    spread is high), accuracy, the release in use after the deploy, result; the hosts' notes
+    (a provider listed for speed that a device lacks) under it."""
     lines = ["| host | arch | python | onnxruntime | provider | threads | p50 ms | p10-p90 ms | "
              "p99 ms | others' CPU | accuracy (cosine min) | in use | result |",
              "|" + " --- |" * 13]
@@ -500,7 +495,8 @@ def summary_table(results: Sequence[HostResult]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "NOISY latency (measure again on a quieter device): " + "; ".join(notes)]
-    return "\n".join(lines)
+    said = [f"note: {r.host}: {n}" for r in results for n in r.notes]
+    return "\n".join(lines + ([""] + said if said else []))
 
 
 def _in_use(release: dict[str, Any]) -> str:

@@ -104,6 +104,8 @@ class HostResult:
     # previous (kept for a rollback), switched (whether current moved)
     release: dict[str, Any] = field(default_factory=dict)
     skipped: str = ""                      # not deployed: why the rollout stopped before it
+    # no failure, but worth saying: e.g. a provider listed for speed that the device lacks
+    notes: list[str] = field(default_factory=list)
     engine: str = "ssh"
 
     @property

@@ -3,7 +3,8 @@
     python3 bundle_info.py BUNDLE.tar.gz [EXPECTED_DIGEST]
 
 Prints one JSON object: the bundle's name and digest (the sha256 of its manifest.json), the
-archive's sha256, what the device needs (for device_probe.py's preflight) and the run.py
+archive's sha256, what the device needs (for device_probe.py's preflight: bundle_needs.py's
+rule, so a provider listed for speed is not needed, only noted where missing) and the run.py
 arguments the role uses. Exits 1 with one line on stderr when the archive is not a bundle, a
 file in it does not match the manifest's sha256, or the digest is not the expected one.
 
@@ -20,6 +21,10 @@ import json
 import re
 import sys
 import tarfile
+
+# what the device needs: the rule deploy --engine ssh applies too (files/bundle_needs.py, beside
+# this script, so Python finds it first)
+from bundle_needs import needs, notes_if_missing
 
 # the bundle's name is a folder name on the device (~/edgepack/NAME): one plain path component
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -91,10 +96,8 @@ def main(path, expected=None):
                 manifest = json.loads(text.decode("utf-8"))
                 listed = sorted(manifest.get("files", {}).items())
                 target = manifest["target"]
-                needs = {"runtime_package": target["runtime_package"],
-                         "min_onnxruntime": target["min_onnxruntime"],
-                         "install": target.get("install"),
-                         "providers": [p["name"] for p in manifest.get("providers", [])]}
+                needs(manifest, 0)   # a manifest without what the device needs is refused here
+                notes = notes_if_missing(manifest)
                 budget = (manifest.get("budget") or {}).get("latency_p90_ms")
                 arch, target_name = target.get("arch"), target.get("name")
             except (ValueError, AttributeError, KeyError, TypeError) as exc:
@@ -115,14 +118,14 @@ def main(path, expected=None):
                 size += files[rel].size
     except (OSError, EOFError, tarfile.TarError) as exc:
         refuse("%s: not a readable .tar.gz (%s)" % (path, exc))
-    needs["need_mb"] = 2 * size / 1e6 + 50
     print(json.dumps({
         "name": name, "folder": top, "digest": digest,
         "release": digest.split(":")[1][:12], "archive_sha256": archive.hexdigest(),
         "files": len(listed), "bytes": size,
         "roofline": bool(manifest.get("roofline")),
         "latency_budget_ms": budget,
-        "needs": needs,
+        "needs": needs(manifest, size),
+        "notes_if_missing": notes,
         "arch": arch if isinstance(arch, str) else "",
         "target": target_name if isinstance(target_name, str) else "",
     }))
