@@ -23,7 +23,7 @@ from .calibration import spread
 from .quantize import QuantConfig, quantize_file
 
 FOLDS = 5          # each fold a fifth: the default --holdout 0.2, turned round
-MAX_CONFIRMED = 2  # candidates cross-checked per generator (most INT8 first): each costs FOLDS
+MAX_CONFIRMED = 1  # candidates cross-checked per generator (most INT8 first): each costs FOLDS
                    # quantizations
 MIN_POOL = 4       # fewer samples than this cannot judge anything, rotated or not
 Log = Callable[[str], None]

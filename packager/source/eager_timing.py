@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._runtimes.runner.load import noise
 from ..graph.execute import Sample
 from ..timing import SETTLE, machine, session, time_blocks
 
@@ -84,6 +85,10 @@ def eager_line(record: dict[str, Any]) -> str:
     threads = record.get("threads") or "all"
     text = (f"against eager PyTorch ({theirs:.3f} ms p50, {threads} threads) the bundle on the "
             f"CPU provider runs {mine:.3f} ms: {record['speedup']:.2f}x its speed")
+    why = noise(record.get("load"), {"p10": low, "p90": high})
+    if why:   # PyTorch's OpenMP threads wait on a busy core: eager's figure is the first hit
+        text += (f"; NOISY ({why}): eager PyTorch slows far more than ONNX Runtime on a busy "
+                 "machine, build again on a quiet one for this comparison")
     if low <= theirs <= high:
         return text + ("; ONNX Runtime does not beat eager PyTorch here beyond timing noise "
                        "(eager's p50 lies inside the bundle's p10-p90)")
