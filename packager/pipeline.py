@@ -561,9 +561,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     precision["fp32_graph"] = choice.record
     precision["vs_original"] = against_original(candidate, choice.original, time_graphs,
                                                 why_not or no_original, choice)
-    if loaded is not None:   # what the user had: the module in eager PyTorch
+    if loaded is not None:   # what the user had: the module in eager PyTorch, fed as exported
         precision["vs_eager"] = against_eager(candidate, loaded, export_info, feed, target,
-                                              why_not or "")
+                                              why_not or "", forward=(names, consts))
     clock.lap("speed vs original")
     precision["stage_seconds"] = clock.since(started)
     # a model quantized already has no FP32 to judge against: the device reproduces it

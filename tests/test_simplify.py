@@ -160,6 +160,7 @@ def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
     # the build ends with its stages and its speed against the original, measured in one run
     speed = precision["vs_original"]
     assert speed["measured"] and speed["bundle_p50_ms"] > 0 and speed["original_p50_ms"] > 0
+    assert "vs_eager" not in precision   # an .onnx source has no eager PyTorch to time
     assert lines[-3].startswith("stages: ") and "; total " in lines[-3]
     assert lines[-2].startswith("speed: bundle ") and "against the original's" in lines[-2]
     assert {"simplify", "fp32 graph", "search", "timing", "bundle"} <= set(r.stages)

@@ -188,7 +188,10 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(
             target.quantization, **{k: v for k, v in overrides.items() if k != "precision"},
             precision="int8"))
-    if not (search.futile and engine_pays is None):   # (INT8 cannot pay, nor elsewhere)
+    # NNCF's graphs are made for OpenVINO: tried where the target lists it (not where a GPU
+    # preset asks for TensorRT's symmetric S8 and float biases), and where INT8 may pay
+    if target.faster and not any(p.name in GPU_PROVIDERS for p in target.providers) and \
+            not (search.futile and engine_pays is None):
         nncf_variant(search, base, family, log)
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
