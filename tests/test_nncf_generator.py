@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from test_kfold import fixed_timer, mlp, samples
 
 from packager.errors import QuantizationError
 from packager.graph.execute import run_model
@@ -19,7 +20,6 @@ from packager.quantization.engine_choice import _graphs
 from packager.quantization.quantize import QuantConfig, quantize_file
 from packager.quantization.search import Candidate
 from packager.targets import load_target
-from test_kfold import fixed_timer, mlp, samples
 
 BASE = QuantConfig.from_preset(load_target("x86_64-cpu").quantization, precision="int8")
 NNCF = replace(BASE, generator="nncf")
