@@ -339,7 +339,7 @@ def int8_by_generator(decision: dict) -> dict:
     tried = {t["label"]: t for t in (decision.get("engine") or {}).get("tried", [])}
 
     def best(keep) -> dict | None:
-        pool = [c for c in made if keep(c["label"])]
+        pool = [c for c in made if keep("by NNCF" in c["precision"], c["label"])]
         c = max(pool, key=lambda c: (bool(c.get("meets_budget")), c["cosine_min"]), default=None)
         if c is None:
             return None
@@ -347,9 +347,14 @@ def int8_by_generator(decision: dict) -> dict:
         return {"label": c["label"], "cosine": c["cosine_min"], "task": c.get("task") or {},
                 "int8_ops": c.get("int8_nodes"), "within": bool(c.get("meets_budget")),
                 "openvino_cosine": ov.get("cosine_min"), "openvino_p50_ms": ov.get("p50_ms")}
-    return {"onnxruntime": best(lambda label: "NNCF" not in label),
-            "nncf_default": best(lambda label: label == "INT8 NNCF"),
-            "nncf_search": best(lambda label: "NNCF" in label and label != "INT8 NNCF")}
+    return {"onnxruntime": best(lambda nncf, label: not nncf),
+            "nncf_default": best(lambda nncf, label: nncf and not is_probe(label)),
+            "nncf_search": best(lambda nncf, label: nncf and is_probe(label))}
+
+
+def is_probe(label: str) -> bool:
+    """A bisection probe's label (search._keep): some of its most sensitive nodes kept FP32."""
+    return "most sensitive node" in label
 
 
 def _int8_cell(entry: dict | None) -> str:

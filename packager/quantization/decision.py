@@ -22,7 +22,7 @@ from ..graph.execute import Sample, run_model
 from ..graph.quantized import quantized_ops, quantized_summary
 from ..progress import OFF, Progress
 from ..targets import Target
-from ..timing import SETTLE, machine, session, time_blocks
+from ..timing import SETTLE, calls_per_block, machine, session, time_blocks
 from . import kfold
 from .budget import AccuracyBudget
 from .kfold import Evidence
@@ -216,16 +216,14 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                   f"the budget (need {MIN_HELD}); give more --calib samples")
         return _record(reference, reference, candidates, reason, "auto", budget, held,
                        started, timing, log, evidence)
-    unproven = [c for c in passing if not kfold.shown(c.accuracy)]
-    if unproven and len(unproven) == len(passing) and not forced:
-        best = unproven[0]
-        reason = (f"FP32: INT8 not proven: {best.label} misses nothing on "
-                  f"{evidence.words()}, but {_unshown(best)}; give more --calib samples to "
-                  "prove it, or --precision int8 to ship it unproven")
+    proven = [c for c in passing if kfold.shown(c.accuracy)]
+    if passing and not proven and not forced:
+        reason = (f"FP32: INT8 not proven: {passing[0].label} misses nothing on "
+                  f"{evidence.words()}, but {_unshown(passing[0])}; give more --calib samples "
+                  "to prove it, or --precision int8 to ship it unproven")
         return _record(reference, reference, candidates, reason, "auto", budget, held,
                        started, timing, log, evidence)
-    if not forced:
-        passing = [c for c in passing if kfold.shown(c.accuracy)]
+    passing = passing if forced else proven
     if not passing and search.futile:
         return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
                        budget, held, started, {"measured": True, "threads": threads, **measured},
@@ -327,8 +325,8 @@ def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folde
                  ) -> tuple[list[Candidate], Evidence]:
     """The candidates within budget judged again by k-fold rotation over every sample."""
     rotation = kfold.Rotation(fp32, pool)
-    evidence = Evidence("k-fold", len(rotation.order), len(rotation.folds))
-    log(f"search: the held-out split is too thin to decide; judging on {evidence.words()}")
+    log(f"search: the held-out split is too thin to decide; judging on "
+        f"{rotation.evidence.words()}")
     kept = kfold.confirm(passing, rotation, folder=folder, budget=budget, log=log,
                          source=lambda c: search.source if c.config.mode == "static" else fp32,
                          histogram_cap=search.histogram_cap)
@@ -337,7 +335,7 @@ def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folde
             budget_record = cand.accuracy["budget"]
             cand.accuracy["budget"] = {**budget_record, "passed": False, "failures": [
                 "not cross-checked (the held-out split alone is too thin to prove it)"]}
-    return kept, evidence
+    return kept, rotation.evidence
 
 
 def _unshown(cand: Candidate) -> str:
@@ -386,11 +384,7 @@ def plan_timing(fp32: Path, feed: Sample, threads: int) -> tuple[int, int]:
     """Rounds and calls per block: about 0.3 s per candidate and round, 3 to 20 calls."""
     sess = session(fp32, threads)
     sess.run(None, feed)
-    start = time.perf_counter()
-    for _ in range(3):
-        sess.run(None, feed)
-    per_call = (time.perf_counter() - start) / 3
-    return 5, max(3, min(20, int(0.3 / max(per_call, 1e-6))))
+    return 5, calls_per_block(lambda: sess.run(None, feed))
 
 
 def _as_given(model: Path, given: dict[str, int], base: QuantConfig, forced: str | None,

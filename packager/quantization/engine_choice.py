@@ -24,7 +24,7 @@ from ..targets import Provider, Target
 from .budget import AccuracyBudget
 from .decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
 from .provider_graphs import ProviderGraph
-from .search import Candidate
+from .search import Candidate, best_of_each_generator
 
 Log = Callable[[str], None]
 WANTED = ("auto", "yes", "no")
@@ -192,13 +192,10 @@ def _graphs(decision: Decision) -> list[Candidate]:
     reference = cands[0]
     passing = sorted((c for c in cands[1:] if c.passed and c.config.precision == "int8"),
                      key=lambda c: (-c.int8_nodes, c.boundaries))
-    # and the best of each other generator: NNCF places Q/DQ where OpenVINO fuses them, so
-    # its graph may run fastest there while onnxruntime's has more INT8 ops
-    others = [next(c for c in passing if c.config.generator == g)
-              for g in dict.fromkeys(c.config.generator for c in passing[1:])
-              if g != passing[0].config.generator] if passing else []
+    # NNCF places Q/DQ where OpenVINO fuses them, so its graph may run fastest there while
+    # onnxruntime's has more INT8 ops
     found: list[Candidate] = []
-    for c in [decision.candidate, reference] + passing[:1] + others:
+    for c in [decision.candidate, reference] + best_of_each_generator(passing):
         if c.path not in {f.path for f in found}:
             found.append(c)
     return found

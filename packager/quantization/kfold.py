@@ -21,10 +21,9 @@ from ..graph.execute import Sample, run_model
 from .budget import AccuracyBudget
 from .calibration import spread
 from .quantize import QuantConfig, quantize_file
+from .search import best_of_each_generator
 
 FOLDS = 5          # each fold a fifth: the default --holdout 0.2, turned round
-MAX_CONFIRMED = 1  # candidates cross-checked per generator (most INT8 first): each costs FOLDS
-                   # quantizations
 MIN_POOL = 4       # fewer samples than this cannot judge anything, rotated or not
 Log = Callable[[str], None]
 
@@ -78,6 +77,7 @@ class Rotation:
         self.folds = folds_of(len(self.pool), folds)
         self.order = [self.pool[i] for fold in self.folds for i in fold]
         self.reference = run_model(fp32, self.order)
+        self.evidence = Evidence("k-fold", len(self.order), len(self.folds))
 
     def accuracy(self, source: Path, config: QuantConfig, folder: Path,
                  budget: AccuracyBudget, histogram_cap: int | None) -> dict[str, Any]:
@@ -105,36 +105,24 @@ class Rotation:
     def _judge(self, path: Path, budget: AccuracyBudget,
                outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         acc = budget.evaluate(path, self.fp32, self.order, None, self.reference, outputs)
-        acc["evidence"] = Evidence("k-fold", len(self.order), len(self.folds)).to_record()
+        acc["evidence"] = self.evidence.to_record()
         return acc
 
 
 def confirm(passing: Sequence[Any], rotation: Rotation, *, source: Callable[[Any], Path],
             folder: Path, budget: AccuracyBudget, histogram_cap: int | None,
             log: Log) -> list[Any]:
-    """Cross-check the candidates within budget on the held-out split, most INT8 first (at most
-    MAX_CONFIRMED of each generator, up to its first proven one): their accuracy becomes the
-    rotation's; returns those still within budget. The others are dropped: unproven."""
+    """Cross-check the best candidate of each generator within budget on the held-out split
+    (most INT8 first; each costs FOLDS quantizations): their accuracy becomes the rotation's;
+    returns those still within budget."""
     ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries,
                                             -c.accuracy.get("cosine_min", 0.0)))
-    kept = []
-    proven: set[str] = set()   # generators with a candidate proven: their others are slower
-    tried: dict[str, int] = {}
-    for cand in ranked:
-        who = cand.config.generator   # each generator's own best: the engines differ on them
-        if who in proven or tried.get(who, 0) >= MAX_CONFIRMED:
-            continue
-        tried[who] = tried.get(who, 0) + 1
+    for cand in best_of_each_generator(ranked):
         before = cand.accuracy
         cand.accuracy = {**rotation.accuracy(source(cand), cand.config, folder, budget,
                                              histogram_cap), "held_out_only": {
             "cosine_min": before.get("cosine_min"), "samples": before.get("samples")}}
-        cand.notes.append("judged by rotation: " + Evidence(
-            "k-fold", len(rotation.order), len(rotation.folds)).words())
+        cand.notes.append("judged by rotation: " + rotation.evidence.words())
         log(f"search: {cand.line()} (cross-checked on {len(rotation.order)} samples, "
             f"{len(rotation.folds)}-fold)")
-        if cand.passed:
-            kept.append(cand)
-            if shown(cand.accuracy):
-                proven.add(who)
-    return kept
+    return [c for c in passing if c.accuracy.get("evidence") and c.passed]

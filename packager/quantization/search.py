@@ -491,6 +491,15 @@ class Search:
         return found
 
 
+def best_of_each_generator(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """The first of *ranked* from each generator (onnxruntime's, NNCF's), in *ranked*'s order:
+    the engines differ on which generator's graph is best."""
+    firsts: dict[str, Candidate] = {}
+    for cand in ranked:
+        firsts.setdefault(cand.config.generator, cand)
+    return list(firsts.values())
+
+
 def predicted_gain(paid: tuple[float, float] | None, share: float) -> float | None:
     """FP32's time over a variant's with *share* of the multiply-adds in INT8, from a timed one
     (*paid*: its share and gain), the INT8 part's saving taken as proportional to its

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._runtimes.runner.load import noise
 from ..graph.execute import Sample
-from ..timing import SETTLE, machine, session, time_blocks
+from ..timing import SETTLE, calls_per_block, machine, session, time_blocks
 
 
 def against_eager(graph: Path, loaded: Any, export_info: dict[str, Any] | None, feed: Sample,
@@ -62,7 +62,7 @@ def time_against_eager(graph: Path, module: Any, args: Sequence[np.ndarray], fee
                 return {"measured": False, "why": f"forward() failed on the bundle's inputs "
                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"}
             runs = {"bundle": lambda: sess.run(None, feed), "eager": lambda: module(*tensors)}
-            times = time_blocks(runs, rounds=5, block=_block(runs["eager"]), settle=SETTLE)
+            times = time_blocks(runs, rounds=5, block=calls_per_block(runs["eager"]), settle=SETTLE)
     finally:
         torch.set_num_threads(before)
     return _record(times["bundle"], times["eager"], count, threads)
@@ -91,17 +91,6 @@ def ort_default_threads() -> int:
         except OSError:   # offline CPUs have no topology
             continue
     return len(cores) or os.cpu_count() or 1
-
-
-def _block(call: Any) -> int:
-    """Calls per timed block: about 0.3 s, 3 to 20 (as the build's other timings)."""
-    import time
-
-    start = time.perf_counter()
-    for _ in range(3):
-        call()
-    per_call = (time.perf_counter() - start) / 3
-    return max(3, min(20, int(0.3 / max(per_call, 1e-6))))
 
 
 def eager_line(record: dict[str, Any]) -> str:
