@@ -5,10 +5,11 @@ each tensor's range from one calibration method. NNCF (OpenVINO's Neural Network
 Framework, ONNX backend) places quantizers where OpenVINO fuses them (none around HardSwish,
 HardSigmoid or an SE block's multiply), picks ranges per tensor by its own estimators, corrects
 the biases that quantized weights shift (fast bias correction) and, for transformers, moves
-activation outliers into the weights (SmoothQuant). On a real PP-LCNet it kept cosine 0.998
-where onnxruntime's best variant reached 0.94, and its graphs run 1.5-2x FP32's speed under
-OpenVINO (though slower than FP32 on the CPU provider: which graph is best depends on the
-engine, and the build times each under each).
+activation outliers into the weights (SmoothQuant). On the zoo's PP-LCNet (orientation) its
+default kept cosine 0.96 where onnxruntime's best variant reached 0.83, and its graph ran 1.71x
+FP32 under OpenVINO where onnxruntime's ran 1.00x (measured here; on the CPU provider both are
+slower than FP32: which graph is best depends on the engine, and the build times each under
+each).
 
 NNCF is an optional, pinned extra (`pip install 'edgepack[nncf]'`, `make install` installs it):
 without it the search is onnxruntime's alone and the build says so once.
