@@ -207,23 +207,12 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
             "drop --precision to ship the best precision within budget (FP32 if nothing "
             "else), or loosen --min-cosine")
     timing: dict[str, Any] = {}
-    evidence = Evidence("held-out", len(held))
-    pool = [*calib, *held] if static_ok else []
-    if not forced and kfold.wanted(len(held), len(pool), passing, MIN_HELD, budget, labels):
-        passing, evidence = _cross_check(passing, pool, fp32, folder, search, budget, log)
-    if evidence.samples < MIN_HELD and not forced:
-        reason = (f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps "
-                  f"the budget (need {MIN_HELD}); give more --calib samples")
-        return _record(reference, reference, candidates, reason, "auto", budget, held,
+    passing, evidence, unsure = _evidence(passing, [*calib, *held] if static_ok else [], held,
+                                          bool(forced), fp32, folder, search, budget, labels,
+                                          log)
+    if unsure:
+        return _record(reference, reference, candidates, unsure, "auto", budget, held,
                        started, timing, log, evidence)
-    proven = [c for c in passing if kfold.shown(c.accuracy)]
-    if passing and not proven and not forced:
-        reason = (f"FP32: INT8 not proven: {passing[0].label} misses nothing on "
-                  f"{evidence.words()}, but {_unshown(passing[0])}; give more --calib samples "
-                  "to prove it, or --precision int8 to ship it unproven")
-        return _record(reference, reference, candidates, reason, "auto", budget, held,
-                       started, timing, log, evidence)
-    passing = passing if forced else proven
     if not passing and search.futile:
         return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
                        budget, held, started, {"measured": True, "threads": threads, **measured},
@@ -318,6 +307,30 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
         return made
     # its most damaging quantizers back to float, as the search does for onnxruntime's
     return search.bisect(made, timed=False, until=2 * search.limit) or made
+
+
+def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sample],
+              forced: bool, fp32: Path, folder: Path, search: Search, budget: AccuracyBudget,
+              labels: Any, log: Log) -> tuple[list[Candidate], Evidence, str]:
+    """The candidates within budget that the evidence proves (rotated over *pool* when the
+    held-out split is too thin), what judged them, and why FP32 ships unproven ('' when the
+    evidence decides; a forced precision is never stopped here)."""
+    evidence = Evidence("held-out", len(held))
+    if forced:
+        return passing, evidence, ""
+    if kfold.wanted(len(held), len(pool), passing, MIN_HELD, budget, labels):
+        passing, evidence = _cross_check(passing, pool, fp32, folder, search, budget, log)
+    if evidence.samples < MIN_HELD:
+        return passing, evidence, (
+            f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps the "
+            f"budget (need {MIN_HELD}); give more --calib samples")
+    proven = [c for c in passing if kfold.shown(c.accuracy)]
+    if passing and not proven:
+        return passing, evidence, (
+            f"FP32: INT8 not proven: {passing[0].label} misses nothing on {evidence.words()}, "
+            f"but {_unshown(passing[0])}; give more --calib samples to prove it, or "
+            "--precision int8 to ship it unproven")
+    return proven, evidence, ""
 
 
 def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folder: Path,
