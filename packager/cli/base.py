@@ -138,6 +138,10 @@ def _exit_past_user_threads(code: Any) -> None:
     if not left:
         return
     status = code if isinstance(code, int) else (0 if code is None else 1)
+    if status == 130:   # interrupted: its one line is said; a quantizer's pool (NNCF's) was
+        sys.stdout.flush()   # cut off mid-work, which is no news to the user
+        sys.stderr.flush()
+        os._exit(status)
     try:
         click.echo(f"note: not waiting for {len(left)} thread(s) the model's code left running "
                    f"({', '.join(t.name for t in left[:3])})", err=True)
