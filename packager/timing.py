@@ -19,7 +19,7 @@ import numpy as np
 from ._runtimes.runner.load import load_facts, snapshot
 
 # the device script and the host stop timing rounds by one rule
-from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, enough_rounds, settled  # noqa: F401
+from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, blocks, enough_rounds, settled  # noqa: F401
 from .progress import OFF, Progress
 
 
@@ -52,6 +52,8 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks.
 
     *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
+    An engine more than twice the fastest's warm-up time per call gets a shorter block (3 calls
+    at least): its p50 still counts, and a losing graph no longer sets the stage's length.
     *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
     medians: from MIN_ROUNDS on, the fastest is clear or ties within *settle*; from
     two rounds on, the fastest is CLEAR (1.25x) apart from every other in each.
@@ -67,18 +69,21 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
         for _ in range(warmup):
             fn()
         cost[name] = (time.perf_counter() - start) / max(warmup, 1)
-    steps.start(phase, [cost[name] or 1e-6 for _ in range(rounds) for name in engines])
+    # an engine SLOW (2x) slower than the fastest in warm-up: a shorter block (time_models.blocks)
+    calls = blocks(cost, block) if warmup else dict.fromkeys(engines, block)
+    steps.start(phase, [(cost[name] or 1e-6) * calls[name] / block
+                        for _ in range(rounds) for name in engines])
     done = 0
     for r in range(rounds):
         for name, fn in engines.items():
             steps.step(f"round {r + 1}/{rounds}, {name}")
             for _ in range(switch_warmup):
                 fn()
-            for _ in range(block):
+            for _ in range(calls[name]):
                 start = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - start) * 1000.0)
-            medians[name].append(float(np.median(times[name][-block:])))
+            medians[name].append(float(np.median(times[name][-calls[name]:])))
         done = r + 1
         if settle is not None and done < rounds and enough_rounds(medians, done, settle):
             break

@@ -28,6 +28,18 @@ import numpy as np
 SETTLE = 0.03    # rounds stop early once the fastest is apart from or tied this close (3%) to each
 MIN_ROUNDS = 3   # fewer rounds than this never settle a tie: one slow round must be outvoted
 CLEAR = 1.25     # ... but two rounds do when the fastest is this far (1.25x) from every other
+SLOW = 2.0       # a model this much slower than the fastest in warm-up gets a shorter block
+
+
+def blocks(costs, block):
+    """Timed calls per block for each model, from its warm-up seconds per call (*costs*): *block*
+    for every model within SLOW of the fastest; a slower one gets fewer (3 at least), so that its
+    block lasts about as long as SLOW times the fastest's. A dynamic INT8 graph at 5x FP32's time
+    would otherwise take most of a build's timing stage to confirm that it loses."""
+    fastest = max(min(costs.values()), 1e-9)
+    return dict((name, block if cost <= SLOW * fastest else
+                 max(3, min(block, int(block * SLOW * fastest / cost))))
+                for name, cost in costs.items())
 
 
 def settled(rounds, tolerance):
@@ -150,20 +162,24 @@ def main(argv):
     times = dict((path, []) for path in sessions)
     # each model gets the inputs it has (a model with a constant folded in has fewer)
     feeds = dict((path, own_inputs(s, feed)) for path, s in sessions.items())
+    costs = {}
     for path, session in sessions.items():
+        start = time.perf_counter()
         for _ in range(5):
             session.run(None, feeds[path])
+        costs[path] = (time.perf_counter() - start) / 5
+    calls = blocks(costs, block)
     medians = dict((path, []) for path in sessions)
     done = 0
     while done < rounds:
         for path, session in sessions.items():
             for _ in range(3):
                 session.run(None, feeds[path])
-            for _ in range(block):
+            for _ in range(calls[path]):
                 start = time.perf_counter()
                 session.run(None, feeds[path])
                 times[path].append((time.perf_counter() - start) * 1000.0)
-            medians[path].append(float(np.median(times[path][-block:])))
+            medians[path].append(float(np.median(times[path][-calls[path]:])))
         done += 1
         if not every and enough_rounds(medians, done):
             break

@@ -54,6 +54,29 @@ def test_nncf_writes_a_qdq_graph_that_keeps_the_outputs_and_leaves_excluded_node
     assert "by NNCF" in NNCF.describe()
 
 
+def test_min_max_ranges_widen_the_activation_ranges_and_an_unknown_estimator_is_refused(
+        tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    calib = samples(32)
+    calib[5] = {"x": calib[5]["x"] * 8}   # one outlier sample: the mean of maxima averages it
+
+    def widest_scale(path: Path) -> float:
+        from onnx import numpy_helper
+        graph = onnx.load(str(path)).graph
+        inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        return max(float(inits[n.input[1]].max()) for n in graph.node
+                   if n.op_type == "QuantizeLinear" and n.input[0] not in inits)
+
+    mean = quantize_file(model, tmp_path / "mean.onnx", config=NNCF, samples=calib)
+    wide = quantize_file(model, tmp_path / "wide.onnx",
+                         config=replace(NNCF, nncf_ranges="minmax"), samples=calib)
+    assert widest_scale(wide) > 2 * widest_scale(mean)
+    assert "minmax ranges" in replace(NNCF, nncf_ranges="minmax").describe()
+    with pytest.raises(QuantizationError, match="unknown NNCF range estimator"):
+        quantize_file(model, tmp_path / "q.onnx", config=replace(NNCF, nncf_ranges="median"),
+                      samples=calib)
+
+
 def test_nncf_failure_is_a_quantization_error_not_a_traceback(tmp_path):
     model = mlp(tmp_path / "m.onnx")
     with pytest.raises(QuantizationError, match="NNCF"):
@@ -71,6 +94,8 @@ def test_the_decision_builds_nncf_beside_onnxruntime_and_says_so_without_it(tmp_
     record = decide(model, tmp_path / "with", **kwargs).record
     made = [c for c in record["candidates"] if c["label"] == "INT8 NNCF"]
     assert made and "by NNCF" in made[0]["precision"] and made[0]["meets_budget"]
+    # within budget already: no second range estimator is tried
+    assert not any("min-max ranges" in c["label"] for c in record["candidates"])
     # without NNCF installed: one line says so, and onnxruntime's candidates still decide
     monkeypatch.setitem(sys.modules, "nncf", None)
     lines: list[str] = []
@@ -79,6 +104,21 @@ def test_the_decision_builds_nncf_beside_onnxruntime_and_says_so_without_it(tmp_
     assert not any("NNCF" in c["label"] for c in record["candidates"])
     assert any("NNCF's INT8 not tried" in line and "pip install" in line for line in lines)
     assert record["chosen"] != "FP32"
+
+
+def test_when_nncf_misses_both_range_estimators_are_measured_and_the_better_one_goes_on(
+        tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    record = decide(model, tmp_path, target=load_target("x86_64-cpu"), family="default",
+                    overrides={}, calib=samples(24), held=samples(8, seed=2), timer=fixed_timer,
+                    budget=AccuracyBudget(min_cosine=0.99999)).record   # (INT8 cannot keep it)
+    made = {c["label"]: c for c in record["candidates"] if "NNCF" in c["label"]}
+    default, wide = made["INT8 NNCF"], made["INT8 NNCF, min-max ranges"]
+    assert "minmax ranges" in wide["precision"] and not wide["meets_budget"]
+    better = max((default, wide), key=lambda c: c["cosine_min"])
+    bisected = [c for label, c in made.items() if "most sensitive" in label]
+    assert bisected and all(("minmax ranges" in c["precision"]) == (better is wide)
+                            for c in bisected)
 
 
 def test_the_engine_choice_tries_the_best_graph_of_each_generator(tmp_path):

@@ -171,6 +171,20 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
     assert [line for line in screen(drawn) if line] == logs
 
 
+def test_a_clearly_slower_engine_gets_a_shorter_block_and_still_a_p50():
+    import time
+
+    from packager.timing import blocks, time_blocks
+
+    # within 2x of the fastest: the whole block; 8x: a quarter of it; never under 3 calls
+    assert blocks({"a": 1.0, "b": 1.9, "c": 8.0, "d": 100.0}, 20) == {"a": 20, "b": 20, "c": 5,
+                                                                      "d": 3}
+    times = time_blocks({"fast": lambda: time.sleep(0.001), "slow": lambda: time.sleep(0.012)},
+                        rounds=2, block=12, warmup=2, switch_warmup=0)
+    assert times["fast"]["calls"] == 2 * 12 and 3 * 2 <= times["slow"]["calls"] < 12 * 2
+    assert times["slow"]["p50"] > 5 * times["fast"]["p50"]
+
+
 def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     import time
 

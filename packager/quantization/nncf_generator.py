@@ -52,10 +52,16 @@ def _quiet():
         logger.setLevel(level)
 
 
+RANGES = ("default", "minmax")
+
+
 def nncf_quantize(src: Path, dst: Path, *, samples: Sequence[Sample], exclude: Sequence[str] = (),
-                  transformer: bool = False) -> None:
+                  transformer: bool = False, ranges: str = "default") -> None:
     """Quantize *src* into *dst* with nncf.quantize (default preset, fast bias correction; the
-    transformer model type adds SmoothQuant); *exclude*: node names kept in float."""
+    transformer model type adds SmoothQuant); *exclude*: node names kept in float; *ranges*:
+    each activation's range by NNCF's default estimator (the mean over samples of each sample's
+    min and max: an outlier sample is averaged away) or "minmax" (the global min and max over
+    every sample: nothing clips, at a coarser step)."""
     import onnx
 
     from ..graph.modelio import load_model, save_model
@@ -69,11 +75,21 @@ def nncf_quantize(src: Path, dst: Path, *, samples: Sequence[Sample], exclude: S
         import nncf
 
         scope = nncf.IgnoredScope(names=list(exclude), validate=False) if exclude else None
+        advanced = None
+        if ranges == "minmax":
+            from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+            from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+            advanced = AdvancedQuantizationParameters(
+                activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+        elif ranges != "default":
+            raise QuantizationError(f"unknown NNCF range estimator {ranges!r}",
+                                    f"use one of {', '.join(RANGES)}")
         try:
             made = nncf.quantize(
                 load_model(src), nncf.Dataset(list(samples)), subset_size=len(samples),
                 fast_bias_correction=True, ignored_scope=scope,
-                model_type=nncf.ModelType.TRANSFORMER if transformer else None)
+                model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+                advanced_parameters=advanced)
         except Exception as exc:  # NNCF's own errors: the variant fails, the search goes on
             raise QuantizationError(f"NNCF could not quantize the model: {type(exc).__name__}: "
                                     f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}",

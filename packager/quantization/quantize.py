@@ -33,6 +33,7 @@ class QuantConfig(QuantPreset):
     # its own placement and ranges: the calibration and placement fields above do not apply)
     generator: str = "onnxruntime"
     transformer: bool = False   # NNCF's transformer model type (SmoothQuant, fewer quantizers)
+    nncf_ranges: str = "default"   # NNCF's activation ranges: its default estimator or "minmax"
 
     @classmethod
     def from_preset(cls, preset: QuantPreset, **overrides: Any) -> "QuantConfig":
@@ -47,8 +48,9 @@ class QuantConfig(QuantPreset):
         if self.mode == "given":
             return "INT8 (as given)"
         if self.generator == "nncf":
+            ranges = "" if self.nncf_ranges == "default" else f", {self.nncf_ranges} ranges"
             return (f"INT8 static QDQ by NNCF {'(transformer) ' if self.transformer else ''}"
-                    f"(default preset, fast bias correction){self._scope()}")
+                    f"(default preset, fast bias correction{ranges}){self._scope()}")
         if self.mode == "dynamic":
             return (f"INT8 dynamic ({'per-channel' if self.per_channel else 'per-tensor'} weights"
                     f"{self._scope()})")
@@ -224,7 +226,7 @@ def quantize_file(model: Path, output: Path, *, config: QuantConfig,
                 from .nncf_generator import nncf_quantize
 
                 nncf_quantize(src, dst, samples=samples, exclude=config.exclude,
-                              transformer=config.transformer)
+                              transformer=config.transformer, ranges=config.nncf_ranges)
             else:
                 _static(src, dst, config, samples, progress, large, cache, deadline)
         except QuantizationError:

@@ -23,6 +23,7 @@ INT8 graph has fewer Q/DQ pairs and float islands (PP-OCRv4's detector: 1.14x FP
 INT8 cannot pay, the log says where the fastest variant loses its time (profile.py).
 """
 
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -290,8 +291,14 @@ class Search:
     def best(self) -> Candidate | None:
         """The most accurate variant that ran (budget first, then cosine)."""
         ran = [c for c in self.candidates if not c.error]
-        return max(ran, key=lambda c: (c.passed, -c.accuracy.get("drop", 0.0),
-                                       c.accuracy["cosine_min"]), default=None)
+        return max(ran, key=_accuracy_key, default=None)
+
+    @staticmethod
+    def more_accurate(first: Candidate, second: Candidate) -> Candidate:
+        """The more accurate of two variants (as best() ranks them; *first* on a tie or error)."""
+        if second.error or (not first.error and _accuracy_key(first) >= _accuracy_key(second)):
+            return first
+        return second
 
     def found(self) -> bool:
         return any(c.passed for c in self.candidates)
@@ -489,6 +496,13 @@ class Search:
             cand = self._keep(start, order, hi)
             found = cand if cand.passed else None
         return found
+
+
+def _accuracy_key(cand: Candidate) -> tuple[bool, float, float]:
+    """Budget first, then the smaller drop, then the higher cosine (a NaN ranks last)."""
+    drop, cosine = cand.accuracy.get("drop", 0.0), cand.accuracy["cosine_min"]
+    return (cand.passed, -drop if math.isfinite(drop) else -math.inf,
+            cosine if math.isfinite(cosine) else -math.inf)
 
 
 def best_of_each_generator(ranked: Sequence[Candidate]) -> list[Candidate]:
