@@ -559,8 +559,9 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     graphs += engine_graph(engine, decision)
     clock.lap("engines")
     precision["fp32_graph"] = choice.record
+    same_run = (decision.record.get("engine") or {}).pop("vs_original", None)
     precision["vs_original"] = against_original(candidate, choice.original, time_graphs,
-                                                why_not or no_original, choice)
+                                                why_not or no_original, choice, same_run)
     if loaded is not None:   # what the user had: the module in eager PyTorch, fed as exported
         precision["vs_eager"] = against_eager(candidate, loaded, export_info, feed, target,
                                               why_not or "", forward=(names, consts))

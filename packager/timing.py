@@ -19,7 +19,7 @@ import numpy as np
 from ._runtimes.runner.load import load_facts, snapshot
 
 # the device script and the host stop timing rounds by one rule
-from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, blocks, enough_rounds, settled  # noqa: F401
+from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, blocks, enough_rounds, hopeless, settled  # noqa: F401
 from .progress import OFF, Progress
 
 
@@ -53,7 +53,8 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
 
     *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
     An engine more than twice the fastest's warm-up time per call gets a shorter block (3 calls
-    at least): its p50 still counts, and a losing graph no longer sets the stage's length.
+    at least), and with *settle* it leaves the rounds once a round confirms it (hopeless): its
+    p50 still counts, and a losing graph no longer sets the stage's length.
     *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
     medians: from MIN_ROUNDS on, the fastest is clear or ties within *settle*; from
     two rounds on, the fastest is CLEAR (1.25x) apart from every other in each.
@@ -73,9 +74,10 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     calls = blocks(cost, block) if warmup else dict.fromkeys(engines, block)
     steps.start(phase, [(cost[name] or 1e-6) * calls[name] / block
                         for _ in range(rounds) for name in engines])
+    racing = dict(engines)   # an engine hopeless after a round (time_models.hopeless) stops
     done = 0
     for r in range(rounds):
-        for name, fn in engines.items():
+        for name, fn in racing.items():
             steps.step(f"round {r + 1}/{rounds}, {name}")
             for _ in range(switch_warmup):
                 fn()
@@ -85,7 +87,12 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
                 times[name].append((time.perf_counter() - start) * 1000.0)
             medians[name].append(float(np.median(times[name][-calls[name]:])))
         done = r + 1
-        if settle is not None and done < rounds and enough_rounds(medians, done, settle):
+        if settle is None or done == rounds:
+            continue
+        for name in hopeless({n: cost[n] for n in racing}, {n: medians[n] for n in racing}) \
+                if warmup else ():
+            del racing[name]
+        if len(racing) < 2 or enough_rounds(medians, done, settle):
             break
     steps.finish()
     for counter in _tallies:
@@ -94,7 +101,7 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     load = load_facts(before, wait=False)   # (a timing under 0.5 s: load unknown)
     return {name: {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)),
                    "p90": float(np.percentile(t, 90)), "mean": float(np.mean(t)),
-                   "calls": len(t), "rounds": done, "load": load}
+                   "calls": len(t), "rounds": len(medians[name]), "load": load}
             for name, t in times.items()}
 
 

@@ -67,6 +67,18 @@ def apart(rounds, factor=CLEAR):
     return len(spans) < 2 or all(spans[0][1] * factor <= lo for lo, _ in spans[1:])
 
 
+def hopeless(costs, rounds):
+    """Models SLOW times slower than the fastest both in warm-up (*costs*) and in the last round
+    (*rounds*: per-model round medians): their figures so far stand, and more rounds would only
+    confirm that they lose."""
+    last = dict((name, r[-1]) for name, r in rounds.items() if r)
+    if len(last) < 2:
+        return set()
+    best, fastest = min(last.values()), min(costs.values())
+    return set(name for name, value in last.items()
+               if value > SLOW * best and costs[name] > SLOW * fastest)
+
+
 def enough_rounds(rounds, done, tolerance=SETTLE):
     """Whether *done* rounds (per-model lists of round medians) already give the order."""
     return (done >= MIN_ROUNDS and settled(rounds, tolerance)) or (done >= 2 and apart(rounds))
@@ -170,9 +182,10 @@ def main(argv):
         costs[path] = (time.perf_counter() - start) / 5
     calls = blocks(costs, block)
     medians = dict((path, []) for path in sessions)
+    racing = dict(sessions)   # a model that is hopeless after a round is timed no further
     done = 0
     while done < rounds:
-        for path, session in sessions.items():
+        for path, session in racing.items():
             for _ in range(3):
                 session.run(None, feeds[path])
             for _ in range(calls[path]):
@@ -181,8 +194,12 @@ def main(argv):
                 times[path].append((time.perf_counter() - start) * 1000.0)
             medians[path].append(float(np.median(times[path][-calls[path]:])))
         done += 1
-        if not every and enough_rounds(medians, done):
-            break
+        if not every:
+            for path in hopeless(dict((p, costs[p]) for p in racing),
+                                 dict((p, medians[p]) for p in racing)):
+                del racing[path]
+            if len(racing) < 2 or enough_rounds(medians, done):
+                break
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -195,8 +212,9 @@ def main(argv):
     print(json.dumps({
         "device": {"arch": platform.machine(), "python": platform.python_version(),
                    "onnxruntime": ort.__version__, "cpu": cpu},
-        "timings": dict((p, {"p50": float(np.percentile(t, 50)),
-                             "p90": float(np.percentile(t, 90)), "rounds": done})
+        "timings": dict((p, {"p10": float(np.percentile(t, 10)),
+                             "p50": float(np.percentile(t, 50)),
+                             "p90": float(np.percentile(t, 90)), "rounds": len(medians[p])})
                         for p, t in times.items()),
         "providers": dict((p, s.get_providers()[0]) for p, s in sessions.items()),
     }))

@@ -109,6 +109,15 @@ def test_openvino_yes_ships_it_first_and_plain_onnxruntime_falls_back(openvino, 
         "installed" in headline, headline
     assert any(line.startswith("engine: --openvino yes: OpenVINO runs") for line in logs)
     assert engine["original_p50_ms"] > 0   # the user's file, timed in the same run
+    # ... and that run's CPU-provider rows are the build's speed line: not timed a second time
+    vs = manifest["parts"][0]["precision"]["vs_original"]
+    assert "vs_original" not in engine and vs["original_p50_ms"] == engine["original_p50_ms"]
+    assert vs["bundle_p50_ms"] == engine["cpu_p50_ms"] and vs["bundle_p10_p90_ms"]
+    ran = subprocess.run([str(openvino), "-c", "import onnxruntime; print(onnxruntime.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert vs["measured_on"]["onnxruntime"] == ran   # the Python that timed them, not this one
+    assert any(line.startswith("speed: bundle") and f"onnxruntime {vs['measured_on']['onnxruntime']}"
+               in line for line in logs)
     assert any(line.startswith("speed under OpenVINO: bundle") for line in logs)
     # a device without onnxruntime-openvino is not refused by deploy's preflight ...
     assert preflight_needs(manifest, 1000)["providers"] == ["CPUExecutionProvider"]

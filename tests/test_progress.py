@@ -183,6 +183,13 @@ def test_a_clearly_slower_engine_gets_a_shorter_block_and_still_a_p50():
                         rounds=2, block=12, warmup=2, switch_warmup=0)
     assert times["fast"]["calls"] == 2 * 12 and 3 * 2 <= times["slow"]["calls"] < 12 * 2
     assert times["slow"]["p50"] > 5 * times["fast"]["p50"]
+    # with settle, a hopeless engine leaves after one round and the race ends; close ones stay
+    from packager.timing import SETTLE, hopeless
+    assert hopeless({"a": 1.0, "b": 3.0, "c": 1.5}, {"a": [1.0], "b": [2.5], "c": [2.5]}) == {"b"}
+    assert not hopeless({"a": 1.0, "b": 3.0}, {"a": [1.0], "b": [1.9]})   # the round says close
+    raced = time_blocks({"fast": lambda: time.sleep(0.001), "slow": lambda: time.sleep(0.012)},
+                        rounds=5, block=12, warmup=2, switch_warmup=0, settle=SETTLE)
+    assert raced["slow"]["rounds"] == raced["fast"]["rounds"] == 1
 
 
 def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
@@ -200,17 +207,18 @@ def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     assert apart({"a": [1.0, 1.1], "b": [1.4, 2.0], "c": [1.5, 1.6]})   # the winner is known
     assert not apart({"a": [1.0, 1.1], "b": [1.3, 2.0], "c": [1.5, 1.6]})   # 1.1 x 1.25 > 1.3
     with Stages() as clock:
-        # 3 ms against nothing: clear after two rounds; 3 against 3.03 ms: a tie after three
+        # 3 ms against nothing: clear after one round; 3 against 3.03 ms: a tie after three
         clear = time_blocks({"sleep": lambda: time.sleep(0.003), "none": lambda: None},
                             rounds=8, block=3, warmup=1, switch_warmup=0, settle=SETTLE)
         clock.lap("search")
         tie = time_blocks({"a": lambda: time.sleep(0.003), "b": lambda: time.sleep(0.00303)},
                           rounds=8, block=3, warmup=1, switch_warmup=0, settle=SETTLE)
         full = time_blocks({"none": lambda: None}, rounds=4, block=2, warmup=0)
-    assert clear["sleep"]["rounds"] == 2 and clear["sleep"]["calls"] == 3 * 2
+    # (more than 2x apart in warm-up and in the first round: the loser leaves after one)
+    assert clear["sleep"]["rounds"] == 1 and clear["sleep"]["calls"] == 3
     assert MIN_ROUNDS <= tie["a"]["rounds"] <= 8     # a tie is never called after two rounds
     assert full["none"]["rounds"] == 4     # without settle, every round runs
-    assert clock.seconds["timing"] >= 3 * 2 * 0.003 and "search" in clock.seconds
+    assert clock.seconds["timing"] >= 3 * 0.003 and "search" in clock.seconds
     clock.add("bundle", 1.3)
     # a stage under 0.05 s is left out of the line, never out of the record
     assert clock.line().endswith("bundle 1.3 s; total "

@@ -158,13 +158,27 @@ def original_graph(path: Path, feed: Sample) -> tuple[Path | None, str]:
     return path, ""
 
 
+def vs_original(mine: float, spread: tuple, theirs: float, where: Any, load: Any
+                ) -> dict[str, Any]:
+    """against_original's record: the bundle's p50 (*mine*, its p10-p90 *spread*) against the
+    original's (*theirs*), timed in one run *where*, under *load*."""
+    return {"measured": True, "bundle_p50_ms": round(mine, 4), "original_p50_ms": round(theirs, 4),
+            "speedup": round(theirs / mine, 3), "measured_on": where,
+            "bundle_p10_p90_ms": [round(v, 4) for v in spread] if None not in spread else None,
+            "load": load}
+
+
 def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer | None,
-                     why_not: str, choice: GraphChoice | None = None) -> dict[str, Any]:
+                     why_not: str, choice: GraphChoice | None = None,
+                     same_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The bundle's graph against the original, timed in the same blocks (the build's last
     line, speed_line). When the bundle ships *choice*'s FP32 graph, the blocks that chose it
-    timed the original too: those figures are reused."""
+    timed the original too: those figures are reused; so are *same_run*'s (the engine choice
+    timed this graph and the original on the CPU provider in one run: engine_choice)."""
     if original is None or time_graphs is None:
         return {"measured": False, "why": why_not or "no original graph to time"}
+    if same_run:
+        return same_run
     known = choice.record if choice is not None and choice.path == graph else {}
     if known.get("measured") and "original_p50_ms" in known:
         stats = known["candidates"][choice.label]
@@ -175,10 +189,7 @@ def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer
         stats = times[str(graph)]
         mine, theirs = stats["p50"], times[str(original)]["p50"]
         spread, load = (stats.get("p10"), stats.get("p90")), stats.get("load")
-    return {"measured": True, "bundle_p50_ms": round(mine, 4), "original_p50_ms": round(theirs, 4),
-            "speedup": round(theirs / mine, 3), "measured_on": where,
-            "bundle_p10_p90_ms": [round(v, 4) for v in spread] if None not in spread else None,
-            "load": load}
+    return vs_original(mine, spread, theirs, where, load)
 
 
 FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyond noise
@@ -256,11 +267,12 @@ def speed_line(record: dict[str, Any]) -> str:
     spread = record.get("bundle_p10_p90_ms")
     load = record.get("load") or {}
     share = load.get("other_share")
+    runtime = f", onnxruntime {info['onnxruntime']}" if info.get("onnxruntime") else ""
     return (f"bundle {record['bundle_p50_ms']:.3f} ms p50"
             + (f" (p10-p90 {spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
             + f" against the original's {record['original_p50_ms']:.3f} ms: "
             f"{record['speedup']:.2f}x its speed (timed in one run on {cpu}, "
-            f"{info.get('cores', '?')} cores"
+            f"{info.get('cores', '?')} cores{runtime}"
             + (f"; other processes used {100 * share:.0f}% of them" if share is not None else "")
             + ")" + ("; the same speed within timing noise (the original's p50 lies inside "
                      "the bundle's p10-p90)" if spread and record["speedup"] < 1
