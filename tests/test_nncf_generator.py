@@ -121,6 +121,20 @@ def test_when_nncf_misses_both_range_estimators_are_measured_and_the_better_one_
                             for c in bisected)
 
 
+def test_a_search_that_used_its_whole_limit_still_leaves_nncf_its_own_window(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    lines: list[str] = []
+    record = decide(model, tmp_path, target=load_target("x86_64-cpu"), family="default",
+                    overrides={"search_seconds": 0.01}, calib=samples(24),
+                    held=samples(8, seed=2), timer=fixed_timer, log=lines.append,
+                    budget=AccuracyBudget(min_cosine=0.99999)).record
+    assert any("at its 0 s limit" in line for line in lines)   # onnxruntime's search stopped
+    assert "INT8 NNCF" in [c["label"] for c in record["candidates"]]   # NNCF's turn came
+    # ... within its window (1.5 x 0.01 s): no bisection fits, and the line says so
+    assert any(line.startswith("search: NNCF's sensitivity bisection not tried") or
+               line.startswith("search: NNCF's min-max ranges not tried") for line in lines)
+
+
 def test_the_engine_choice_tries_the_best_graph_of_each_generator(tmp_path):
     def cand(label, config, int8, passed=True):
         c = Candidate(label, config, tmp_path / f"{label}.onnx",

@@ -159,7 +159,10 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
                                if k in decision} or decision,
            "bundle_inputs": [f"{i['name']}:{'x'.join(map(str, i['shape']))}:{i.get('dtype')}"
                              for i in part["inputs"]],
-           "has_precision_fields": bool(precision) and "decision" in precision}
+           "has_precision_fields": bool(precision) and "decision" in precision,
+           # what OpenVINO devices run where the engine choice picked it
+           "engine_graph": ((decision.get("engine") or {}).get("graph")
+                            if (decision.get("engine") or {}).get("chosen") else None)}
     bundle_session = Session(out / part["model"]["file"])
     orig = torch_original(model) if model.factory else Session(model.model_path(), model.shapes())
     bundle = aligned(bundle_session, orig)
@@ -457,6 +460,8 @@ def write_report(rows: list[dict]) -> Path:
                + ("" if own["check"].get("shown") else " (too few golden samples to show it)")
                if own.get("check") else ""))
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
+        if r.get("engine_graph"):
+            decision = f"{decision} (CPU provider); {r['engine_graph']} under OpenVINO"
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
                      f"{_cell(check)} | {_cell(product)} | {cos} | "

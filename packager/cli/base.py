@@ -217,7 +217,8 @@ def quant_options(func):
         click.option("--exclude", multiple=True, help="node name to keep in FP32 (repeatable)"),
         click.option("--search-seconds", type=float, default=None, metavar="SECONDS",
                      help="how long the INT8 search looks for a variant within budget (default "
-                     "18: no stage starts later, no bisection probe after 1.25x it)"),
+                     "18: no stage starts later, no bisection probe after 1.25x it; NNCF's "
+                     "candidates then get 1.5x it of their own)"),
     ]
     for opt in reversed(opts):
         func = opt(func)

@@ -27,7 +27,7 @@ from . import kfold
 from .budget import AccuracyBudget
 from .kfold import Evidence
 from .quantize import QuantConfig, quantize_file
-from .search import BISECT_COST, MIN_GAIN, Candidate, Search, dynamic_ops
+from .search import MIN_GAIN, Candidate, Search, dynamic_ops
 
 SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
 # On a busy machine (runner/load.py: others use a quarter of the cores, or p90 > 1.5x p10) INT8
@@ -280,6 +280,9 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                    started, timing, log, evidence)
 
 
+NNCF_SHARE = 1.5   # NNCF's window after onnxruntime's search, in units of the search's limit
+
+
 def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Candidate | None:
     """NNCF's INT8 of the same graph, beside onnxruntime's variants (nncf_generator.py): its
     own Q/DQ placement, ranges and bias correction; the head's post-processing stays float as
@@ -295,23 +298,27 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
     if why:
         log(f"search: NNCF's INT8 not tried: {why}")
         return None
-    if search.over("NNCF's INT8", end=2 * search.limit):
-        return None
+    # a window of its own, NNCF_SHARE x onnxruntime's limit: however long that search ran (a
+    # bisection over 111 nodes of the OCR detector took all of 60 s), the generator whose
+    # graphs OpenVINO fuses still gets its turn, bisection included (4-6 probes)
+    started = search.elapsed
+    window = started + NNCF_SHARE * search.limit
     tail = tuple(post_processing(search.graph))
     config = replace(base, generator="nncf", transformer=family == "transformer",
                      exclude=tuple(dict.fromkeys(base.exclude + tail)))
     made = search.variant("INT8 NNCF", config)
-    if not made.passed and not search.over("NNCF's min-max ranges", end=2 * search.limit):
+    cost = search.elapsed - started   # one NNCF graph, built and judged
+    if not made.passed and not search.over("NNCF's min-max ranges", cost, window, own=True):
         # which range estimator keeps a model is the model's: measured, never assumed
         # (min-max: orientation 0.93 -> 0.96, ocr-cls 0.65 -> 0.86; magika 0.86 -> 0.09 mean)
         other = search.variant("INT8 NNCF, min-max ranges", replace(config, nncf_ranges="minmax"))
         made = search.more_accurate(made, other)
+    # (room for two probes at least: a bisection cut short still keeps what it found)
     if made.passed or made.error or search.over("NNCF's sensitivity bisection",
-                                                BISECT_COST * search.first_cost,
-                                                end=2 * search.limit):
+                                                2 * cost, window, own=True):
         return made
     # its most damaging quantizers back to float, as the search does for onnxruntime's
-    return search.bisect(made, timed=False, until=2 * search.limit) or made
+    return search.bisect(made, timed=False, until=window) or made
 
 
 def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sample],

@@ -245,17 +245,20 @@ class Search:
                      "histograms of every tensor cost about 10x a MinMax pass)")
         return [self.calib[i] for i in spread(len(self.calib), cap)]
 
-    def over(self, what: str, needs: float = 0.0, end: float | None = None) -> bool:
+    def over(self, what: str, needs: float = 0.0, end: float | None = None,
+             own: bool = False) -> bool:
         """Whether the search is past its limit, or *needs* seconds more would end past *end*
-        (default: the bisection's limit); says so once per *what* (what is left out)."""
+        (default: the bisection's limit); says so once per *what* (what is left out). *own*:
+        a stage with a window of its own (NNCF's, after onnxruntime's search): only *end*
+        bounds it."""
         end = self.limit * BISECT_SHARE if end is None else end
-        if self.elapsed < self.limit and self.elapsed + needs <= end:
+        if (own or self.elapsed < self.limit) and self.elapsed + needs <= end:
             return False
         if what not in self._said:
             self._said.add(what)
             self.log(f"search: {what} not tried: " + (
                 f"the search is at its {self.limit:.0f} s limit ({self.elapsed:.0f} s"
-                if self.elapsed >= self.limit else
+                if self.elapsed >= self.limit and not own else
                 f"it would take about {needs:.0f} s more, past the search's "
                 f"{end:.0f} s ({self.elapsed:.0f} s so far")
                 + "; --search-seconds sets another)")
