@@ -301,6 +301,33 @@ def test_pixel_and_frame_agreement():
     b[0, 1, 5, :3] = 2   # 3 more pixels of class 1
     fig = tf.figures({"kind": "segment"}, [[a]], [[b]])
     assert fig["pixels"] == {"value": 0.97, "n": 100, "matched": 97, "samples": 1}
+    # the figure judged: the mean over the classes painted of each one's IoU (47/50, 50/53)
+    assert fig["iou"]["value"] == pytest.approx((47 / 50 + 50 / 53) / 2) and fig["iou"]["n"] == 1
+
+
+def test_segment_is_judged_by_the_iou_of_what_is_painted_not_by_the_share_of_pixels():
+    # a one-channel text map: 3 % of the pixels over the threshold, as on the OCR detector
+    rng = np.random.default_rng(0)
+    ref, got = [], []
+    for _ in range(60):
+        m = np.zeros((1, 1, 100, 100), np.float32)
+        m[0, 0, 40:43, :] = 0.9          # one text line, 300 pixels
+        moved = m.copy()
+        moved[0, 0, 43, rng.integers(0, 40):] = 0.9   # the line grows into the next row
+        ref.append([m])
+        got.append([moved])
+    fig = tf.figures({"kind": "segment", "threshold": 0.3}, ref, got)
+    assert fig["pixels"]["value"] > 0.99                 # the share of pixels hides it ...
+    assert fig["iou"]["value"] < 0.9                     # ... the IoU of the text does not
+    verdict = tf.judge({"kind": "segment"}, fig)
+    assert not verdict["passed"] and verdict["shown"] and list(verdict["figures"]) == ["iou"]
+    assert verdict["text"].startswith("segmented-pixel IoU ") and " over 60 samples (needs 98%)" \
+        in verdict["text"]
+    # too few samples: a pass is not shown (50 needed for 98 %); --keep pixels=99% still judges
+    same = tf.figures({"kind": "segment"}, ref[:10], ref[:10])
+    thin = tf.judge({"kind": "segment"}, same)
+    assert thin["passed"] and not thin["shown"] and "50 needed" in thin["text"]
+    assert tf.judge({"kind": "segment"}, fig, {"pixels": 0.99})["figures"]["pixels"]["passed"]
     frames = tf.figures({"kind": "vad"}, [[np.array([[p]])] for p in (0.9, 0.1, 0.6, 0.4)],
                         [[np.array([[p]])] for p in (0.8, 0.2, 0.4, 0.3)])
     assert frames["frames"] == {"value": 0.75, "n": 4, "matched": 3, "speech": 2, "samples": 4}

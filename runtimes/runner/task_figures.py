@@ -45,13 +45,14 @@ DEFAULT_KEEP = {
     "detect": {"recall": 0.95, "precision": 0.95},
     "embed": {"retrieval1": 0.99},
     "ctc": {"exact": 0.99, "cer": 0.01},
-    "segment": {"pixels": 0.99},
+    "segment": {"iou": 0.98},
     "vad": {"frames": 0.99},
     "multilabel": {"f1": 0.99},
 }
 AT_MOST = ("cer",)        # lower is better
+POOLED = ("iou",)         # one figure over all the samples, not a share of them
 NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
-ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1"}
+ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1", "miou": "iou"}
 WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "top1": ("top-1 agrees on", "samples"),
     "recall": ("box recall (IoU 0.5, same class)", "reference boxes"),
@@ -61,6 +62,7 @@ WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "exact": ("strings equal on", "samples"),
     "cer": ("character error rate", "characters"),
     "pixels": ("pixels agree on", "pixels"),
+    "iou": ("segmented-pixel IoU", "samples"),
     "frames": ("speech frames agree on", "frames"),
     "f1": ("labels on agree (F1) on", "labels on in the reference"),
 }
@@ -157,6 +159,40 @@ def multilabel_figures(conf, reference, candidate):
                    "outputs": dict((k, f1(*v)) for k, v in per.items())}}
 
 
+def segment_figures(conf, reference, candidate):
+    """IoU and pixel agreement of the maps. The share of pixels that agree says little where
+    one class is most of the image: on a text detector's map (3 % text) 99.9 % of pixels agreed
+    while the text regions moved enough to lose 11 % of the boxes. So the figure judged is the
+    IoU of the segmented pixels, pooled over the samples: for a one-channel map over its
+    threshold, of the pixels over it; for a class map, the mean over the classes either model
+    paints of each class's IoU. Its unit is the sample (the pixels of one image move
+    together)."""
+    matched = n = 0
+    inter, union = {}, {}
+    for r, g in zip(reference, candidate):
+        a, b = segment_map(conf, r), segment_map(conf, g)
+        if a.shape != b.shape:
+            b = np.full(a.shape, -1)
+        matched += int(np.sum(a == b))
+        n += a.size
+        classes = (1,) if _one_channel(conf, r) else sorted(set(np.unique(a)) | set(np.unique(b)) - {-1})
+        for c in classes:
+            inter[c] = inter.get(c, 0) + int(np.sum((a == c) & (b == c)))
+            union[c] = union.get(c, 0) + int(np.sum((a == c) | (b == c)))
+    painted = [c for c in union if union[c]]
+    iou = (float(np.mean([inter[c] / float(union[c]) for c in painted])) if painted else None)
+    return {"iou": {"value": iou, "n": len(reference), "classes": len(painted),
+                    "samples": len(reference)},
+            "pixels": share(matched, n, samples=len(reference))}
+
+
+def _one_channel(conf, outputs):
+    """Whether segment_map thresholds one channel (else it takes the argmax over classes)."""
+    x = np.asarray(pick(outputs, conf["output"]))
+    x = x[0] if x.ndim == 4 else x
+    return not (x.ndim == 3 and x.shape[0] > 1)
+
+
 def split_samples(stacked, names=None):
     """Per-sample outputs (or feeds) from arrays stacked over samples, as golden .npz files
     and check hold them ({name: (samples, 1, ...)}): [{name: (1, ...)}], in *names*' order."""
@@ -185,12 +221,7 @@ def figures(task, reference, candidate, feeds=None):
     if kind == "ctc":
         return ctc_figures(conf, reference, candidate)
     if kind == "segment":
-        matched = n = 0
-        for r, g in zip(reference, candidate):
-            a, b = segment_map(conf, r), segment_map(conf, g)
-            matched += int(np.sum(a == b)) if a.shape == b.shape else 0
-            n += a.size
-        return {"pixels": share(matched, n, samples=len(reference))}
+        return segment_figures(conf, reference, candidate)
     if kind == "vad":
         ref = np.concatenate([vad_probabilities(conf, o) for o in reference] or [np.zeros(0)])
         got = np.concatenate([vad_probabilities(conf, o) for o in candidate] or [np.zeros(0)])
@@ -286,8 +317,8 @@ def judge_one(name, entry, threshold):
                     words, unit, entry.get("samples", 0), percent(threshold, at_most), need)}
     ok = value <= threshold + 1e-12 if at_most else value >= threshold - 1e-12
     shown = n >= need
-    if at_most:
-        head = "%s %s over %d %s" % (words, percent(value, True), n, unit)
+    if at_most or name in POOLED:
+        head = "%s %s over %d %s" % (words, percent(value, at_most), n, unit)
     else:
         head = "%s %s of %d %s" % (words, percent(value), n, unit)
     text = "%s (needs %s%s%s)" % (

@@ -24,7 +24,7 @@ FIGURES = {
     "detect": ("recall", "precision"),
     "embed": ("retrieval1", "cosine_min"),
     "ctc": ("exact", "cer"),
-    "segment": ("pixels",),
+    "segment": ("iou", "pixels"),
     "vad": ("frames",),
     "multilabel": ("f1",),
 }
