@@ -181,6 +181,37 @@ def test_b38_provider_path_outside_the_bundle_is_refused_and_nothing_is_created(
     assert not (tmp_path / "escaped").exists()
 
 
+@pytest.mark.parametrize("key, value", [
+    ("cache_dir", "ABS"),                 # N-OV-09: OpenVINO's cache folder, an absolute path
+    ("cache_dir", "relative_cache"),      # ... relative: the device's current folder
+    ("load_config", "ABS"),               # OpenVINO's config file
+    ("trt_ep_context_file_path", "{bundle}/../x"),
+    ("some_option", "ABS")])              # any value that looks like a path
+def test_n_ov_09_every_provider_option_that_names_a_place_stays_in_the_bundle(
+        built, tmp_path, key, value):
+    bundle = copy_bundle(built, tmp_path / "deep" / "b")
+    outside = tmp_path / "outside"
+    value = str(outside) if value == "ABS" else value
+    edit_manifest(bundle, lambda m: m["providers"][0].setdefault("options", {}).update(
+        {key: value}))
+    r = run_py(bundle, "check", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert any(f"providers[0].options.{key} = " in p and "is not a folder in the bundle" in p
+               for p in json.loads(r.stdout)["integrity"])
+    r = run_py(bundle, "infer", str(bundle / "golden" / "model.inputs.npz"))
+    assert r.returncode == 2 and key in r.stderr.splitlines()[-1]
+    assert not outside.exists() and not (bundle / "relative_cache").exists()
+    assert not (tmp_path / "deep" / "relative_cache").exists()
+
+
+def test_n_ov_09_options_that_name_no_place_and_bundle_folders_still_pass(built, tmp_path):
+    bundle = copy_bundle(built, tmp_path / "b")
+    edit_manifest(bundle, lambda m: m["providers"][0].setdefault("options", {}).update(
+        {"device_type": "CPU", "num_of_threads": "2", "cache_dir": "{bundle}/cache/ov"}))
+    r = run_py(bundle, "check", "--json")
+    assert not any("options" in p for p in json.loads(r.stdout)["integrity"]), r.stdout
+
+
 def test_b37_a_manifest_without_target_exits_2_naming_the_field(built, tmp_path):
     bundle = copy_bundle(built, tmp_path / "b")
     edit_manifest(bundle, lambda m: m.pop("target"))

@@ -333,13 +333,27 @@ def importable_inside(folder, files):
     return None
 
 
+PATH_WORDS = ("path", "dir", "file", "folder", "config")   # in an option's name: a place
+
+
+def names_a_place(key, value):
+    """Whether a provider option names a file or folder: its name says so (*_path, cache_dir,
+    *_file, OpenVINO's load_config...) or its value looks like one (a separator, or ~ or . at
+    its start). onnxruntime and the providers create and read such places."""
+    if any(word in str(key).lower() for word in PATH_WORDS):
+        return True
+    return isinstance(value, str) and (
+        "/" in value or "\\" in value or value.startswith(("~", ".")))
+
+
 def provider_path_problems(manifest):
-    """Provider options named *_path must name a place in the bundle ({bundle}/... without
-    '..', or {cache}): onnxruntime and the runner create folders there."""
+    """Provider options that name a file or folder (names_a_place) must name a place in the
+    bundle ({bundle}/... without '..', or {cache}): onnxruntime, the providers and the runner
+    create folders there, and nowhere else."""
     problems = []
     for i, entry in enumerate(manifest.get("providers") or []):
         for key, value in sorted(((entry or {}).get("options") or {}).items()):
-            if not key.endswith("_path") or value == "{cache}":
+            if not names_a_place(key, value) or value == "{cache}":
                 continue
             rel = value[len("{bundle}/"):] if isinstance(value, str) and \
                 value.startswith("{bundle}/") else None

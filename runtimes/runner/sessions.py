@@ -16,7 +16,7 @@ except ImportError:
 
 from .errors import BundleError, ProviderMissing
 from .facts import gpu_name, tensorrt_version
-from .manifest import provider_path_problems
+from .manifest import names_a_place, provider_path_problems
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -153,7 +153,7 @@ def provider_plan(bundle, manifest, part):
             elif isinstance(value, str) and value.startswith("{bundle}"):
                 opts[key] = os.path.join(bundle, value[len("{bundle}/"):])
                 inside = os.path.realpath(bundle) + os.sep
-                if key.endswith("_path") and \
+                if names_a_place(key, value) and \
                         not os.path.realpath(opts[key]).startswith(inside):
                     raise BundleError("manifest: providers: %s = %r leads outside the bundle "
                                       "(through a link); copy the bundle again" % (key, value))
@@ -221,7 +221,7 @@ def open_session(bundle, manifest, part, args=None):
         if name not in available:
             not_running[name] = "not in this onnxruntime build"
             continue
-        folders = sorted(set(v for k, v in options.items() if k.endswith("_path") and
+        folders = sorted(set(v for k, v in options.items() if k.endswith(("_path", "_dir")) and
                              isinstance(v, str) and v.startswith(bundle) and
                              not os.path.isdir(v)))
         for folder in folders:
