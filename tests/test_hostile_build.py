@@ -449,3 +449,35 @@ def test_builds_and_inspect_leave_the_current_folder_unchanged(cnn_onnx, image_d
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "b" / "manifest.json").is_file()
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["task", "labels", "task-file"])
+@pytest.mark.parametrize("special", ["dev-zero", "fifo", "huge"])
+def test_n_task_10_n_pipe_10_at_files_are_regular_files_under_a_cap(tmp_path, option, special):
+    """N-TASK-10 (N-PIPE-10 in test_cascade): `classify:labels=@/dev/zero` (and a FIFO, and a
+    file over the cap) read for ever; now one line naming the option, as --hosts and --const
+    do."""
+    from packager.cli.base import read_labels
+    from packager.errors import SpecError
+    from packager.tasks.declare import parse_task
+
+    name = tmp_path / ("task.toml" if option == "task-file" else "list.txt")
+    if special == "dev-zero":
+        name.symlink_to("/dev/zero")
+    elif special == "fifo":
+        os.mkfifo(name)
+    else:
+        with open(name, "wb") as f:
+            f.truncate(20 << 20)   # sparse: 20 MB of zeros
+    start = time.monotonic()
+    with pytest.raises(SpecError) as info:
+        if option == "task":
+            parse_task(f"classify:labels=@{name}")
+        elif option == "labels":
+            read_labels(name)
+        else:
+            parse_task(str(name))
+    message = str(info.value)
+    assert time.monotonic() - start < 10 and "\n" not in message
+    assert ("not a regular file" in message if special != "huge" else "larger than" in message)
+    assert ("--labels" in message if option == "labels" else "--task" in message)

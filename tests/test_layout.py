@@ -14,7 +14,8 @@ PACKAGE = ROOT / "packager"
 # The floor is what every stage stands on; the stages follow the pipeline's dependencies
 # (a bundle holds quantized graphs, a device runs bundles); the jobs string the stages together.
 LAYERS = [
-    ("floor", {"errors", "progress", "timing", "targets", "atomic", "hashing", "engines",
+    ("floor", {"errors", "textfile", "progress", "timing", "targets", "atomic", "hashing",
+               "engines",
                "_runtimes", "_targets"}),
     ("graph", {"graph"}),
     ("source", {"source"}),

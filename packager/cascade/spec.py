@@ -34,6 +34,7 @@ from .._runtimes.runner.cascade_spec import (
 from ..errors import PackagerError, SpecError
 from ..quantization.preprocessing import parse_preprocess
 from ..tasks.declare import parse_task
+from ..textfile import read_text
 
 PART_KEYS = ("part", "step", "model", "calib", "preprocess", "task", "precision", "batch")
 BATCHED_STEPS = ("refine", "output")   # crops of one photo run in batches of `batch`
@@ -176,15 +177,11 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
 def load_pipeline(path: Path | str) -> PipelineSpec:
     """The pipeline file at *path*, checked: SpecError naming the file and key."""
     path = Path(path)
+    text = read_text(path, cap=MAX_PIPELINE_BYTES, where="--pipeline",
+                     fix="pass a pipeline .toml (docs/pipelines.md)")
     try:
-        if path.stat().st_size > MAX_PIPELINE_BYTES:
-            raise SpecError(f"{path}: over {MAX_PIPELINE_BYTES // 1_000_000} MB, not a pipeline "
-                            "file", "pass the pipeline's .toml")
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"--pipeline {path}: no such file", "pass a pipeline .toml "
-                        "(docs/pipelines.md)") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"--pipeline {path}: cannot read it ({exc})",
                         "fix the TOML (kind = \"ocr\", then one [[stage]] table a part)") from None
     kind = data.get("kind")

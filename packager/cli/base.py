@@ -14,6 +14,7 @@ from ..errors import (
     restore_interrupts,
     was_interrupted,
 )
+from ..textfile import read_text
 
 INPUT_HELP = "static input shape NAME:1x3x224x224[:dtype] (repeatable)"
 QUANT_OPTIONS = ("precision", "mode", "format", "activation_type", "weight_type", "per_channel",
@@ -319,14 +320,14 @@ def export_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
             "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance}
 
 
+MAX_LABELS_BYTES = 16 << 20   # ImageNet-21k's names are 0.3 MB
+
+
 def read_labels(path: Path | None) -> list[str] | None:
     if path is None:
         return None
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"--labels {path}: not a text file (byte {exc.start} is not UTF-8)",
-                        "give a text file with one class name per line") from None
+    text = read_text(path, cap=MAX_LABELS_BYTES, where="--labels",
+                     fix="give a text file with one class name per line")
     labels = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not labels:
         raise SpecError(f"--labels {path}: no class names in the file",

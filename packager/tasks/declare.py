@@ -20,6 +20,7 @@ from .._runtimes.runner.errors import BundleError
 from .._runtimes.runner.task_figures import keep_for, parse_keep
 from .._runtimes.runner.task_spec import KINDS, PARAMETERS, task_kind, task_problem
 from ..errors import SpecError
+from ..textfile import read_text
 
 LIST_KEYS = ("labels", "alphabet", "outputs")   # parameters that are lists (@FILE reads one)
 NUMBER_LISTS = ("output", "threshold")   # multilabel's: 'a|b' lists, each entry a number or name
@@ -103,28 +104,19 @@ def _value(key: str, value: str, text: str) -> Any:
 def _list_file(path: Path, where: str) -> list[str]:
     """One entry per line (a CTC alphabet's characters, labels): the file as given, only the
     line ends dropped (a space is a character of some alphabets)."""
-    try:
-        if path.stat().st_size > MAX_LIST_FILE:
-            raise SpecError(f"{where}: {path} is over {MAX_LIST_FILE // 1_000_000} MB",
-                            "pass a text file with one entry per line")
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError:
-        raise SpecError(f"{where}: no file {path}", "pass @path/to/file.txt") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{where}: cannot read {path} ({exc})",
-                        "pass a UTF-8 text file, one entry per line") from None
+    lines = read_text(path, cap=MAX_LIST_FILE, where=where,
+                      fix="pass a UTF-8 text file, one entry per line").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.rstrip("\r") for line in lines]
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
+    text = read_text(path, cap=MAX_LIST_FILE, where="--task",
+                     fix=f"pass a task .toml file or a kind ({', '.join(KINDS)})")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"--task {path}: no such file", "pass a task .toml file or a kind "
-                        f"({', '.join(KINDS)})") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"--task {path}: cannot read it ({exc})",
                         "fix the TOML (kind = \"classify\", ...)") from None
     kind = data.get("kind")
