@@ -85,7 +85,7 @@ class BudgetMissed(PackagerError):
 
 # --------------------------------------------------------------------------- Ctrl-C
 
-_interrupted = False
+_interrupted = 0   # the signal (SIGINT, SIGTERM) that ended the command, once one did
 
 
 def exit_on_early_interrupt() -> None:
@@ -113,35 +113,41 @@ def exit_on_early_interrupt() -> None:
     signal.signal(signal.SIGINT, quit_now)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command: it ends as a Ctrl-C does (every cleanup a Ctrl-C runs runs,
+    locks and half-written outputs go), with exit code 143 (128 + SIGTERM)."""
+
+
 def catch_interrupts() -> object:
-    """Install the command-time SIGINT handler and return the handler it replaced. It raises
-    KeyboardInterrupt (and remembers it: a C extension may turn it into another exception),
-    except while a module is being imported: an exception thrown into a C extension's import
-    can abort the process (torch's pybind11 code calls std::terminate), so there the interrupt
-    is re-sent every 50 ms until the import is done."""
+    """Install the command-time SIGINT and SIGTERM handler and return the handlers it replaced.
+    It raises KeyboardInterrupt (Terminated for SIGTERM; and remembers it: a C extension may
+    turn it into another exception), except while a module is being imported: an exception
+    thrown into a C extension's import can abort the process (torch's pybind11 code calls
+    std::terminate), so there the signal is re-sent every 50 ms until the import is done."""
     import _thread
     import signal
     import threading
     import time
 
     global _interrupted
-    _interrupted = False
+    _interrupted = 0   # the signal that ended the command (0: none yet)
 
-    def resend() -> None:
+    def resend(signum: int) -> None:
         time.sleep(0.05)
-        if signal.getsignal(signal.SIGINT) is interrupted:   # still this command's
-            _thread.interrupt_main(signal.SIGINT)
+        if signal.getsignal(signum) is interrupted:   # still this command's
+            _thread.interrupt_main(signum)
 
     def interrupted(signum: int, frame: Any) -> None:
         global _interrupted
-        _interrupted = True
+        _interrupted = signum
         if _importing(frame):
-            threading.Thread(target=resend, daemon=True).start()
+            threading.Thread(target=resend, args=(signum,), daemon=True).start()
             return
-        raise KeyboardInterrupt
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = signal.getsignal(signal.SIGINT)
+    previous = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     return previous
 
 
@@ -156,9 +162,18 @@ def _importing(frame: Any) -> bool:
 def restore_interrupts(previous: object) -> None:
     import signal
 
-    early = getattr(previous, "__name__", "") == "quit_now"   # output may exist by now
-    signal.signal(signal.SIGINT, signal.default_int_handler if early or previous is None
-                  else previous)
+    before_int, before_term = previous if isinstance(previous, tuple) else (previous, None)
+    early = getattr(before_int, "__name__", "") == "quit_now"   # output may exist by now
+    signal.signal(signal.SIGINT, signal.default_int_handler if early or before_int is None
+                  else before_int)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if before_term is None else before_term)
+
+
+def terminated() -> bool:
+    """Whether the command was ended by SIGTERM (not by Ctrl-C)."""
+    import signal
+
+    return _interrupted == signal.SIGTERM
 
 
 def was_interrupted(exc: BaseException) -> bool:
@@ -170,4 +185,4 @@ def was_interrupted(exc: BaseException) -> bool:
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return _interrupted
+    return bool(_interrupted)

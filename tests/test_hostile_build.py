@@ -361,6 +361,31 @@ def test_e107_e112_ctrl_c_in_the_first_second_exits_130_in_one_line(cnn_onnx, im
         assert not left, left
 
 
+def test_e_sig_sigterm_during_a_build_exits_143_in_one_line_and_leaves_no_lock(
+        cnn_onnx, image_dir, tmp_path):
+    """E-SIG: SIGTERM used to kill the build by the signal, silently, leaving .NAME.lock files
+    beside -o; it now ends as Ctrl-C does (every cleanup runs), with 143."""
+    ended = 0
+    for delay in (2.0, 4.0, 6.0):   # past the imports: the command (and its lock) is running
+        out = tmp_path / f"term{delay}" / "b"
+        p = subprocess.Popen(EDGEPACK + ["build", str(cnn_onnx), "--calib", str(image_dir),
+                                         "--preprocess", PREP_TEXT, "-o", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+        assert "Traceback" not in err and "unexpected" not in err, (delay, err)
+        left = sorted(x.name for x in out.parent.iterdir()) if out.parent.exists() else []
+        if p.returncode == 0:   # the build was done before the signal: whole and consistent
+            assert (out / "manifest.json").is_file() and not any(".lock" in n for n in left)
+            continue
+        ended += 1
+        assert p.returncode == 143, (delay, p.returncode, err)
+        assert err.strip().splitlines()[-1] == "terminated: nothing was written", err
+        assert not left, left
+    assert ended   # at least one signal landed mid-build
+
+
 def test_e107_importing_packager_elsewhere_leaves_sigint_alone():
     """The early Ctrl-C handler is edgepack's own: a process that imports the library keeps
     Python's KeyboardInterrupt."""

@@ -10,8 +10,10 @@ import click
 from ..errors import (
     PackagerError,
     SpecError,
+    Terminated,
     catch_interrupts,
     restore_interrupts,
+    terminated,
     was_interrupted,
 )
 from ..textfile import read_text
@@ -72,13 +74,13 @@ class Group(click.Group):
             if debug:
                 raise
             fail(ctx, exc.message, exc.hint, exc.exit_code)
-        except KeyboardInterrupt:
-            _interrupted(ctx)
+        except KeyboardInterrupt as exc:
+            _interrupted(ctx, isinstance(exc, Terminated) or terminated())
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # a bug, not bad input: one line unless --debug
             if was_interrupted(exc):   # e.g. ImportError("initialization failed") from Ctrl-C
-                _interrupted(ctx)
+                _interrupted(ctx, terminated())
             if debug:
                 raise
             text = " ".join(str(exc).split())[:300]
@@ -119,13 +121,14 @@ def _catch_interrupts() -> object:
         return None
 
 
-def _interrupted(ctx: click.Context) -> None:
+def _interrupted(ctx: click.Context, terminated: bool = False) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): one line saying what was left behind."""
     written = ctx.meta.get("edgepack.written")
     note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand == "deploy"
             else f"{written} was already written in full" if written else
             "nothing was written")
-    click.echo(f"interrupted: {note}", err=True)
-    ctx.exit(130)
+    click.echo(f"{'terminated' if terminated else 'interrupted'}: {note}", err=True)
+    ctx.exit(143 if terminated else 130)
 
 
 def _exit_past_user_threads(code: Any) -> None:
@@ -139,7 +142,7 @@ def _exit_past_user_threads(code: Any) -> None:
     if not left:
         return
     status = code if isinstance(code, int) else (0 if code is None else 1)
-    if status == 130:   # interrupted: its one line is said; a quantizer's pool (NNCF's) was
+    if status in (130, 143):   # interrupted: its line is said; a quantizer's pool (NNCF's) was
         sys.stdout.flush()   # cut off mid-work, which is no news to the user
         sys.stderr.flush()
         os._exit(status)
