@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ._runtimes.runner.manifest import WHEN  # one vocabulary with the runner
 from .errors import TargetError
 
 PROVIDERS = (
@@ -19,7 +20,6 @@ FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")
 METHODS = ("minmax", "entropy", "percentile", "auto")
 OPT_LEVELS = ("disabled", "basic", "extended", "all")
-WHEN = ("always", "faster")
 FASTER = ("OpenVINOExecutionProvider",)   # providers packager/engines.py can time here
 FAMILIES = ("transformer",)   # model families a profile can give their own preset
 

@@ -672,3 +672,53 @@ def test_s31_s32_a_burst_over_the_connection_caps_is_served_not_reset(built, tmp
         proc.wait(timeout=30)
     assert set(answers) <= {"200", "503"}, answers
     assert answers["200"] >= 64, answers
+
+
+def _part_preprocess(change):
+    return lambda m: change(m["parts"][0]["preprocess"])
+
+
+@pytest.mark.parametrize("case, edit, said", [
+    ("N-MAN-04", _part_preprocess(lambda p: p.update(size=[100000, 100000])),
+     "parts[0].preprocess.size = [100000, 100000] is not [width, height] from 1 to 16384"),
+    ("N-MAN-05", _part_preprocess(lambda p: p.update(size=[-64, 64])), "parts[0].preprocess.size"),
+    ("N-MAN-06", _part_preprocess(lambda p: p.update(std=[0, 0, 0])),
+     "parts[0].preprocess.std = [0, 0, 0] holds 0"),
+    ("N-MAN-07", _part_preprocess(lambda p: p.update(mean="abc")),
+     "parts[0].preprocess.mean = 'abc' is not 3 finite numbers"),
+    ("N-MAN-26", _part_preprocess(lambda p: p.update(color="cmyk")),
+     "parts[0].preprocess.color = 'cmyk' is not one of rgb, bgr, gray"),
+    ("N-MAN-18", lambda m: m["budget"].update(min_cosine="high"),
+     "budget.min_cosine = 'high' is not a number"),
+    ("N-OV-10", lambda m: m["providers"][0].update(when="sometimes"),
+     "providers[0].when is not one of always, faster (got 'sometimes')"),
+])
+def test_run_py_checks_a_manifest_as_verify_does(built, image_dir, tmp_path, case, edit, said):
+    """One manifest schema (runner/manifest.py check_manifest), read by run.py and verify:
+    each edited field is exit 2 naming it, from check, infer and verify alike."""
+    bundle = copy_bundle(built, tmp_path / "b")
+    edit_manifest(bundle, edit)
+    photo = sorted(p for p in Path(image_dir).rglob("*") if p.is_file())[0]
+    for args in (["check"], ["infer", str(photo)]):
+        r = run_py(bundle, *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert said in r.stderr.splitlines()[-1], (args, r.stderr)
+    r = subprocess.run([EDGEPACK, "verify", str(bundle)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", ["N-MAN-23", "N-MAN-30"])
+def test_a_manifest_nested_too_deep_or_too_large_is_exit_2(built, tmp_path, case):
+    bundle = copy_bundle(built, tmp_path / "b")
+    path = bundle / "manifest.json"
+    if case == "N-MAN-23":
+        path.write_text("[" * 100000 + "]" * 100000)
+    else:   # a valid manifest padded to 17 MiB
+        manifest = json.loads(path.read_text())
+        manifest["padding"] = "x" * (17 << 20)
+        path.write_text(json.dumps(manifest))
+    r = run_py(bundle, "check")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert ("more than a manifest holds (16 MiB)" if case == "N-MAN-30" else
+            "cannot read the manifest") in r.stderr.splitlines()[-1], r.stderr

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._runtimes.runner.manifest import MAX_MANIFEST_BYTES  # noqa: F401  (one cap, shared)
 from ..errors import BundleError
 
 SCHEMA_VERSION = 2   # 2: a bundle holds one or more models under `parts`
 MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 16 << 20   # a real one is a few KB; a larger one is not ours
 # the name becomes a folder on devices (~/edgepack/NAME) and an archive name: one path component
 BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -123,10 +123,6 @@ def shape_problem(data: dict[str, Any]) -> str | None:
         return "target.name is missing or not a string"
     if not data["parts"]:
         return "parts is empty"
-    for key in ("latency_p90_ms", "min_cosine"):
-        value = (data.get("budget") or {}).get(key)
-        if value is not None and not _number(value):
-            return f"budget.{key} is not a number"
     for i, part in enumerate(data["parts"]):
         decision = (part.get("precision") or {}).get("decision")
         if decision is not None and not (

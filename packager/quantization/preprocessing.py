@@ -9,16 +9,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from .._runtimes.runner.images import COLORS, DTYPES, LAYOUTS, MAX_SIDE, RESIZE
 from ..errors import PreprocessError
 
-RESIZE = ("stretch", "letterbox", "center-crop")
-COLORS = ("rgb", "bgr", "gray")
-LAYOUTS = ("nchw", "nhwc")
-DTYPES = ("float32", "float16", "uint8")
 KEYS = ("size", "resize", "color", "layout", "scale", "mean", "std", "dtype", "pad")
 EXAMPLE = "size=224x224,resize=letterbox,color=rgb,layout=nchw,scale=1/255,mean=0.485/0.456/0.406"
-# OpenCV decodes and resizes in memory: a 16384x16384 RGB float tensor is already 3 GiB
-MAX_SIDE = 16384
+# MAX_SIDE: OpenCV decodes and resizes in memory; a 16384x16384 RGB float tensor is 3 GiB
 
 
 def _number(text: Any, key: str) -> float:

@@ -11,8 +11,9 @@ except ImportError:
 from .errors import BundleError, one_line
 from .facts import device_info, gpu_facts, gpu_memory_mb, peak_rss_mb
 from .load import load_facts, noise, snapshot
-from .manifest import load_golden, regular_file, require_intact, select_parts
+from .manifest import load_golden, require_intact, select_parts
 from .metrics import io_binding_call, latency_stats, timed
+from .places import regular_file
 from .sessions import CPU, full_session, open_session, session_origin, session_settings
 from .tuning import save_tuned, tune
 

@@ -17,6 +17,50 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
 MAX_PIXELS = 50 * 1000 * 1000
 
+# The preprocessing vocabulary, defined once (the packager's preprocessing.py imports it).
+RESIZE = ("stretch", "letterbox", "center-crop")
+COLORS = ("rgb", "bgr", "gray")
+LAYOUTS = ("nchw", "nhwc")
+DTYPES = ("float32", "float16", "uint8")
+MAX_SIDE = 16384   # a model input side: image models take at most a few thousand pixels
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        value == value and abs(value) != float("inf")
+
+
+def preprocess_problem(spec):
+    """What is wrong with a manifest's preprocessing *spec* (as the packager writes it), naming
+    the field, or '': a size of two sides from 1 to MAX_SIDE, known resize/color/layout/dtype,
+    finite numbers for scale and pad, one finite mean and one non-zero finite std a channel."""
+    size = spec.get("size")
+    if not isinstance(size, list) or len(size) != 2 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE
+                    for v in size):
+        return "preprocess.size = %.60r is not [width, height] from 1 to %d" % (size, MAX_SIDE)
+    for key, choices in (("resize", RESIZE), ("color", COLORS), ("layout", LAYOUTS),
+                         ("dtype", DTYPES)):
+        if key in spec and spec[key] not in choices:
+            return "preprocess.%s = %.40r is not one of %s" % (key, spec[key], ", ".join(choices))
+    for key in ("scale", "pad"):
+        if key in spec and not _number(spec[key]):
+            return "preprocess.%s = %.40r is not a number" % (key, spec[key])
+    if "pad" in spec and not 0 <= spec["pad"] <= 255:
+        return "preprocess.pad = %r is not a pixel value from 0 to 255" % spec["pad"]
+    channels = 1 if spec.get("color") == "gray" else 3
+    for key in ("mean", "std"):
+        values = spec.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) != channels or \
+                not all(_number(v) for v in values):
+            return "preprocess.%s = %.60r is not %d finite numbers (one a channel)" % (
+                key, values, channels)
+        if key == "std" and any(v == 0 for v in values):
+            return "preprocess.std = %r holds 0: every input would divide by zero" % (values,)
+    return ""
+
 
 def read_image(path, spec):
     """Decode an image file into an HxWxC uint8 array in the spec's colour order."""

@@ -5,7 +5,6 @@ import importlib.machinery
 import json
 import os
 import re
-import stat
 import zipfile
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
@@ -16,6 +15,8 @@ except ImportError:
 from .cascade_judge import golden_problem
 from .cascade_spec import pipeline_problem
 from .errors import BundleError, one_line
+from .images import preprocess_problem
+from .places import provider_path_problems, regular_file
 from .task_spec import task_problem
 
 MANIFEST = "manifest.json"
@@ -26,16 +27,22 @@ MAX_THREADS = 4096       # a manifest's session thread counts (a device's own: a
 OPT_LEVEL_NAMES = ("disabled", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
 MAX_ROOFLINE_SIZE = 4096   # bench --roofline's n x n MatMul (512 as built: 1 MB a matrix)
+MAX_MANIFEST_BYTES = 16 << 20   # a real one is a few KB; a larger one is not ours
+WHEN = ("always", "faster")   # a provider's "when": always tried, or only where it is faster
 
 
 def load_manifest(bundle):
     path = os.path.join(bundle, MANIFEST)
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise BundleError("%s: more than a manifest holds (%d MiB); rebuild the bundle"
+                              % (path, MAX_MANIFEST_BYTES >> 20))
+        manifest = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:   # (nested 100000 deep: recursion)
         raise BundleError("%s: cannot read the manifest (%s); is this an edgepack bundle?"
-                          % (path, exc)) from None
+                          % (path, one_line(str(exc))[:200] or type(exc).__name__)) from None
     if not isinstance(manifest, dict) or manifest.get("schema_version") != SUPPORTED_SCHEMA:
         raise BundleError("%s: schema_version %r, this runner reads %d; rebuild the bundle"
                           % (path, manifest.get("schema_version") if isinstance(manifest, dict)
@@ -139,10 +146,19 @@ def check_manifest(manifest):
         m.at(rel, digest, str, "a sha256")
         m.pop()
     m.pop()
+    for key in ("latency_p90_ms", "min_cosine"):
+        value = (manifest.get("budget") or {}).get(key)
+        if value is not None and (isinstance(value, bool) or
+                                  not isinstance(value, (int, float))):
+            raise BundleError("%s: budget.%s = %.40r is not a number; rebuild the bundle with "
+                              "edgepack" % (MANIFEST, key, value))
     for i, entry in enumerate(m.items(manifest, "providers")):
         m.at(i, entry, dict, "an object")
         m.at("name", entry.get("name"), str, "a provider name")
         m.pop()
+        if entry.get("when", "always") not in WHEN:
+            m.where.append(".when")
+            m.fail("one of %s (got %.40r)" % (", ".join(WHEN), entry.get("when")))
         m.table(entry, "options")
         m.pop()
         m.pop()
@@ -190,6 +206,10 @@ def check_manifest(manifest):
         for key in ("preprocess", "precision", "accuracy"):
             m.table(part, key, nullable=key == "preprocess")
             m.pop()
+        problem = preprocess_problem(part["preprocess"]) if part.get("preprocess") else ""
+        if problem:
+            raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
+                              % (MANIFEST, i, problem))
         precision = part.get("precision") or {}
         m.at("precision", precision, dict, "an object")
         m.at("precision", precision.get("precision"), str, "a precision name", optional=True)
@@ -259,7 +279,7 @@ RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/casca
                 "runner/cascade_spec.py", "runner/check.py", "runner/cli.py", "runner/closing.py",
                 "runner/errors.py", "runner/facts.py", "runner/images.py", "runner/infer.py",
                 "runner/inputs.py", "runner/load.py", "runner/manifest.py", "runner/metrics.py",
-                "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
+                "runner/places.py", "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
                 "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
                 "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
@@ -331,46 +351,6 @@ def importable_inside(folder, files):
             if seen > MAX_WALK:
                 return None
     return None
-
-
-PATH_WORDS = ("path", "dir", "file", "folder", "config")   # in an option's name: a place
-
-
-def names_a_place(key, value):
-    """Whether a provider option names a file or folder: its name says so (*_path, cache_dir,
-    *_file, OpenVINO's load_config...) or its value looks like one (a separator, or ~ or . at
-    its start). onnxruntime and the providers create and read such places."""
-    if any(word in str(key).lower() for word in PATH_WORDS):
-        return True
-    return isinstance(value, str) and (
-        "/" in value or "\\" in value or value.startswith(("~", ".")))
-
-
-def provider_path_problems(manifest):
-    """Provider options that name a file or folder (names_a_place) must name a place in the
-    bundle ({bundle}/... without '..', or {cache}): onnxruntime, the providers and the runner
-    create folders there, and nowhere else."""
-    problems = []
-    for i, entry in enumerate(manifest.get("providers") or []):
-        for key, value in sorted(((entry or {}).get("options") or {}).items()):
-            if not names_a_place(key, value) or value == "{cache}":
-                continue
-            rel = value[len("{bundle}/"):] if isinstance(value, str) and \
-                value.startswith("{bundle}/") else None
-            if rel is None or not rel or rel.startswith("/") or \
-                    ".." in rel.replace("\\", "/").split("/"):
-                problems.append("manifest: providers[%d].options.%s = %r is not a folder in the "
-                                "bundle ({bundle}/NAME or {cache})" % (i, key, str(value)[:80]))
-    return problems
-
-
-def regular_file(path):
-    """Whether *path* is a regular file (a link to one counts); a FIFO or a device is not, and
-    reading one could block or never end."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
 
 
 def integrity_problems(bundle, manifest):

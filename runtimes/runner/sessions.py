@@ -16,7 +16,7 @@ except ImportError:
 
 from .errors import BundleError, ProviderMissing
 from .facts import gpu_name, tensorrt_version
-from .manifest import names_a_place, provider_path_problems
+from .places import names_a_place, provider_path_problems
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
