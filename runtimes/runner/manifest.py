@@ -279,7 +279,8 @@ RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/casca
                 "runner/cascade_spec.py", "runner/check.py", "runner/cli.py", "runner/closing.py",
                 "runner/errors.py", "runner/facts.py", "runner/images.py", "runner/infer.py",
                 "runner/inputs.py", "runner/load.py", "runner/manifest.py", "runner/metrics.py",
-                "runner/places.py", "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
+                "runner/places.py", "runner/profile.py", "runner/report.py", "runner/serve.py",
+                "runner/sessions.py",
                 "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
                 "runner/tuning.py")
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
