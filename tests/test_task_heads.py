@@ -626,3 +626,13 @@ def test_serve_answers_with_the_task_and_raw_on_request(built, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_n_task_02_a_ctc_head_needs_steps_and_classes_with_or_without_an_alphabet():
+    classifier = [{"name": "scores", "shape": [1, 4]}]
+    for task in ({"kind": "ctc"}, {"kind": "ctc", "alphabet": ["-", "a", "b", "c"]}):
+        assert "not (1, steps, classes): a CTC head scores a sequence of steps" in \
+            tasks.task_problem(task, classifier)
+    assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [1, 40, 97]}]) == ""
+    assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [40, 97]}]) == ""
+    assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [1, 0, 97]}]) == ""

@@ -249,6 +249,9 @@ def shape_problem(conf, names, shapes):
     if kind == "ctc":
         if len(shape) not in (2, 3):
             return where + ", not (1, steps, classes)"
+        if 0 not in shape and (size(shape[:-1]) < 2 or shape[-1] < 2):   # (0: not known yet)
+            return where + ", not (1, steps, classes): a CTC head scores a sequence of " \
+                "steps, each over a blank and at least one character"
         alphabet = conf["alphabet"]
         if alphabet and len(alphabet) != shape[-1]:
             return "task.alphabet has %d entries, output %s has %d classes (the blank " \
