@@ -69,6 +69,7 @@ from .source.export import DEFAULT_TOLERANCE, export_loaded, make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
 from .targets import Target, load_target
+from .tasks.fit import check_decoder_fits, input_size
 from .tasks.part import recorded_task, say_suggestion, task_for
 from .timing import Stages
 
@@ -522,6 +523,8 @@ def _build_part(req: PartRequest, target: Target, tmp: Path, *, holdout: float, 
     drop = max_drop if max_drop is not None else target.max_accuracy_drop
     if task is None and req.task is None:
         say_suggestion(simplified, fp32_outputs, req.labels, log)
+    elif data != "random":   # a head the decoder does not read is refused, not trusted
+        check_decoder_fits(task, simplified, fp32_outputs, input_size(req.preprocess, simplified))
     guard = AccuracyBudget(min_cosine=budget, max_drop=drop,
                            metric=metric[0] if metric else None,
                            metric_name=metric[1] if metric else "", task=task, keep=keep,

@@ -78,7 +78,7 @@ def test_task_text_forms(tmp_path):
     for text, words in [("classfy", "no task kind 'classfy'"),
                         ("classify:size=3", "a classify task has no parameter 'size'"),
                         ("detect:score", "'score' is not key=value"),
-                        (f"ctc:alphabet=@{tmp_path / 'none.txt'}", "no file"),
+                        (f"ctc:alphabet=@{tmp_path / 'none.txt'}", "no such file"),
                         (str(tmp_path / "none.toml"), "no such file"),
                         ("classify:keep=recall=0.9", "a classify task has no recall figure")]:
         with pytest.raises(SpecError, match=words):
@@ -112,8 +112,8 @@ def test_a_task_that_cannot_fit_a_later_part_stops_the_build_first(cnn_onnx, ima
     from packager.quantization.part_shapes import check_task_early
 
     prep = PREP
-    ctc = {"kind": "ctc", "alphabet": ["blank", "a", "b"]}   # 3 entries, the CNN has 10 classes
-    with pytest.raises(SpecError, match="task.alphabet has 3 entries, output 0 has 10 classes"):
+    ctc = {"kind": "ctc", "alphabet": ["blank", "a", "b"]}   # the CNN's [1, 10] has no steps
+    with pytest.raises(SpecError, match=r"output 0 has shape \[1, 10\], not \(1, steps, classes\)"):
         check_task_early(cnn_onnx, ctc, None, {}, prep, image_dir, 1)
     check_task_early(cnn_onnx, {"kind": "classify"}, None, {}, prep, image_dir, 1)   # fits
     check_task_early("torch_models.py:Net", ctc, None, {}, prep, image_dir, 1)   # after export

@@ -1,0 +1,99 @@
+"""A declared detect head must fit the model before its figures judge (issue 34 item 5,
+tasks/fit.py): a decoder that reads garbage (a PP-PicoDet head read as YOLOv8: tiny boxes at
+the corner) is refused in one line naming --task, not trusted to judge INT8."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import PREP_TEXT, save
+from packager.errors import SpecError
+from packager.tasks.fit import check_decoder_fits, input_size
+
+EDGEPACK = str(Path(sys.executable).with_name("edgepack"))
+RNG = np.random.default_rng(0)
+
+
+def head(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """FP32's outputs on 8 held-out samples, stacked as the build holds them."""
+    return {"out": np.stack([rows[None]] * 8)}
+
+
+def yolo_rows(n: int = 200, classes: int = 10, scale: float = 1.0) -> np.ndarray:
+    cx, cy = RNG.uniform(4, 28, n) * scale, RNG.uniform(4, 28, n) * scale
+    w, h = RNG.uniform(4, 12, n) * scale, RNG.uniform(4, 12, n) * scale
+    scores = RNG.uniform(0, 1, (classes, n))
+    return np.vstack([cx, cy, w, h, scores]).astype(np.float32)
+
+
+def with_names(count: int | None) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph([], "g", [], []))
+    if count is not None:
+        helper.set_model_props(model, {"names": str({i: f"c{i}" for i in range(count)})})
+    return model
+
+
+def test_boxes_that_are_boxes_pass_and_a_picodet_like_head_is_refused():
+    task = {"kind": "detect", "decoder": "yolov8"}
+    check_decoder_fits(task, with_names(10), head(yolo_rows()), (32, 32))   # fits: no error
+    # scores and distributions in [0, 1] read as centre/size: boxes under a pixel, at the corner
+    picodet = RNG.uniform(0, 1, (14, 200)).astype(np.float32)
+    with pytest.raises(SpecError) as info:
+        check_decoder_fits(task, with_names(None), head(picodet), (32, 32))
+    text = str(info.value)
+    assert text.startswith("--task detect: the yolov8 decoder does not fit this model's head: ")
+    assert "under 2 pixels wide or tall" in text and "(32x32 input)" in text
+    assert "decoder=yolov8|yolov5|centernet" in info.value.hint and "--metric" in info.value.hint
+    # boxes in another image's pixels (640 for a 32 input): far outside
+    with pytest.raises(SpecError, match="far outside the input"):
+        check_decoder_fits(task, with_names(None), head(yolo_rows(scale=20)), (32, 32))
+
+
+def test_a_class_count_that_disagrees_with_the_models_own_names_is_refused():
+    task = {"kind": "detect", "decoder": "yolov8"}
+    with pytest.raises(SpecError, match="reads 10 classes where the model's own metadata "
+                                        "names 3"):
+        check_decoder_fits(task, with_names(3), head(yolo_rows()), (32, 32))
+    check_decoder_fits({"kind": "classify"}, with_names(3), head(yolo_rows()), (32, 32))
+
+
+def test_the_input_size_comes_from_preprocessing_or_the_input():
+    graph = helper.make_graph([], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [1, 3, 48, 64])], [])
+    model = helper.make_model(graph)
+    assert input_size({"size": [320, 240]}, model) == (320, 240)
+    assert input_size(None, model) == (64, 48)
+    nhwc = helper.make_model(helper.make_graph([], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 48, 64, 3])], []))
+    assert input_size(None, nhwc) == (64, 48)
+
+
+def picodet_like(path: Path) -> Path:
+    """Image in (1x3x32x32), out (1, 14, 1024): sigmoid scores and distributions, no boxes."""
+    w = numpy_helper.from_array(RNG.normal(0, 1, (14, 3, 1, 1)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 14, 1024], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["c"]),
+         helper.make_node("Reshape", ["c", "shape"], ["r"]),
+         helper.make_node("Sigmoid", ["r"], ["out"])], "picodet_like",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 14, 1024])], [w, shape])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_build_refuses_the_task_in_one_line_and_writes_nothing(image_dir, tmp_path):
+    model = picodet_like(tmp_path / "layout.onnx")
+    out = tmp_path / "out" / "b"
+    r = subprocess.run([EDGEPACK, "build", str(model), "--calib", str(image_dir), "--preprocess",
+                        PREP_TEXT, "--task", "detect", "-o", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --task detect: the yolov8 decoder does not fit") and \
+        "--metric" in last, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
