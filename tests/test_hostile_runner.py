@@ -722,3 +722,26 @@ def test_a_manifest_nested_too_deep_or_too_large_is_exit_2(built, tmp_path, case
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert ("more than a manifest holds (16 MiB)" if case == "N-MAN-30" else
             "cannot read the manifest") in r.stderr.splitlines()[-1], r.stderr
+
+
+@pytest.mark.parametrize("case", ["B29-fifo", "B30-dev-zero"])
+def test_b29_b30_a_special_file_as_the_model_fails_integrity_as_the_docs_say(built, tmp_path,
+                                                                             case):
+    """A FIFO or a link to /dev/zero as model.onnx: never opened; verify and check exit 1 (an
+    integrity failure, as docs/guarantees.md says), infer refuses with exit 2."""
+    bundle = copy_bundle(built, tmp_path / "b")
+    model = bundle / json.loads((bundle / "manifest.json").read_text())["parts"][0]["model"]["file"]
+    model.unlink()
+    if case == "B29-fifo":
+        os.mkfifo(model)
+    else:
+        model.symlink_to("/dev/zero")
+    start = time.monotonic()
+    r = subprocess.run([EDGEPACK, "verify", str(bundle)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "not a regular file" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = run_py(bundle, "check")
+    assert r.returncode == 1 and "not a regular file" in r.stdout + r.stderr
+    r = run_py(bundle, "infer", str(bundle / "golden" / "model.inputs.npz"))
+    assert r.returncode == 2 and "not a regular file" in r.stderr.splitlines()[-1]
+    assert time.monotonic() - start < 60
