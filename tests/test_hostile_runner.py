@@ -745,3 +745,17 @@ def test_b29_b30_a_special_file_as_the_model_fails_integrity_as_the_docs_say(bui
     r = run_py(bundle, "infer", str(bundle / "golden" / "model.inputs.npz"))
     assert r.returncode == 2 and "not a regular file" in r.stderr.splitlines()[-1]
     assert time.monotonic() - start < 60
+
+
+def test_n_stray_11_a_numpy_py_on_pythonpath_is_named_not_blamed_on_onnxruntime(built,
+                                                                               tmp_path):
+    bundle = copy_bundle(built, tmp_path / "b")
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "numpy.py").write_text("X = 1\n")
+    r = subprocess.run([sys.executable, "run.py", "check"], cwd=bundle, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(stray)})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "reinstall" not in last, r.stderr
+    assert f"the numpy imported here is {stray / 'numpy.py'}, outside this Python's packages " \
+        f"(PYTHONPATH={stray})" in last, last

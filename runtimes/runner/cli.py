@@ -175,6 +175,30 @@ def run_main(argv):
         os.close(json_fd)
 
 
+def stray_module(name):
+    """Where a module onnxruntime needs (numpy, or *name*) was imported from, when that is
+    outside this Python's own packages (a numpy.py in the current folder or on PYTHONPATH):
+    one phrase naming it, else ''."""
+    import sysconfig
+
+    homes = set(os.path.realpath(p) for p in (sysconfig.get_paths().get("purelib"),
+                                              sysconfig.get_paths().get("platlib"),
+                                              sysconfig.get_paths().get("stdlib")) if p)
+    for mod in ("numpy", name):
+        module = sys.modules.get(mod) if mod else None
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if any(real.startswith(home + os.sep) for home in homes) or \
+                "site-packages" in real or "dist-packages" in real:
+            continue
+        hint = " (PYTHONPATH=%s)" % os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") \
+            else ""
+        return "the %s imported here is %s, outside this Python's packages%s" % (mod, path, hint)
+    return ""
+
+
 def check_dependencies(manifest):
     """numpy and onnxruntime importable here, else one line naming the manifest's install line
     (the import error alone names neither this Python nor the fix)."""
@@ -186,6 +210,11 @@ def check_dependencies(manifest):
             import onnxruntime  # noqa: F401
         except ImportError as exc:
             if exc.name != "onnxruntime":   # installed, but broken (a library it loads)
+                stray = stray_module(exc.name)
+                if stray:   # a numpy.py on PYTHONPATH: not a broken onnxruntime
+                    raise BundleError("onnxruntime does not import (%s) because %s; remove it "
+                                      "or run without it on the path" % (one_line(exc), stray)) \
+                        from None
                 raise BundleError("onnxruntime is installed for %s but does not import (%s); "
                                   "reinstall it on the device with: %s"
                                   % (sys.executable, one_line(exc), install)) from None
