@@ -272,6 +272,16 @@ def test_inventory_formats_and_errors(tmp_path):
     [pi] = read_inventory(ini)
     assert (pi.name, pi.port, pi.python) == ("pi4", 2200, "/usr/bin/python3.11")
     assert pi.identity == Path("~/.ssh/pi").expanduser() and pi.destination.endswith("@10.0.0.4")
+    # edgepack_python (docs/deploy.md) is run.py's Python, over ansible_python_interpreter
+    ini.write_text("pi4 ansible_python_interpreter=/usr/bin/python3 edgepack_python=~/ort/bin/python\n")
+    assert read_inventory(ini)[0].python == "~/ort/bin/python"
+    from packager.device.ansible_engine import ansible_tool, inventory_hosts
+    try:
+        ansible_tool("ansible-inventory")
+    except PackagerError:
+        pass   # (the fleet tests need ansible-core; this reader is edgepack's own)
+    else:      # ... and as Ansible reads the same inventory: both engines agree
+        assert inventory_hosts([ini], None)[0].python == "~/ort/bin/python"
     for text, message in (("pi4 ansible_port=x\n", "not a number"),
                           ("pi4 colour=red\n", "unknown variable 'colour'"),
                           ("web[01:10]\n", "host ranges"), ("# nothing\n", "no hosts")):

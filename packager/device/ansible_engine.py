@@ -144,7 +144,8 @@ def _host(name: str, hv: dict[str, Any], where: str) -> Host:
         port = int(text)
         break
     key = _text(hv, where, "ansible_ssh_private_key_file", "ansible_private_key_file")
-    python = _text(hv, where, "ansible_python_interpreter")
+    # run.py's Python: edgepack_python over the host's interpreter, as the role reads them
+    python = _text(hv, where, "edgepack_python") or _text(hv, where, "ansible_python_interpreter")
     remote_dir = _text(hv, where, "edgepack_remote_dir")
     options: list[str] = []
     for arg in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):

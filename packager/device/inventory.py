@@ -81,8 +81,8 @@ def check_destination(where: str, user: str | None, address: str) -> None:
 
 
 ANSIBLE_KEYS = {"ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
-                "ansible_python_interpreter", "edgepack_remote_dir", "ansible_ssh_common_args",
-                "ansible_ssh_extra_args"}
+                "ansible_python_interpreter", "edgepack_python", "edgepack_remote_dir",
+                "ansible_ssh_common_args", "ansible_ssh_extra_args"}
 
 
 def parse_host(text: str) -> Host:
@@ -124,8 +124,11 @@ def _apply(host: Host, variables: dict[str, str], where: str) -> Host:
         changes["port"] = int(variables["ansible_port"])
     if "ansible_ssh_private_key_file" in variables:
         changes["identity"] = Path(variables["ansible_ssh_private_key_file"]).expanduser()
-    if "ansible_python_interpreter" in variables:
-        changes["python"] = variables["ansible_python_interpreter"]
+    # run.py's Python: edgepack_python, else the host's interpreter (as the Ansible role reads
+    # them: both engines agree)
+    python = variables.get("edgepack_python") or variables.get("ansible_python_interpreter")
+    if python:
+        changes["python"] = python
     if "edgepack_remote_dir" in variables:
         changes["remote_dir"] = variables["edgepack_remote_dir"]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
