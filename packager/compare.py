@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .bundle.roofline import MATMUL_SHAPES
+from .compare_bundle import refuse_as_model, shipped_graph
 from .compare_engines import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
 from .errors import PackagerError
@@ -105,12 +106,15 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             batches: Sequence[int] = (1, 8), rounds: int = 5, block: int = 20,
             threads: int | None = None, variants: Sequence[str] | None = None,
             weights: Path | None = None, factory_args: dict[str, Any] | None = None,
-            submodule: str | None = None, cold: bool = True,
+            submodule: str | None = None, cold: bool = True, bundle: Path | None = None,
             log: Log = lambda _: None, steps: Progress | None = None) -> dict[str, Any]:
     """Benchmark every variant of *source* (PyTorch or .onnx) on this machine; see module doc.
 
     *steps* shows each variant built, each timing block and each cold start (on a terminal).
+    *bundle*: its shipped graph is one more row, "shipped (NAME: precision)".
     """
+    refuse_as_model(source)
+    shipped = shipped_graph(bundle) if bundle is not None else None
     steps = steps or OFF
     target = load_target(target) if isinstance(target, str | Path) else target
     by_case = {v.lower(): v for v in VARIANTS}
@@ -135,6 +139,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     else:
         wanted = [v for v in wanted if v not in (EAGER, COMPILED)]
         model = load_model(Path(source))
+        refuse_as_model(source, model)
         given = {s.name: s for s in inputs}
         specs = [given.get(i["name"]) or TensorSpec(
             i["name"], tuple(d if isinstance(d, int) and d > 0 else 1 for d in i["shape"]),
@@ -149,6 +154,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
                                                                  else _NoModule(), seed=i),
                             strict=True)) for i in range(EVAL_SAMPLES)]
     calib_set, held = split_holdout(samples, fraction=0.25)
+    wanted += [shipped["label"]] if shipped else []
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -158,7 +164,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             batch_rows, ceiling = _compare_batch(
                 Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
                 wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
-                notes)
+                notes, shipped)
             rows += batch_rows
             ceilings.append(ceiling)
         if cold:
@@ -179,8 +185,9 @@ class _NoModule:
 
 def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                    calib_set, held, target: Target, threads: int, wanted, rounds: int,
-                   block: int, log: Log, steps: Progress, phase: str,
-                   notes: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   block: int, log: Log, steps: Progress, phase: str, notes: list[str],
+                   shipped: dict[str, Any] | None = None
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of one batch size, and the ceiling timed with them."""
     import onnxruntime as ort
 
@@ -258,6 +265,11 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
             prepare[name] = time.perf_counter() - start
         except PackagerError as exc:
             errors[name] = exc.message
+    if shipped is not None:   # the bundle's own graph, at the batch it was built for
+        if batch == shipped["batch"]:
+            paths[shipped["label"]] = shipped["path"]
+        else:
+            errors[shipped["label"]] = f"the bundle's graph takes batch {shipped['batch']}"
     names = [s.name for s in shaped]
     engines: dict[str, Callable[[], Any]] = {}
     outputs: dict[str, list[list[np.ndarray]]] = {}
@@ -300,8 +312,10 @@ def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: 
             continue
         try:
             sess = session(path, threads)
-            outputs[name] = [sess.run(None, f) for f in feeds]
-            engines[name] = (lambda s=sess: s.run(None, feeds[0]))
+            own = [{k: v for k, v in f.items() if k in {i.name for i in sess.get_inputs()}}
+                   for f in feeds]   # (a bundle's graph may hold an input frozen)
+            outputs[name] = [sess.run(None, f) for f in own]
+            engines[name] = (lambda s=sess, f=own[0]: s.run(None, f))
         except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
     if loaded is None:

@@ -119,6 +119,28 @@ def test_cli_compare_onnx_model_json_and_chart(cnn_onnx, image_dir, tmp_path):
     assert cv2.imread(data["chart"]) is not None
 
 
+def test_compare_shows_a_bundle_as_a_shipped_row_and_refuses_one_given_as_the_model(
+        built, cnn_onnx, image_dir, tmp_path):
+    """Issue 34 item 7: `compare BUNDLE` read as 'no such file', and the bundle's INT8 graph
+    given as MODEL was labelled 'ORT FP32' before raw onnxruntime errors."""
+    bundle = built.bundle.directory
+    cmd = [sys.executable, "-m", "packager", "compare", "--calib", str(image_dir), "--preprocess",
+           "size=32x32,scale=1/255,mean=0.5,std=0.25", "--batch", "1", "--rounds", "1",
+           "--block", "3", "--variant", "ORT FP32", "--chart", str(tmp_path / "c.png")]
+    r = subprocess.run([*cmd, str(cnn_onnx), "--bundle", str(bundle), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = {row["variant"]: row for row in json.loads(r.stdout)["rows"]}
+    shipped = next(row for name, row in rows.items() if name.startswith("shipped (cnn: INT8"))
+    assert "error" not in shipped and shipped["p50_ms"] > 0 and shipped["cold_start"]
+    assert shipped["cosine_min"] > 0.9 and "ORT FP32" in rows   # judged against FP32
+    for given, says in ((bundle, "an edgepack bundle, not a model"),
+                        (bundle / "model.onnx", "the model is quantized already")):
+        r = subprocess.run([*cmd, str(given)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and says in r.stderr.strip().splitlines()[-1], r.stderr
+        assert "--bundle" in r.stderr and "Traceback" not in r.stderr
+
+
 def has_qdq(bundle: Path) -> bool:
     model = onnx.load(str(bundle / "model.onnx"))
     return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
