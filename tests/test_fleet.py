@@ -406,3 +406,45 @@ def test_both_engines_need_what_one_rule_says(built, tmp_path):
                 "onnxruntime, so the device runs CPUExecutionProvider's graph "
                 f"({manifest['parts'][0]['model']['file']}, INT8); for OpenVINO's measured "
                 "speed there: " + manifest["target"]["install"]])
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing_running(
+        parts, bundles, tmp_path, sig, code):
+    """A33: a device whose python3 reads its stdin for ever kept `deploy --engine ansible`
+    waiting; SIGTERM was ignored for over 40 s and Ctrl-C left ansible-playbook, its ssh and
+    the device's command running. Now either signal ends the play on both sides."""
+    import signal
+    import time
+
+    stub = tmp_path / "never.sh"
+    stub.write_text("#!/bin/sh\n# edgepack-a33-stub\ncat >/dev/null\nsleep 600\necho '{}'\n")
+    stub.chmod(0o755)
+    with Fleet(tmp_path / "fleet", [Device("pi-01", python=["/bin/sh", str(stub)])]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        proc = subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundles["v1"]),
+                                 "--hosts", str(inventory), "--engine", "ansible", "--force",
+                                 "--runs", "3"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _running("edgepack-a33-stub|never.sh"):
+                time.sleep(0.5)   # until the device's command runs (ansible waits on it)
+            assert _running("ansible-playbook"), "the play did not start"
+            proc.send_signal(getattr(signal, sig))
+            start = time.monotonic()
+            _, err = proc.communicate(timeout=60)
+            assert time.monotonic() - start < 20, "the signal was not acted on at once"
+            assert proc.returncode == code, (proc.returncode, err[-2000:])
+            assert "Traceback" not in err
+            time.sleep(3)   # the device's sshd ends the session's command once ssh is gone
+            assert not _running("ansible-playbook"), "ansible-playbook left running"
+            assert not _running("never.sh"), "the device's command left running"
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+            subprocess.run(["pkill", "-f", "never.sh"], check=False)
+
+
+def _running(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0

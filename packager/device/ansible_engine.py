@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError, check_destination, read_inventory_text
+from .remote import end_group, finished, remember
 from .role.edgepack_bundle.files.bundle_needs import fallback_notes
 from .rollout import HostResult
 from .verify import TUNE_RUNS, TUNE_WARMUP, bundle_digest, report_folder, run_checks, write_reports
@@ -359,8 +360,13 @@ class AnsibleEngine:
         """Run ansible-playbook, logging each host's task results as they come."""
         lines: list[str] = []
         task = ""
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env, cwd=os.getcwd()) as proc:
+        # its own process group, remembered: Ctrl-C and SIGTERM end ansible-playbook, its
+        # workers and their ssh (whose end closes the device's command), not wait for them
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL,
+                                process_group=0)
+        remember(proc)
+        try:
             for line in proc.stdout:
                 line = line.rstrip("\n")
                 lines.append(line)
@@ -374,6 +380,13 @@ class AnsibleEngine:
                                   r"(?: -> [^\]]+)?\]", line)
                 if status and status.group(1) in ("changed", "fatal", "failed"):
                     self.log(f"[{status.group(2)}] {task}: {status.group(1)}")
+            proc.wait()
+        except BaseException:   # Ctrl-C, SIGTERM: the play ends with edgepack
+            end_group(proc)
+            raise
+        finally:
+            finished(proc)
+            proc.stdout.close()
         if proc.returncode not in (0, 2, 4):
             last = next((ln for ln in reversed(lines) if ln.startswith(("ERROR", "[ERROR]"))),
                         _last("\n".join(lines)))

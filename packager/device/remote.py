@@ -76,6 +76,13 @@ def start(cmd: list[str], *, stdin: bool = False) -> subprocess.Popen:
     return proc
 
 
+def remember(proc: subprocess.Popen) -> None:
+    """Remember *proc* (started in a process group of its own) until `finished`: end_all ends
+    it on Ctrl-C or SIGTERM."""
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+
+
 def finished(proc: subprocess.Popen) -> None:
     with _RUNNING_LOCK:
         _RUNNING.discard(proc)
