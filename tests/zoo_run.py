@@ -460,7 +460,7 @@ def write_report(rows: list[dict]) -> Path:
                + ("" if own["check"].get("shown") else " (too few golden samples to show it)")
                if own.get("check") else ""))
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
-        if r.get("engine_graph"):
+        if r.get("engine_graph") and not r["engine_graph"].startswith(decision):
             decision = f"{decision} (CPU provider); {r['engine_graph']} under OpenVINO"
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
