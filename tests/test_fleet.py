@@ -10,6 +10,7 @@ EDGEPACK_REQUIRE_ARM=1 likewise for the aarch64 device. Elsewhere they skip with
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -448,3 +449,18 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
 
 def _running(pattern: str) -> bool:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+def test_a33_the_roles_scripts_get_no_stdin_as_the_ssh_engines_steps(parts, bundles, tmp_path):
+    """A device program that reads its stdin to the end (here: the device's python3 before it
+    runs an edgepack probe) must see it end at once: both engines close it."""
+    stub = tmp_path / "reads_stdin.sh"
+    stub.write_text("#!/bin/sh\ncase \"$1\" in *device_probe.py|*release_probe.py|*run.py) "
+                    f"cat >/dev/null;; esac\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    stub.chmod(0o755)
+    with Fleet(tmp_path / "fleet", [Device("pi-01", python=["/bin/sh", str(stub)])]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        for engine in ENGINES:
+            r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
+                    "--runs", 3, "--warmup", 1, "--timeout", 60, timeout=300)
+            assert r.returncode == 0, (engine, r.stderr[-3000:])
