@@ -247,7 +247,7 @@ def stages(**changes) -> list[str]:
     ({"det__rotated": "1"}, "stage[0].rotated is not a parameter of a detect stage"),
     ({"rec__task": '"ctc"'}, "stage[1].task must be a ctc task with its alphabet"),
     ({"rec__task": '"ctc:alphabet=@nope.txt"'}, "stage[1].task"),
-    ({"rec__task": '"ctc:alphabet=@/dev/zero"'}, "/dev/zero is not a regular file"),   # N-PIPE-10
+    ({"rec__task": '"ctc:alphabet=@/dev/zero"'}, "/dev/zero: not a regular file"),   # N-PIPE-10
     ({"rec__precision": '"int4"'}, "stage[1].precision = 'int4' is not a precision"),
     ({"rec__part": '"det"'}, "names a part twice"),
 ])

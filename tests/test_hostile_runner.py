@@ -689,7 +689,7 @@ def _part_preprocess(change):
     ("N-MAN-26", _part_preprocess(lambda p: p.update(color="cmyk")),
      "parts[0].preprocess.color = 'cmyk' is not one of rgb, bgr, gray"),
     ("N-MAN-18", lambda m: m["budget"].update(min_cosine="high"),
-     "budget.min_cosine = 'high' is not a number"),
+     "budget.min_cosine is not a number (got 'high')"),
     ("N-OV-10", lambda m: m["providers"][0].update(when="sometimes"),
      "providers[0].when is not one of always, faster (got 'sometimes')"),
 ])

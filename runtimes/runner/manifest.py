@@ -150,8 +150,8 @@ def check_manifest(manifest):
         value = (manifest.get("budget") or {}).get(key)
         if value is not None and (isinstance(value, bool) or
                                   not isinstance(value, (int, float))):
-            raise BundleError("%s: budget.%s = %.40r is not a number; rebuild the bundle with "
-                              "edgepack" % (MANIFEST, key, value))
+            raise BundleError("%s: budget.%s is not a number (got %.40r); rebuild the bundle "
+                              "with edgepack" % (MANIFEST, key, value))
     for i, entry in enumerate(m.items(manifest, "providers")):
         m.at(i, entry, dict, "an object")
         m.at("name", entry.get("name"), str, "a provider name")
