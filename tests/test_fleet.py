@@ -429,7 +429,7 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
                                 stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not _running("edgepack-a33-stub|never.sh"):
+            while time.monotonic() < deadline and not _running(r"edgepack-a33-stub|never\.sh"):
                 time.sleep(0.5)   # until the device's command runs (ansible waits on it)
             assert _running("ansible-playbook"), "the play did not start"
             proc.send_signal(getattr(signal, sig))
@@ -440,15 +440,36 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
             assert "Traceback" not in err
             time.sleep(3)   # the device's sshd ends the session's command once ssh is gone
             assert not _running("ansible-playbook"), "ansible-playbook left running"
-            assert not _running("never.sh"), "the device's command left running"
+            assert not _running(r"never\.sh"), "the device's command left running"
         finally:
             proc.kill()
             proc.wait(timeout=10)
-            subprocess.run(["pkill", "-f", "never.sh"], check=False)
+            for pid in _pids(r"never\.sh"):
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+
+
+def _pids(pattern: str) -> list[int]:
+    """Processes whose command line matches *pattern* (a regex), from /proc (no procps)."""
+    import re
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if re.search(pattern, cmdline):
+            found.append(int(entry.name))
+    return found
 
 
 def _running(pattern: str) -> bool:
-    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+    return bool(_pids(pattern))
 
 
 def test_a33_the_roles_scripts_get_no_stdin_as_the_ssh_engines_steps(parts, bundles, tmp_path):
