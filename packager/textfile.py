@@ -26,7 +26,7 @@ def read_text(path: Path, *, cap: int, where: str, fix: str,
                         "socket)", fix)
         data = f.read(cap + 1)
     if len(data) > cap:
-        size = f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap >> 10} KiB"
+        size = f"{cap >> 20} MB" if cap >= 1 << 20 else f"{cap >> 10} KB"
         raise error(f"{where} {path}: larger than {size}, which no such file needs", fix)
     try:
         return data.decode("utf-8")

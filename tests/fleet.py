@@ -399,3 +399,26 @@ def old_onnxruntime_python() -> list[str] | str:
         return (f"{base} with {site} does not import onnxruntime {OLD_ORT} and numpy "
                 f"{OLD_NUMPY}: {(check.stdout + check.stderr).strip()[-300:]}")
     return command
+
+
+def ours_running(marker: str) -> list[str]:
+    """Command lines of live processes (not zombies) that mention *marker*."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state not in "ZX":
+            found.append(cmd)
+    return found
+
+
+def wait_until_gone(marker: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while ours_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ours_running(marker)

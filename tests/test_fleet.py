@@ -10,7 +10,6 @@ EDGEPACK_REQUIRE_ARM=1 likewise for the aarch64 device. Elsewhere they skip with
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import arm_userland
 import fleet
 import numpy as np
 import pytest
-from fleet import Device, Fleet, require
+from fleet import Device, Fleet, ours_running, require, wait_until_gone
 
 from conftest import PREP
 from packager.device.ansible_engine import inventory_hosts, pack
@@ -429,59 +428,18 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
                                 stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not _running(r"edgepack-a33-stub|never\.sh"):
+            while time.monotonic() < deadline and not ours_running("never.sh"):
                 time.sleep(0.5)   # until the device's command runs (ansible waits on it)
-            assert _running("ansible-playbook"), "the play did not start"
+            assert ours_running("ansible-playbook"), "the play did not start"
             proc.send_signal(getattr(signal, sig))
             start = time.monotonic()
             _, err = proc.communicate(timeout=60)
             assert time.monotonic() - start < 20, "the signal was not acted on at once"
             assert proc.returncode == code, (proc.returncode, err[-2000:])
             assert "Traceback" not in err
-            time.sleep(3)   # the device's sshd ends the session's command once ssh is gone
-            assert not _running("ansible-playbook"), "ansible-playbook left running"
-            assert not _running(r"never\.sh"), "the device's command left running"
+            # (the device's sshd ends the session's command once ssh is gone)
+            assert not wait_until_gone("ansible-playbook", 3), "ansible-playbook left running"
+            assert not wait_until_gone("never.sh", 3), "the device's command left running"
         finally:
             proc.kill()
             proc.wait(timeout=10)
-            for pid in _pids(r"never\.sh"):
-                try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
-
-
-def _pids(pattern: str) -> list[int]:
-    """Processes whose command line matches *pattern* (a regex), from /proc (no procps)."""
-    import re
-
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if re.search(pattern, cmdline):
-            found.append(int(entry.name))
-    return found
-
-
-def _running(pattern: str) -> bool:
-    return bool(_pids(pattern))
-
-
-def test_a33_the_roles_scripts_get_no_stdin_as_the_ssh_engines_steps(parts, bundles, tmp_path):
-    """A device program that reads its stdin to the end (here: the device's python3 before it
-    runs an edgepack probe) must see it end at once: both engines close it."""
-    stub = tmp_path / "reads_stdin.sh"
-    stub.write_text("#!/bin/sh\ncase \"$1\" in *device_probe.py|*release_probe.py|*run.py) "
-                    f"cat >/dev/null;; esac\nexec {shlex.quote(sys.executable)} \"$@\"\n")
-    stub.chmod(0o755)
-    with Fleet(tmp_path / "fleet", [Device("pi-01", python=["/bin/sh", str(stub)])]) as f:
-        inventory = f.write_inventory(tmp_path / "fleet.ini")
-        for engine in ENGINES:
-            r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
-                    "--runs", 3, "--warmup", 1, "--timeout", 60, timeout=300)
-            assert r.returncode == 0, (engine, r.stderr[-3000:])

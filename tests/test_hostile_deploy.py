@@ -26,7 +26,7 @@ from pathlib import Path
 import fleet
 import pytest
 from click.testing import CliRunner
-from fleet import Device, Fleet, require
+from fleet import Device, Fleet, ours_running, require, wait_until_gone
 
 from packager.cli import main
 from packager.device.deploy import DeployOptions, deploy, release_id
@@ -90,29 +90,6 @@ def intact_release(base: Path, link: str) -> str:
     digest = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
     assert digest[:12] == folder.name
     return folder.name
-
-
-def ours_running(marker: str) -> list[str]:
-    """Command lines of live processes (not zombies) that mention *marker*."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmd and state not in "ZX":
-            found.append(cmd)
-    return found
-
-
-def wait_until_gone(marker: str, seconds: float) -> list[str]:
-    deadline = time.monotonic() + seconds
-    while ours_running(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return ours_running(marker)
 
 
 # -- 5: concurrent deploys ------------------------------------------------------------------

@@ -10,7 +10,6 @@ import click
 from ..errors import (
     PackagerError,
     SpecError,
-    Terminated,
     catch_interrupts,
     restore_interrupts,
     terminated,
@@ -74,8 +73,8 @@ class Group(click.Group):
             if debug:
                 raise
             fail(ctx, exc.message, exc.hint, exc.exit_code)
-        except KeyboardInterrupt as exc:
-            _interrupted(ctx, isinstance(exc, Terminated) or terminated())
+        except KeyboardInterrupt:
+            _interrupted(ctx, terminated())
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # a bug, not bad input: one line unless --debug

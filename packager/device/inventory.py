@@ -1,13 +1,12 @@
 """Devices to deploy to: hosts from the command line or an inventory file."""
 
-import os
 import re
 import shlex
-import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import PackagerError
+from ..textfile import read_text
 
 
 class InventoryError(PackagerError):
@@ -37,33 +36,11 @@ MAX_INVENTORY_BYTES = 4 << 20
 def read_inventory_text(path: Path) -> str | None:
     """The text of an inventory file, or None for a folder (an Ansible inventory folder).
     Refuses FIFOs, devices and sockets without blocking on them, and files over
-    MAX_INVENTORY_BYTES, reading no more than that."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise InventoryError(f"--hosts {path}: no such file", "check the path") from None
-    except IsADirectoryError:
+    MAX_INVENTORY_BYTES, reading no more than that (textfile.read_text)."""
+    if Path(path).is_dir():
         return None
-    except OSError as exc:
-        raise InventoryError(f"--hosts {path}: cannot be read ({exc.strerror})",
-                             "check the path") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            return None
-        if not stat.S_ISREG(mode):
-            raise InventoryError(f"--hosts {path}: not a regular file (a FIFO, device or socket)",
-                                 "give an Ansible inventory file (INI or YAML) or folder")
-        data = f.read(MAX_INVENTORY_BYTES + 1)
-    if len(data) > MAX_INVENTORY_BYTES:
-        raise InventoryError(f"--hosts {path}: larger than {MAX_INVENTORY_BYTES >> 20} MB, which "
-                             "no inventory needs", "give an Ansible inventory (INI or YAML)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InventoryError(f"--hosts {path}: not a text file (byte {exc.start} is not UTF-8)",
-                             "give an Ansible inventory (INI or YAML)") from None
+    return read_text(path, cap=MAX_INVENTORY_BYTES, where="--hosts", error=InventoryError,
+                     fix="give an Ansible inventory file (INI or YAML) or folder")
 
 
 def check_destination(where: str, user: str | None, address: str) -> None:

@@ -37,16 +37,16 @@ def check_decoder_fits(task: Mapping[str, Any] | None, graph: onnx.ModelProto,
         return
     conf = settings(task)
     said = f"--task detect: the {conf['decoder']} decoder does not fit this model's head"
+    samples = split_samples(dict(reference))
     names = _metadata_classes(graph)
-    classes = _decoder_classes(conf, reference)
+    classes = _decoder_classes(conf, samples[0]) if samples else None
     if names is not None and classes is not None and names != classes:
         raise SpecError(f"{said}: it reads {classes} classes where the model's own metadata "
                         f"names {names}", FIX)
     if size is None:
         return
     width, height = float(size[0]), float(size[1])
-    boxes = [b for sample in split_samples(dict(reference))
-             for b in decode_boxes(conf, sample)[0]]
+    boxes = [b for sample in samples for b in decode_boxes(conf, sample)[0]]
     if not boxes:
         return   # nothing to judge here; the figures say so themselves
     boxes = np.asarray(boxes, np.float64)
@@ -63,14 +63,12 @@ def check_decoder_fits(task: Mapping[str, Any] | None, graph: onnx.ModelProto,
                         f"({int(width)}x{int(height)} input)", FIX)
 
 
-def _decoder_classes(conf: Mapping[str, Any], reference: Mapping[str, np.ndarray]
-                     ) -> int | None:
-    """The class count a YOLO decoder reads from the head's shape (None: centernet, or not
-    known)."""
+def _decoder_classes(conf: Mapping[str, Any], first: Mapping[str, np.ndarray]) -> int | None:
+    """The class count a YOLO decoder reads from the head's shape in one sample's outputs
+    (None: centernet, or not known)."""
     if conf["decoder"] == "centernet":
         return None
     try:
-        first = split_samples(dict(reference))[0]
         pred = np.asarray(pick(first, conf["output"]))
     except (IndexError, KeyError, ValueError):
         return None
