@@ -443,3 +443,48 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
         finally:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a33_a_signal_after_the_hold_started_ends_the_hold_on_the_device(
+        parts, bundles, tmp_path):
+    """A33: a SIGTERM that cut an Ansible play off after the device's release was marked busy
+    (`device_probe.py hold`, an async job with a sleep bounded by the deploy's longest time,
+    ~2.3 h by default) left that sleep, its pid and answer files on the device. deploy now ends
+    the hold itself (the role's end_hold.yml, from the host's record on the controller): exit
+    143, no hold process, no `.edgepack-hold-*` file, no async job file left."""
+    import signal
+    import time
+
+    stub = tmp_path / "slow-run.sh"   # the device's python3: run.py never answers, all else runs
+    stub.write_text("#!/bin/sh\n# edgepack-a33-hold-stub\nif [ \"$1\" = run.py ]; then "
+                    f"sleep 600; fi\nexec {sys.executable} \"$@\"\n")
+    stub.chmod(0o755)
+    with Fleet(tmp_path / "fleet", [Device("pi-01", python=["/bin/sh", str(stub)])]) as f:
+        inventory = f.write_inventory(tmp_path / "fleet.ini")
+        jobs = Path.home() / ".ansible_async"
+        before = set(jobs.iterdir()) if jobs.is_dir() else set()
+        proc = subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundles["v1"]),
+                                 "--hosts", str(inventory), "--engine", "ansible", "--force",
+                                 "--runs", "3"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not ours_running("slow-run.sh run.py"):
+                time.sleep(0.5)   # until run.py check runs (the hold started before the copy)
+            assert ours_running("edgepack-hold"), "the hold did not start"
+            assert list(f.remote_dir("pi-01").glob(".edgepack-hold-*"))
+            proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+            _, err = proc.communicate(timeout=90)
+            assert time.monotonic() - start < 45, "the clean-up was not bounded"
+            assert proc.returncode == 143, (proc.returncode, err[-2000:])
+            assert "Traceback" not in err
+            assert "ending the hold on the release of 1 host(s)" in err
+            assert not wait_until_gone("edgepack-hold", 5), "the hold left running"
+            assert not list(f.remote_dir("pi-01").glob(".edgepack-hold-*"))
+            after = set(jobs.iterdir()) if jobs.is_dir() else set()
+            assert not [j for j in after - before
+                        if str(f.remote_dir("pi-01")).encode() in j.read_bytes()]
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)

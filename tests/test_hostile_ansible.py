@@ -443,8 +443,8 @@ def test_a40_a39_two_ansible_deploys_to_one_folder_both_pass_and_current_never_d
 
 def test_a35_every_role_task_that_can_wait_has_a_timeout():
     """Every task of the role that runs a module on the device or the controller (all but
-    set_fact, fail, assert and debug, which only template) has a `timeout:`, so no step of the
-    role can hang a deploy."""
+    set_fact, fail, assert and debug, which only template, and include_tasks, whose tasks are
+    walked too) has a `timeout:`, so no step of the role can hang a deploy."""
     import yaml
 
     untimed = []
@@ -454,9 +454,13 @@ def test_a35_every_role_task_that_can_wait_has_a_timeout():
             for key in ("block", "rescue", "always"):
                 walk(task.get(key, []))
             modules = [k for k in task if k.startswith("ansible.builtin.")
-                       and k.rsplit(".", 1)[1] not in ("set_fact", "fail", "assert", "debug")]
+                       and k.rsplit(".", 1)[1] not in ("set_fact", "fail", "assert", "debug",
+                                                       "include_tasks")]
             if modules and "timeout" not in task:
                 untimed.append(task["name"])
 
-    walk(yaml.safe_load((ROLE / "tasks" / "main.yml").read_text()))
+    tasks = sorted((ROLE / "tasks").glob("*.yml"))
+    assert [p.name for p in tasks] == ["end_hold.yml", "main.yml"]
+    for path in tasks:
+        walk(yaml.safe_load(path.read_text()))
     assert untimed == []

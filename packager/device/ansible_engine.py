@@ -42,6 +42,23 @@ PLAYBOOK = """# written by edgepack deploy --engine ansible
     - edgepack_bundle
 """
 
+# run when a signal (or a failed ansible-playbook) cut a play off before a host's `always:`
+# ended the hold on its release: the role's own end_hold.yml, for each HOST.hold record left
+UNHOLD = """# written by edgepack deploy --engine ansible: end the holds a cut-off play left
+- name: End the holds on the releases
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: End this host's hold
+      ansible.builtin.include_role:
+        name: edgepack_bundle
+        tasks_from: end_hold
+      vars:
+        edgepack_hold_file: "{{ edgepack_holds[inventory_hostname].file }}"
+        edgepack_hold_jid: "{{ edgepack_holds[inventory_hostname].jid }}"
+"""
+UNHOLD_SECONDS = 30   # the clean-up's bound, on top of the signal that asked for it
+
 
 def ansible_tool(name: str) -> str:
     """ansible-playbook / ansible-inventory: beside this Python first (a venv), then on PATH."""
@@ -350,7 +367,11 @@ class AnsibleEngine:
                "-e", f"@{variables}"]
         self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
         start = time.monotonic()
-        output = self._run(cmd, ansible_env(ssh_env(o)))
+        try:
+            output = self._run(cmd, ansible_env(ssh_env(o)))
+        except BaseException:
+            self._end_holds(hosts, outcomes, ansible_env(ssh_env(o)))
+            raise
         results = [self._result(h, outcomes, output) for h in hosts]
         for r in results:   # ansible-playbook runs the batch as a whole
             r.seconds = time.monotonic() - start
@@ -393,6 +414,40 @@ class AnsibleEngine:
             raise PackagerError(f"ansible-playbook failed (exit {proc.returncode}): {last}",
                                 "run it again with -v to see more; check the inventory")
         return lines
+
+    def _end_holds(self, hosts: list[Host], outcomes: Path, env: dict[str, str]) -> None:
+        """End the device-side hold of every host whose play was cut off between starting its
+        hold and ending it (its HOST.hold record is still in *outcomes*), within UNHOLD_SECONDS;
+        a second signal ends this clean-up at once."""
+        holds = {}
+        for h in hosts:
+            record = outcomes / f"{outcome_name(h.name)}.hold"
+            try:
+                holds[h.name] = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+        if not holds:
+            return
+        self.log(f"ending the hold on the release of {len(holds)} host(s) the deploy cut off")
+        (self.work / "unhold.yml").write_text(UNHOLD)
+        extra = outcomes.with_suffix(".holds.json")
+        extra.write_text(json.dumps({"edgepack_holds": holds, "edgepack_timeout": 10}))
+        limit = outcomes.with_suffix(".holds")
+        limit.write_text("".join(f"{name}\n" for name in holds))
+        cmd = [self.playbook_bin, str(self.work / "unhold.yml"), *self.inventory_args(hosts),
+               "--limit", f"@{limit}", "--forks", str(max(1, self.parallel)), "-e", f"@{extra}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL,
+                                process_group=0)
+        remember(proc)
+        try:
+            proc.wait(timeout=UNHOLD_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.log(f"the holds did not end in {UNHOLD_SECONDS} s; each ends by itself "
+                     "after the deploy's longest time")
+        finally:
+            end_group(proc)
+            finished(proc)
 
     def _result(self, host: Host, outcomes: Path, output: list[str]) -> HostResult:
         path = outcomes / f"{outcome_name(host.name)}.json"
