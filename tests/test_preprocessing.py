@@ -80,3 +80,15 @@ def test_the_device_converts_a_photo_to_the_model_s_colours():
     for color in ("rgb", "bgr"):
         assert (decode_image(flat, {"color": color}, "grey.png") == 77).all()
         assert decode_image(flat, {"color": color}, "grey.png").shape == (8, 8, 3)
+
+
+def test_a_list_in_another_separator_is_told_the_per_channel_form():
+    """mean=0.485|0.456|0.406 (rapid-layout's ImageNet values, '|' as --task lists take them)
+    was told "use e.g. scale=1/255": the hint now shows mean's own per-channel form."""
+    with pytest.raises(PreprocessError) as info:
+        parse_preprocess("size=8x8,mean=0.485|0.456|0.406")
+    assert "mean='0.485|0.456|0.406' is not a number" in str(info.value)
+    assert "mean=0.485/0.456/0.406" in info.value.hint and "scale" not in info.value.hint
+    with pytest.raises(PreprocessError) as info:
+        parse_preprocess("size=8x8,scale=x")
+    assert "scale=1/255" in info.value.hint

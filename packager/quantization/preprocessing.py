@@ -29,7 +29,9 @@ def _number(text: Any, key: str) -> float:
             value = float(text)
     except (ValueError, TypeError, ZeroDivisionError, OverflowError):
         raise PreprocessError(f"preprocess {key}={text!r} is not a number",
-                              "use e.g. scale=1/255 or scale=0.00392") from None
+                              "use e.g. scale=1/255 or scale=0.00392" if key == "scale" else
+                              f"use e.g. {key}=0.5, or one per channel split by '/': "
+                              f"{key}=0.485/0.456/0.406") from None
     if not math.isfinite(value):
         raise PreprocessError(f"preprocess {key}={text!r} is not a finite number",
                               "scale, mean and std must be finite (std non-zero), e.g. "

