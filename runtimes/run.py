@@ -34,12 +34,15 @@ sys.path[:] = [p for p in sys.path
 RUNNER = "runner"
 # The runner package's files (runner/manifest.py's RUNNER_FILES less run.py): anything else in
 # runner/ (a .so, a .pyc, __pycache__/, another .py) could be imported in place of one of them.
+# OPTIONAL_MODULES (the cascade's) are shipped only in a bundle whose manifest uses them.
 RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "cascade_judge.py",
                   "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
                   "errors.py", "facts.py", "images.py", "infer.py", "inputs.py", "load.py",
                   "manifest.py", "metrics.py", "places.py", "profile.py", "report.py", "serve.py",
                   "sessions.py",
                   "task_figures.py", "task_spec.py", "tasks.py", "tuning.py")
+OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
+                    "cascade_spec.py")
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 
 
@@ -79,7 +82,7 @@ def main():
         if name not in RUNNER_MODULES:
             return refuse("%s: not part of the runner; remove it (or copy the bundle again)" % name)
     for name in RUNNER_MODULES:
-        if not os.path.isfile(os.path.join(folder, name)):
+        if name not in OPTIONAL_MODULES and not os.path.isfile(os.path.join(folder, name)):
             return refuse("%s: missing; copy the bundle again" % name)
     spec = importlib.util.spec_from_file_location(
         RUNNER, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])

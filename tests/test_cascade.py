@@ -381,6 +381,9 @@ def test_the_ocr_pipeline_bundle_reads_text_lines_as_the_original_models_do(ocr_
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert [p["name"] for p in manifest["parts"]] == ["det", "cls", "rec"]
     assert all(p["precision"]["decision"] for p in manifest["parts"])   # one decision a part
+    # the cascade's modules ship in a pipeline bundle (and only there: test_runner)
+    assert {"runner/cascade.py", "runner/cascade_ocr.py", "runner/cascade_judge.py"} <= \
+        set(manifest["files"])
     assert manifest["pipeline"]["stages"][1] == {"part": "cls", "step": "direction",
                                                  "threshold": 0.9}
     accuracy = manifest["pipeline"]["accuracy"]   # the end-to-end figure, in the manifest

@@ -41,20 +41,55 @@ def test_runner_imports_only_stdlib_numpy_onnxruntime_cv2():
         assert "packager" not in names
 
 
-def test_runner_is_a_short_run_py_and_small_modules_all_shipped():
-    from packager._runtimes.runner.manifest import RUNNER_FILES
+def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
+    from packager._runtimes.runner.manifest import RUNNER_CASCADE, RUNNER_CORE, RUNNER_FILES
     from packager.bundle.assemble import runner_sources
 
     sizes = {p.name: len(p.read_text().splitlines()) for p in [RUNNER, *RUNNER_PACKAGE]}
     assert sizes["run.py"] <= 100, sizes
     assert max(sizes.values()) <= 500, sizes
     shipped = {"run.py", *(f"runner/{p.name}" for p in RUNNER_PACKAGE)}
-    assert set(RUNNER_FILES) == shipped == set(runner_sources())
-    # run.py's own list of the package's modules (checked before any of them is imported)
+    assert set(RUNNER_FILES) == shipped == set(runner_sources({"kind": "ocr"}))
+    assert set(runner_sources()) == set(RUNNER_CORE) == shipped - set(RUNNER_CASCADE)
+    # run.py's own lists of the package's modules (checked before any of them is imported)
     tree = ast.parse(RUNNER.read_text())
-    listed = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                  and getattr(n.targets[0], "id", "") == "RUNNER_MODULES")
-    assert {f"runner/{m}" for m in listed} == shipped - {"run.py"}
+    lists = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
+             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "").endswith("MODULES")}
+    assert {f"runner/{m}" for m in lists["RUNNER_MODULES"]} == shipped - {"run.py"}
+    assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == set(RUNNER_CASCADE)
+    # the core ships in every bundle: it may not grow past what it is (issue 35 aims lower)
+    core = sum(len((RUNTIMES / rel).read_text().splitlines()) for rel in RUNNER_CORE)
+    assert core <= 4950, core
+
+
+def test_a_bundle_without_a_pipeline_ships_no_cascade_code(built, tmp_path):
+    """Issue 35: the cascade's five modules (~1,470 lines) ship only in a pipeline bundle. A
+    classify bundle's runner/ holds the core alone and passes its check; a bundle that lists
+    them (every bundle built before) still passes; a manifest edited to hold a pipeline fails
+    its integrity (the modules it needs are not in the table) and infer names the missing
+    module in one line, exit 2."""
+    from packager._runtimes.runner.manifest import RUNNER_CASCADE
+
+    runner = built.bundle.directory / "runner"
+    assert not list(runner.glob("cascade*")), sorted(p.name for p in runner.iterdir())
+    assert not [rel for rel in built.bundle.manifest["files"] if "cascade" in rel]
+    r = run_py(built.bundle.directory, "check")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    older, manifest = copy_of(built, tmp_path)
+    for rel in RUNNER_CASCADE:   # as a bundle built before the split listed them
+        shutil.copyfile(RUNTIMES / rel, older / rel)
+        manifest["files"][rel] = ""
+    resign(older, manifest)
+    r = run_py(older, "check")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    edited = tmp_path / "edited"
+    shutil.copytree(built.bundle.directory, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["pipeline"] = {"kind": "ocr"}
+    resign(edited, manifest)
+    r = run_py(edited, "check")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "runner/cascade_spec.py: missing, and this bundle's manifest needs it" in r.stderr
 
 
 # the Ansible role's controller script runs on any controller's Python too

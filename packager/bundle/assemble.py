@@ -9,7 +9,7 @@ import platform
 import re
 import shutil
 import tarfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,13 +53,14 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def runner_sources() -> dict[str, Path]:
-    """The runner's files as a bundle holds them (run.py, runner/...), by their source here."""
+def runner_sources(pipeline: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """The runner's files a bundle holds (run.py, runner/...), by their source here: the core,
+    and the cascade's modules only for a bundle with a *pipeline* section."""
     from .. import _runtimes
-    from .._runtimes.runner.manifest import RUNNER_FILES
+    from .._runtimes.runner.manifest import runner_files
 
     here = Path(_runtimes.__file__).parent
-    return {rel: here / rel for rel in RUNNER_FILES}
+    return {rel: here / rel for rel in runner_files({"pipeline": pipeline or {}})}
 
 
 def archive_path(directory: Path) -> Path:
@@ -329,7 +330,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                     tmp, entry["model"]["file"], read_npz(str(tmp), golden["inputs"]), level,
                     read_npz(str(tmp), golden["shipped"]))
             entries.append(entry)
-        for rel, source in runner_sources().items():
+        for rel, source in runner_sources(pipeline).items():
             (tmp / rel).parent.mkdir(exist_ok=True)
             shutil.copyfile(source, tmp / rel)
         roofline = write_roofline(tmp, parts, target)

@@ -52,13 +52,6 @@ from .tasks import (
 )
 
 
-def wants_pipeline(manifest, args):
-    """Whether `infer`/`serve` run the bundle's pipeline: it has one and neither --part nor
-    --raw asks for one part's tensors."""
-    return bool(manifest.get("pipeline")) and getattr(args, "part", None) is None and \
-        not getattr(args, "raw", False)
-
-
 def load_photo(data, spec, path, max_pixels=MAX_PIXELS):
     """(H, W, C) uint8 pixels of a photo: an image file's bytes (*data*, a uint8 array,
     decoded in *spec*'s colour order) or an .npy array of them (H, W, C uint8, that order)."""

@@ -1,15 +1,9 @@
 """`run.py check`: integrity, the host's outputs reproduced, the accuracy floor kept, and a
 pipeline bundle's cascade judged on its golden photos."""
 
-import json
-import os
 import platform
 
-from .cascade import Cascade, session_runner
-from .cascade_judge import KEEP, agreement_of, answer_problem, tally, verdict
-from .errors import BundleError, one_line
-from .images import MAX_PIXELS
-from .manifest import integrity_problems, load_golden, read_npz, select_parts
+from .manifest import integrity_problems, load_golden, optional_module, read_npz, select_parts
 from .metrics import compare
 from .sessions import full_session, open_session, run_samples, session_origin, session_settings
 from .task_figures import figures, judge, split_samples
@@ -79,7 +73,9 @@ def cmd_check(bundle, manifest, args):
             entry.get("task", {}).get("passed", True)
         report["parts"][part["name"]] = entry
     if manifest.get("pipeline") and args.part is None:
-        report["pipeline"] = pipeline_verdict(bundle, manifest, session_runner(sessions))
+        cascade = optional_module("cascade")   # shipped only in a pipeline bundle
+        report["pipeline"] = optional_module("cascade_judge").pipeline_verdict(
+            bundle, manifest, cascade.session_runner(sessions))
         passed = passed and report["pipeline"]["passed"]
     report["passed"] = passed
     report["target_note"] = target_note(manifest, report.get("providers", [""])[0])
@@ -137,62 +133,3 @@ def target_note(manifest, running, arch=None):
     if wanted and running and running != wanted[0]:
         differs.append("%s ran, %s runs %s first" % (running, target.get("name"), wanted[0]))
     return "; ".join(differs)
-
-
-def pipeline_verdict(bundle, manifest, run_part):
-    """The pipeline run as one cascade on the bundle's golden photos (this device's sessions,
-    *run_part*), its answers judged against the original models' answers there: the share
-    alike must reach the bundle's budget (pipeline.accuracy.keep) or the count the host's run
-    of the same photos reached. A bundle without golden photos says so (nothing judged)."""
-    kind = manifest["pipeline"]["kind"]
-    accuracy = manifest["pipeline"].get("accuracy") or {}
-    golden = accuracy.get("golden")
-    if not golden or agreement_of(kind) is None:
-        return {"kind": kind, "checked": False, "passed": True,
-                "text": "not checked: the bundle keeps no golden photos (%s)" % (
-                    "this runner cannot judge a %s pipeline" % kind if golden else
-                    "its build had too few photos to hold some out, or is older")}
-    photos = read_npz(bundle, golden["photos"])
-    cascade = Cascade(manifest, run_part)
-    pairs = [(want, cascade.read(photos[key])) for key, want in
-             golden_answers(bundle, golden, kind, photos)]
-    figure = verdict(kind, tally(kind, pairs), accuracy.get("keep", KEEP), "golden photo(s)",
-                     floor=golden["same"])
-    return dict(figure, kind=kind, checked=True)
-
-
-def golden_answers(bundle, golden, kind, photos):
-    """[(photo key, the original's answer)] of the golden answers file, each photo an (H, W,
-    3) uint8 array of *photos*; a file that is not so is a BundleError naming it."""
-    rel = golden["answers"]
-
-    def fail(what):
-        raise BundleError("%s: %s; rebuild the bundle with edgepack" % (rel, what))
-
-    answers, problem = None, None
-    try:
-        with open(os.path.join(bundle, rel), encoding="utf-8") as f:
-            answers = json.load(f)
-    except (OSError, ValueError) as exc:
-        problem = "not golden answers (%s)" % one_line(exc)
-    if problem:
-        fail(problem)
-    if not isinstance(answers, dict) or answers.get("kind") != kind or \
-            not isinstance(answers.get("photos"), list):
-        fail("not the golden answers of a %s pipeline {kind, photos}" % kind)
-    if len(answers["photos"]) != golden["count"]:
-        fail("holds %d answer(s), the manifest says %d" % (len(answers["photos"]),
-                                                           golden["count"]))
-    out = []
-    for i, entry in enumerate(answers["photos"]):
-        key = entry.get("photo") if isinstance(entry, dict) else None
-        image = photos.get(key) if isinstance(key, str) else None
-        if image is None or image.dtype.name != "uint8" or image.ndim != 3 or \
-                image.shape[2] != 3 or min(image.shape[:2]) < 1 or \
-                image.shape[0] * image.shape[1] > MAX_PIXELS:
-            fail("photos[%d] names no (H, W, 3) uint8 photo of %s" % (i, golden["photos"]))
-        problem = answer_problem(kind, entry.get("answer"))
-        if problem:
-            fail("photos[%d].answer %s" % (i, problem))
-        out.append((key, entry["answer"]))
-    return out

@@ -8,11 +8,10 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .cascade import cmd_infer_pipeline, wants_pipeline
 from .errors import BundleError, one_line
 from .images import IMAGE_SUFFIXES, image_size
 from .inputs import describe_outputs, image_batch, image_row, input_files, load_input_file, stack_images
-from .manifest import one_part, require_intact
+from .manifest import one_part, optional_module, require_intact, wants_pipeline
 from .sessions import open_session
 from .tasks import add_image_boxes, part_result, public, summary, wants_task
 
@@ -128,7 +127,7 @@ def batching_note(rows, images, calls, padded):
 
 def cmd_infer(bundle, manifest, args):
     if wants_pipeline(manifest, args):   # the parts run as one cascade on each photo
-        return cmd_infer_pipeline(bundle, manifest, args, result_keys(args.files))
+        return optional_module("cascade").cmd_infer_pipeline(bundle, manifest, args, result_keys(args.files))
     require_intact(bundle, manifest)
     part = one_part(manifest, args.part)
     files = input_files(args.files, part)

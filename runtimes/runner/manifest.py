@@ -12,8 +12,6 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .cascade_judge import golden_problem
-from .cascade_spec import pipeline_problem
 from .errors import BundleError, one_line
 from .images import preprocess_problem
 from .places import provider_path_problems, regular_file
@@ -234,8 +232,9 @@ def check_manifest(manifest):
         m.pop()
     m.pop()
     if "pipeline" in manifest:
-        problem = pipeline_problem(manifest["pipeline"], manifest["parts"]) or \
-            golden_problem(manifest["pipeline"].get("accuracy"))
+        problem = optional_module("cascade_spec").pipeline_problem(
+            manifest["pipeline"], manifest["parts"]) or \
+            optional_module("cascade_judge").golden_problem(manifest["pipeline"].get("accuracy"))
         if problem:
             raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
 
@@ -272,17 +271,47 @@ def sha256(path):
 
 RUNNER_FILE = "run.py"
 RUNNER_DIR = "runner"
-# The runner as every bundle ships it, each file hashed in the manifest: the entry script and its
-# package. run.py's RUNNER_MODULES names the same package files.
-RUNNER_FILES = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/cascade.py",
-                "runner/cascade_face.py", "runner/cascade_judge.py", "runner/cascade_ocr.py",
-                "runner/cascade_spec.py", "runner/check.py", "runner/cli.py", "runner/closing.py",
-                "runner/errors.py", "runner/facts.py", "runner/images.py", "runner/infer.py",
-                "runner/inputs.py", "runner/load.py", "runner/manifest.py", "runner/metrics.py",
-                "runner/places.py", "runner/profile.py", "runner/report.py", "runner/serve.py",
-                "runner/sessions.py",
-                "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
-                "runner/tuning.py")
+# The runner's files, each hashed in the manifest: the entry script and its package's core, which
+# every bundle ships, and the modules a bundle ships only when its manifest uses them (the
+# cascade: a `pipeline` section). run.py's RUNNER_MODULES and OPTIONAL_MODULES name the same.
+RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
+               "runner/cli.py", "runner/closing.py", "runner/errors.py", "runner/facts.py",
+               "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/load.py",
+               "runner/manifest.py", "runner/metrics.py", "runner/places.py",
+               "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
+               "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
+               "runner/tuning.py")
+RUNNER_CASCADE = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
+                  "runner/cascade_ocr.py", "runner/cascade_spec.py")
+RUNNER_FILES = RUNNER_CORE + RUNNER_CASCADE   # every file a bundle's runner may hold
+
+
+def runner_files(manifest):
+    """The runner files a bundle with *manifest* needs: the core, and the cascade's modules
+    when it runs its parts as one pipeline."""
+    return RUNNER_CORE + (RUNNER_CASCADE if manifest.get("pipeline") else ())
+
+
+def wants_pipeline(manifest, args):
+    """Whether `infer`/`serve` run the bundle's pipeline: it has one and neither --part nor
+    --raw asks for one part's tensors."""
+    return bool(manifest.get("pipeline")) and getattr(args, "part", None) is None and \
+        not getattr(args, "raw", False)
+
+
+def optional_module(name):
+    """The runner's module *name* that a bundle ships only when its manifest uses it; a
+    BundleError (exit 2) when this bundle's runner lacks it."""
+    full = "%s.%s" % (__package__, name)
+    try:
+        return importlib.import_module(full)
+    except ModuleNotFoundError as exc:
+        if exc.name != full:
+            raise
+        raise BundleError("%s/%s.py: missing, and this bundle's manifest needs it (copy the "
+                          "bundle again, or build it again)" % (RUNNER_DIR, name)) from None
+
+
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
 IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))
@@ -300,11 +329,11 @@ def runner_package(manifest, bundle=None):
 def manifest_files(manifest, bundle=None):
     """The files a bundle cannot do without: the runner, each part's graphs and golden data.
 
-    The runner is every file of RUNNER_FILES (run.py and each runner/ module) when the bundle
-    ships the package, i.e. when the manifest's file table lists any runner/ file or *bundle*
-    has a runner/ folder; otherwise it is run.py alone, as in a bundle built before the split,
-    whose run.py is the whole runner."""
-    needed = list(RUNNER_FILES) if runner_package(manifest, bundle) else [RUNNER_FILE]
+    The runner is runner_files(manifest) (run.py, the package's core and the modules the
+    manifest uses) when the bundle ships the package, i.e. when the manifest's file table lists
+    any runner/ file or *bundle* has a runner/ folder; otherwise it is run.py alone, as in a
+    bundle built before the split, whose run.py is the whole runner."""
+    needed = list(runner_files(manifest)) if runner_package(manifest, bundle) else [RUNNER_FILE]
     for part in manifest.get("parts") or []:
         needed.append(part.get("model", {}).get("file"))
         needed += [g.get("file") for g in part.get("graphs", [])]

@@ -11,12 +11,11 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .cascade import served_cascade, wants_pipeline
 from .closing import answer_and_close, busy_answer, drain, reject
 from .errors import BundleError, one_line
 from .infer import answer
 from .inputs import decode_body, image_batch, image_row, is_image_body, json_limit, stack_images
-from .manifest import load_golden, require_intact, select_parts
+from .manifest import load_golden, optional_module, require_intact, select_parts, wants_pipeline
 from .report import to_json
 from .sessions import open_session
 
@@ -160,7 +159,8 @@ def cmd_serve(bundle, manifest, args):
         sessions[part["name"]] = (part, session, names)
     default = parts[0]["name"] if len(parts) == 1 else None
     # POST /infer of a pipeline bundle runs its parts as one cascade (?raw=1, /infer/<part>: one)
-    cascade = served_cascade(manifest, sessions) if wants_pipeline(manifest, args) else None
+    cascade = optional_module("cascade").served_cascade(manifest, sessions) \
+        if wants_pipeline(manifest, args) else None
     metadata = {"bundle": manifest.get("name"), "target": manifest.get("target", {}),
                 "pipeline": manifest.get("pipeline"),
                 "parts": [{"name": p["name"], "inputs": p["inputs"], "outputs": p["outputs"],
