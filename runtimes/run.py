@@ -32,15 +32,15 @@ sys.path[:] = [p for p in sys.path
                if os.path.realpath(p or os.curdir) != os.path.realpath(HERE)]
 
 RUNNER = "runner"
-# The runner package's files (runner/manifest.py's RUNNER_FILES less run.py): anything else in
+# The runner package's files (runner/contents.py's RUNNER_FILES less run.py): anything else in
 # runner/ (a .so, a .pyc, __pycache__/, another .py) could be imported in place of one of them.
 # OPTIONAL_MODULES (the cascade's) are shipped only in a bundle whose manifest uses them.
 RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "cascade_judge.py",
                   "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
-                  "errors.py", "facts.py", "images.py", "infer.py", "inputs.py", "load.py",
-                  "manifest.py", "metrics.py", "places.py", "profile.py", "report.py", "serve.py",
-                  "sessions.py",
-                  "task_figures.py", "task_spec.py", "tasks.py", "tuning.py")
+                  "contents.py", "errors.py", "facts.py", "images.py", "infer.py", "inputs.py",
+                  "load.py", "manifest.py", "metrics.py", "places.py", "profile.py", "report.py",
+                  "serve.py", "sessions.py", "task_figures.py", "task_spec.py", "tasks.py",
+                  "tuning.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
                     "cascade_spec.py")
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check

@@ -57,7 +57,7 @@ def runner_sources(pipeline: Mapping[str, Any] | None = None) -> dict[str, Path]
     """The runner's files a bundle holds (run.py, runner/...), by their source here: the core,
     and the cascade's modules only for a bundle with a *pipeline* section."""
     from .. import _runtimes
-    from .._runtimes.runner.manifest import runner_files
+    from .._runtimes.runner.contents import runner_files
 
     here = Path(_runtimes.__file__).parent
     return {rel: here / rel for rel in runner_files({"pipeline": pipeline or {}})}

@@ -3,7 +3,8 @@ pipeline bundle's cascade judged on its golden photos."""
 
 import platform
 
-from .manifest import integrity_problems, load_golden, optional_module, read_npz, select_parts
+from .contents import optional_module
+from .manifest import integrity_problems, load_golden, read_npz, select_parts
 from .metrics import compare
 from .sessions import full_session, open_session, run_samples, session_origin, session_settings
 from .task_figures import figures, judge, split_samples

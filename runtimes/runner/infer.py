@@ -8,10 +8,11 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .contents import optional_module, wants_pipeline
 from .errors import BundleError, one_line
 from .images import IMAGE_SUFFIXES, image_size
 from .inputs import describe_outputs, image_batch, image_row, input_files, load_input_file, stack_images
-from .manifest import one_part, optional_module, require_intact, wants_pipeline
+from .manifest import one_part, require_intact
 from .sessions import open_session
 from .tasks import add_image_boxes, part_result, public, summary, wants_task
 

@@ -12,6 +12,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .contents import RUNNER_DIR, RUNNER_FILE, optional_module, runner_needed, runner_package
 from .errors import BundleError, one_line
 from .images import preprocess_problem
 from .places import provider_path_problems, regular_file
@@ -269,71 +270,20 @@ def sha256(path):
     return digest.hexdigest()
 
 
-RUNNER_FILE = "run.py"
-RUNNER_DIR = "runner"
-# The runner's files, each hashed in the manifest: the entry script and its package's core, which
-# every bundle ships, and the modules a bundle ships only when its manifest uses them (the
-# cascade: a `pipeline` section). run.py's RUNNER_MODULES and OPTIONAL_MODULES name the same.
-RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
-               "runner/cli.py", "runner/closing.py", "runner/errors.py", "runner/facts.py",
-               "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/load.py",
-               "runner/manifest.py", "runner/metrics.py", "runner/places.py",
-               "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
-               "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
-               "runner/tuning.py")
-RUNNER_CASCADE = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
-                  "runner/cascade_ocr.py", "runner/cascade_spec.py")
-RUNNER_FILES = RUNNER_CORE + RUNNER_CASCADE   # every file a bundle's runner may hold
-
-
-def runner_files(manifest):
-    """The runner files a bundle with *manifest* needs: the core, and the cascade's modules
-    when it runs its parts as one pipeline."""
-    return RUNNER_CORE + (RUNNER_CASCADE if manifest.get("pipeline") else ())
-
-
-def wants_pipeline(manifest, args):
-    """Whether `infer`/`serve` run the bundle's pipeline: it has one and neither --part nor
-    --raw asks for one part's tensors."""
-    return bool(manifest.get("pipeline")) and getattr(args, "part", None) is None and \
-        not getattr(args, "raw", False)
-
-
-def optional_module(name):
-    """The runner's module *name* that a bundle ships only when its manifest uses it; a
-    BundleError (exit 2) when this bundle's runner lacks it."""
-    full = "%s.%s" % (__package__, name)
-    try:
-        return importlib.import_module(full)
-    except ModuleNotFoundError as exc:
-        if exc.name != full:
-            raise
-        raise BundleError("%s/%s.py: missing, and this bundle's manifest needs it (copy the "
-                          "bundle again, or build it again)" % (RUNNER_DIR, name)) from None
-
-
 # Names Python imports a module from: this Python's suffixes (its ABI-tagged .so, .pyd on
 # Windows), a Linux device's whichever Python checks the bundle, and .pth, which site reads.
 IMPORTABLE = tuple(sorted(set(importlib.machinery.all_suffixes()) | {".py", ".pyc", ".so", ".pth"}))
 
 
-def runner_package(manifest, bundle=None):
-    """Whether the bundle's runner is run.py plus the runner/ package: its file table lists a
-    runner/ file, or *bundle* has a runner/ folder. A bundle built before the runner was split
-    into a package holds the whole runner in run.py alone."""
-    files = manifest.get("files") or {}
-    return any(rel.startswith(RUNNER_DIR + "/") for rel in files) or (
-        bundle is not None and os.path.isdir(os.path.join(bundle, RUNNER_DIR)))
-
-
 def manifest_files(manifest, bundle=None):
     """The files a bundle cannot do without: the runner, each part's graphs and golden data.
 
-    The runner is runner_files(manifest) (run.py, the package's core and the modules the
-    manifest uses) when the bundle ships the package, i.e. when the manifest's file table lists
-    any runner/ file or *bundle* has a runner/ folder; otherwise it is run.py alone, as in a
-    bundle built before the split, whose run.py is the whole runner."""
-    needed = list(runner_files(manifest)) if runner_package(manifest, bundle) else [RUNNER_FILE]
+    The runner is runner_needed(manifest) (run.py, the package's entry modules and the
+    modules the manifest uses) when the bundle ships the package, i.e. when the manifest's file
+    table lists any runner/ file or *bundle* has a runner/ folder; otherwise it is run.py alone,
+    as in a bundle built before the split, whose run.py is the whole runner. Every other
+    runner/ file the table lists is checked like any file; one it does not list is refused."""
+    needed = list(runner_needed(manifest)) if runner_package(manifest, bundle) else [RUNNER_FILE]
     for part in manifest.get("parts") or []:
         needed.append(part.get("model", {}).get("file"))
         needed += [g.get("file") for g in part.get("graphs", [])]

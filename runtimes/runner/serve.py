@@ -12,10 +12,11 @@ except ImportError:
     np = None
 
 from .closing import answer_and_close, busy_answer, drain, reject
+from .contents import optional_module, wants_pipeline
 from .errors import BundleError, one_line
 from .infer import answer
 from .inputs import decode_body, image_batch, image_row, is_image_body, json_limit, stack_images
-from .manifest import load_golden, optional_module, require_intact, select_parts, wants_pipeline
+from .manifest import load_golden, require_intact, select_parts
 from .report import to_json
 from .sessions import open_session
 
