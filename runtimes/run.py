@@ -39,8 +39,8 @@ RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "c
                   "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
                   "contents.py", "errors.py", "facts.py", "images.py", "infer.py", "inputs.py",
                   "load.py", "manifest.py", "metrics.py", "places.py", "profile.py", "report.py",
-                  "serve.py", "sessions.py", "task_figures.py", "task_spec.py", "tasks.py",
-                  "tuning.py")
+                  "serve.py", "serve_http.py", "sessions.py", "task_figures.py", "task_spec.py",
+                  "tasks.py", "tuning.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
                     "cascade_spec.py")
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check

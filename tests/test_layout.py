@@ -165,7 +165,6 @@ LONG_FUNCTIONS = {
     "runtimes/runner/report.py:print_human": 101, "runtimes/runner/tuning.py:tune_settings": 81,
     "runtimes/runner/manifest.py:check_manifest": 132,
     "runtimes/runner/manifest.py:integrity_problems": 82,
-    "runtimes/runner/serve.py:cmd_serve": 352,
 }
 
 

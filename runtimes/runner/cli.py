@@ -29,7 +29,8 @@ from .infer import cmd_infer
 from .manifest import load_manifest
 from .profile import cmd_profile
 from .report import print_human, to_json
-from .serve import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S, cmd_serve
+from .serve import cmd_serve
+from .serve_http import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
 from .tuning import TUNE_MARGIN, load_tuned
 

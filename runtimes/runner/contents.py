@@ -22,9 +22,9 @@ RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.
                "runner/cli.py", "runner/closing.py", "runner/contents.py", "runner/errors.py",
                "runner/facts.py", "runner/images.py", "runner/infer.py", "runner/inputs.py",
                "runner/load.py", "runner/manifest.py", "runner/metrics.py", "runner/places.py",
-               "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/sessions.py",
-               "runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py",
-               "runner/tuning.py")
+               "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/serve_http.py",
+               "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
+               "runner/tasks.py", "runner/tuning.py")
 RUNNER_CASCADE = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                   "runner/cascade_ocr.py", "runner/cascade_spec.py")
 RUNNER_FILES = RUNNER_CORE + RUNNER_CASCADE   # every file a bundle's runner may hold

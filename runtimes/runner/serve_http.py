@@ -1,0 +1,414 @@
+"""`run.py serve`'s HTTP side, standard library only: its limits (connections per client and in
+all, bodies in memory, deadlines), the request handler and the threaded server. Both read what
+`serve.cmd_serve` opened from the server's `serving` (a Serving)."""
+
+import io
+import re
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from .closing import answer_and_close, busy_answer, drain, reject
+from .errors import BundleError, one_line
+from .infer import answer
+from .inputs import decode_body, image_batch, image_row, is_image_body, json_limit, stack_images
+from .report import to_json
+
+MAX_BODY = 64 * 1024 * 1024
+QUEUE_WAIT_S = 2.0   # a request over --max-concurrent waits this long, then gets a 503
+BODY_RATE = 1e6      # bytes/s a body must keep up after the first --timeout seconds
+# Open connections, in all and per client address: drip-fed connections cannot use up the
+# process's file descriptors (1024 is a common limit) or every thread; one more gets a 503.
+MAX_CONNECTIONS = 256
+MAX_PER_CLIENT = 64
+REJECTERS = 64       # threads that answer 503 to connections over a cap; one more waits
+REJECT_WAIT_S = 1.0  # that long for one of them, then gets its 503 from the accept loop
+GET_PATHS = ("/health", "/metadata")
+USAGE = "use POST /infer, GET /health, GET /metadata"
+
+
+def allowed_method(path):
+    """The one method *path* answers to (its Allow header), or None: no such path."""
+    if path in GET_PATHS:
+        return "GET"
+    if path == "/infer" or path.startswith("/infer/"):
+        return "POST"
+    return None
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket read against the handler's deadline for the whole request: a client that
+    drips its headers or body a byte at a time still runs out of time (a per-recv timeout
+    alone never would)."""
+
+    def __init__(self, sock, handler):
+        io.RawIOBase.__init__(self)
+        self.sock, self.handler = sock, handler
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        import socket
+
+        left = self.handler.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class Gate(object):
+    """Open connections counted per client address, and requests in flight (read, running or
+    being answered), which a graceful stop waits for."""
+
+    def __init__(self, total, per_client, budget):
+        import threading
+
+        self.total, self.per_client, self.budget = total, per_client, budget
+        self.open, self.by_client, self.in_flight, self.buffered = 0, {}, 0, 0
+        self.changed = threading.Condition()
+        self.stopping = None   # the signal's name, once one asks the server to stop
+
+    def admit(self, client, wait=0.0):
+        """Count a new connection from *client*; False over a cap. Over --max-connections
+        alone it waits up to *wait* seconds for a place (a burst of clients, not one client
+        holding many: that one is refused at once, so it cannot hold up everyone's accept)."""
+        deadline = time.monotonic() + wait
+        with self.changed:
+            while (self.open >= self.total and self.by_client.get(client, 0) < self.per_client
+                   and time.monotonic() < deadline and not self.stopping):
+                self.changed.wait(max(0.01, deadline - time.monotonic()))
+            if self.open >= self.total or self.by_client.get(client, 0) >= self.per_client:
+                return False
+            self.open += 1
+            self.by_client[client] = self.by_client.get(client, 0) + 1
+            return True
+
+    def crowded(self, client):
+        """Half the connections are open, in all or from *client*."""
+        with self.changed:
+            return (2 * self.open >= self.total
+                    or 2 * self.by_client.get(client, 0) >= self.per_client)
+
+    def leave(self, client):
+        with self.changed:
+            self.open -= 1
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
+            self.changed.notify_all()
+
+    def take(self, count):
+        """Count *count* more bytes of bodies held in memory; False when over the budget."""
+        with self.changed:
+            if self.buffered + count > self.budget:
+                return False
+            self.buffered += count
+            return True
+
+    def give(self, count):
+        with self.changed:
+            self.buffered -= count
+
+    def begin(self):
+        with self.changed:
+            self.in_flight += 1
+
+    def end(self):
+        with self.changed:
+            self.in_flight -= 1
+            self.changed.notify_all()
+
+    def drain(self, seconds):
+        """Wait up to *seconds* for the requests in flight; how many are left."""
+        deadline = time.monotonic() + seconds
+        with self.changed:
+            while self.in_flight and time.monotonic() < deadline:
+                self.changed.wait(max(0.01, deadline - time.monotonic()))
+            return self.in_flight
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "edgepack-run"
+    deadline = 0.0           # for the request being read: its headers, then its body
+
+    def setup(self):
+        self.serving = self.server.serving   # what cmd_serve opened and the limits
+        self.timeout = self.serving.args.timeout   # on the socket: a stalled client lets go
+        BaseHTTPRequestHandler.setup(self)
+        self.rfile.close()   # its socket stays open: the reader below takes its place
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self))
+
+    def handle_one_request(self):
+        # the request line and headers within --timeout of the connection going idle
+        # (an idle keep-alive connection is closed then too)
+        self.started = time.monotonic()
+        self.deadline = self.started + self.serving.args.timeout
+        if self.serving.gate.stopping:
+            self.close_connection = True
+            return
+        BaseHTTPRequestHandler.handle_one_request(self)
+
+    def log_message(self, fmt, *values):
+        if not self.serving.args.quiet:
+            sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
+
+    def reply(self, code, obj, headers=()):
+        body = to_json(obj).encode("utf-8")   # NaN, infinity: null, and said
+        self.connection.settimeout(self.serving.args.timeout)   # a client that does not read: bounded
+        if self.serving.gate.stopping or self.serving.gate.crowded(self.client_address[0]):
+            # stopping, or half the connections (in all or this client's) are open: no
+            # keep-alive, so idle connections do not hold the places a burst needs
+            self.close_connection = True
+            if ("Connection", "close") not in headers:
+                headers = list(headers) + [("Connection", "close")]
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in headers:
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def parse_request(self):
+        try:
+            return BaseHTTPRequestHandler.parse_request(self)
+        except socket.timeout:   # headers begun, never finished (http.server just hangs up)
+            self.close_connection = True
+            self.reply(408, {"error": "the headers did not arrive in time (--timeout %g s)"
+                                      % self.serving.args.timeout})
+            return False
+
+    def __getattr__(self, name):   # PUT, DELETE, BREW...: 405 where http.server says 501
+        if name.startswith("do_"):
+            return self.not_allowed
+        raise AttributeError(name)
+
+    def not_allowed(self):
+        url = self.target()
+        if url is not None:
+            self.no_such(url[0])
+
+    def no_such(self, path):
+        """404 for a path serve does not have; 405 with its Allow header for one it has,
+        asked with another method. A body sent with it is not read: the connection closes
+        after the answer (the server reads what the client still sends, then closes)."""
+        headers = []
+        if self.headers.get("Transfer-Encoding") or \
+                self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+            headers.append(("Connection", "close"))
+        allow = allowed_method(path)
+        if allow is None:
+            return self.reply(404, {"error": "no such path %s: %s" % (path[:200], USAGE)},
+                              headers)
+        return self.reply(405, {"error": "method %s not allowed on %s: use %s %s" % (
+            self.command[:20], path[:200], allow, path[:200])}, headers + [("Allow", allow)])
+
+    def target(self):
+        """(path, query) of the request, or None after a 400."""
+        try:
+            url = urlsplit(self.path)
+        except ValueError:
+            self.reply(400, {"error": "cannot parse the request target %r" % self.path[:100]})
+            return None
+        return url.path, url.query
+
+    def do_GET(self):
+        url = self.target()
+        if url is None:
+            return
+        path = url[0]
+        if path == "/health":
+            self.reply(200, {"status": "ok", "bundle": self.serving.manifest.get("name"),
+                             "providers": dict((n, s.get_providers())
+                                               for n, (_, s, _) in self.serving.sessions.items())})
+        elif path == "/metadata":
+            self.reply(200, self.serving.metadata)
+        else:
+            self.no_such(path)
+
+    def do_POST(self):
+        try:
+            self.infer()
+        except (ConnectionError, socket.timeout):   # the client left or stalled mid-reply
+            self.close_connection = True
+
+    def infer(self):
+        url = self.target()
+        if url is None:
+            return
+        path, query = url
+        if allowed_method(path) != "POST":
+            return self.no_such(path)
+        name = path[len("/infer/"):] or parse_qs(query).get("part", [self.serving.default])[0]
+        self.raw = self.serving.args.raw or parse_qs(query).get("raw", [""])[0] in ("1", "true")  # tensors
+        cascade, sessions = self.serving.cascade, self.serving.sessions
+        piped = name is None and cascade is not None and not self.raw
+        if name is None and not piped:
+            return self.reply(400, {"error": "this bundle holds several models (%s); "
+                                             "POST /infer/<part>" % ", ".join(sessions)})
+        if not piped and name not in sessions:
+            return self.reply(404, {"error": "no part named %s (parts: %s)"
+                                             % (name[:200], ", ".join(sessions))})
+        length = self.content_length()
+        if length is None:
+            return None
+        entry = cascade if piped else sessions[name]
+        part = entry[0]
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if ctype == "application/json" and length > json_limit(part):
+            self.close_connection = True   # its body is not read
+            return self.reply(413, {"error": "the JSON body is %d bytes, over the %d this "
+                                             "model's inputs can take; send its inputs "
+                                             "only, or send them as .npy/.npz"
+                                             % (length, json_limit(part))})
+        # the whole request by --timeout plus a second per MB of body
+        self.deadline = self.started + self.serving.args.timeout + length / BODY_RATE
+        self.serving.gate.begin()
+        try:
+            self.answer(entry, length)
+        finally:
+            self.serving.gate.end()
+
+    def answer(self, entry, length):
+        """Read the body, then run it in one of --max-concurrent slots: a slow client
+        holds its connection only, never a slot."""
+        held = []
+        try:
+            body = self.read_body(length, held)
+        except MemoryError:   # the budget of bodies in memory: the client may retry
+            self.close_connection = True
+            self.serving.gate.give(sum(held))
+            return self.reply(503, {"error": "busy: %d MB of request bodies are being read; "
+                                             "retry shortly" % (self.serving.gate.budget // 2 ** 20)},
+                              [("Retry-After", "1")])
+        except socket.timeout:
+            self.serving.gate.give(sum(held))
+            self.close_connection = True
+            return self.reply(408, {"error": "the body did not arrive in time (--timeout "
+                                             "%g s for the request, plus 1 s a MB of body); "
+                                             "send it whole" % self.serving.args.timeout})
+        try:
+            if len(body) < length:
+                self.close_connection = True
+                return self.reply(400, {"error": "the body ended after %d of the %d bytes "
+                                                 "its Content-Length declares"
+                                                 % (len(body), length)})
+            if not self.serving.slots.acquire(timeout=QUEUE_WAIT_S):
+                return self.reply(503, {"error": "busy: %d requests are running "
+                                                 "(--max-concurrent); retry shortly"
+                                                 % self.serving.args.max_concurrent},
+                                  [("Retry-After", "1")])
+            try:
+                code, answer = self.run_part(entry, body)
+            finally:
+                self.serving.slots.release()
+            del body
+        finally:
+            self.serving.gate.give(sum(held))
+        self.reply(code, answer)
+
+    def content_length(self):
+        """The declared body length, or None after a 4xx."""
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            if self.headers.get("Transfer-Encoding"):
+                self.reply(411, {"error": "send a Content-Length (chunked bodies are not "
+                                          "read)"})
+                return None
+            return 0
+        value = values[0].strip()
+        if len(set(v.strip() for v in values)) > 1 or not re.match(r"[0-9]+\Z", value):
+            self.reply(400, {"error": "Content-Length %r is not one byte count; send the "
+                                      "body's length in bytes" % ", ".join(values)[:60]})
+            return None
+        if len(value) > 12 or int(value) > MAX_BODY:
+            self.reply(413, {"error": "body of %s bytes is over the %d MB limit"
+                                      % (value[:20], MAX_BODY // 2 ** 20)})
+            return None
+        return int(value)
+
+    def read_body(self, length, held):
+        """The body, by the request's deadline (the reader raises socket.timeout), its
+        bytes counted in *held* against the budget of bodies in memory (MemoryError)."""
+        chunks, got = [], 0
+        while got < length:
+            chunk = self.rfile.read1(min(length - got, 1 << 20))
+            if not chunk:
+                break
+            if not self.serving.gate.take(len(chunk)):
+                raise MemoryError("bodies over the budget")
+            held.append(len(chunk))
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def run_part(self, entry, body):
+        """(status, answer) for one request's *body* to the part in *entry*."""
+        part, session, names = entry
+        if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
+            return session.serve(body, self.serving.max_pixels)
+        try:
+            ctype = self.headers.get("Content-Type", "")
+            feed = decode_body(body, ctype, part, self.serving.max_pixels)
+            # one image to a part with a static batch of N: N copies run, the first answered
+            rows = image_batch(part) if is_image_body(body, ctype) else 1
+            start = time.perf_counter()
+            if rows > 1:
+                outputs = image_row(session.run(names, stack_images([feed], rows)), 0, rows)
+            else:
+                outputs = session.run(names, feed)
+            ms = (time.perf_counter() - start) * 1000.0
+            return 200, dict(answer(part, names, outputs, feed, self.raw, self.serving.args.top, body=body),
+                             part=part["name"], latency_ms=ms)
+        except BundleError as exc:
+            return exc.status, {"error": str(exc)}
+        except Exception as exc:
+            # names, shapes and dtypes are checked: what onnxruntime still calls an invalid
+            # argument (a token id past the vocabulary) is the input's fault, the rest ours
+            code = 400 if type(exc).__name__ == "InvalidArgument" else 500
+            return code, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # a burst of clients waits in the kernel, not reset (was 5)
+    daemon_threads = True
+
+    def process_request(self, request, client_address):
+        if self.serving.gate.admit(client_address[0], wait=QUEUE_WAIT_S):
+            try:
+                ThreadingHTTPServer.process_request(self, request, client_address)
+            except BaseException:
+                self.serving.gate.leave(client_address[0])
+                raise
+            return
+        why = ("%d connections are open (--max-connections)" % self.serving.gate.total
+               if self.serving.gate.open >= self.serving.gate.total else "%d connections from %s are open "
+               "(--max-per-client)" % (self.serving.gate.per_client, client_address[0]))
+        if not self.serving.rejecters.acquire(timeout=REJECT_WAIT_S):   # a flood: answered here,
+            answer_and_close(request, busy_answer(why), 0.2)   # briefly, one at a time
+            return
+        threading.Thread(target=reject, args=(request, busy_answer(why), self.serving.rejecters),
+                         daemon=True).start()
+
+    def shutdown_request(self, request):
+        """Close after reading what the client still sends (at most 1 s)."""
+        drain(request, 1.0)
+        self.close_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            ThreadingHTTPServer.process_request_thread(self, request, client_address)
+        finally:
+            self.serving.gate.leave(client_address[0])
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, socket.timeout)):   # a client that left
+            sys.stderr.write("edgepack: a request from %s failed: %s: %s\n"
+                             % (client_address[0], type(exc).__name__, one_line(exc)))
