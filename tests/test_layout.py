@@ -191,3 +191,22 @@ def test_no_function_grows_past_the_guard():
     assert not grown, f"listed long functions grew: {grown}"
     done = [k for k, n in LONG_FUNCTIONS.items() if lengths.get(k, 0) <= MAX_FUNCTION_LINES]
     assert not done, f"within {MAX_FUNCTION_LINES} lines now: remove from LONG_FUNCTIONS: {done}"
+
+
+def test_the_layout_page_names_every_module_and_folder():
+    """docs/layout.md is the map a newcomer reads: every module of packager/ and runtimes/ (by
+    its name) and every folder (as NAME/) appears in it."""
+    import re
+
+    page = (ROOT / "docs" / "layout.md").read_text()
+    missing = []
+    for root in (PACKAGE, ROOT / "runtimes"):
+        for path in sorted(root.rglob("*")):
+            if "__pycache__" in path.parts or path.name == "__init__.py":
+                continue
+            if path.is_dir() and not re.search(rf"(?<![\w-]){re.escape(path.name)}/", page):
+                missing.append(f"{path.relative_to(ROOT)}/")
+            elif path.suffix == ".py" and not re.search(
+                    rf"(?<![\w-]){re.escape(path.stem)}(?![\w-])", page):
+                missing.append(str(path.relative_to(ROOT)))
+    assert not missing, "docs/layout.md does not name: " + ", ".join(missing)
