@@ -8,6 +8,7 @@ from .errors import exit_on_early_interrupt
 
 exit_on_early_interrupt()   # before the heavy imports below: Ctrl-C there exits 130, one line
 
+from .build.job import build
 from .bundle.assemble import bundle
 from .compare import compare
 from .device.deploy import DeployOptions, deploy
@@ -16,7 +17,6 @@ from .errors import PackagerError
 from .graph.inspection import inspect_model
 from .graph.shapes import fix_shapes
 from .graph.simplify import simplify
-from .pipeline import build
 from .quantization.budget import AccuracyBudget
 from .quantization.checked import quantize_checked
 from .quantization.quantize import QuantConfig, quantize

@@ -17,53 +17,39 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .bundle.roofline import MATMUL_SHAPES
+from .compare_batch import (  # noqa: F401  (the variants' names: compare's API too)
+    COMPILED,
+    DYNAMIC_FUSED,
+    EAGER,
+    FUSED,
+    ORT_FP32,
+    ORT_FUSED,
+    ORT_OPT,
+    QUANTIZED,
+    ROOFLINE,
+    VARIANTS,
+    compare_batch,
+)
 from .compare_bundle import refuse_as_model, shipped_graph
-from .compare_engines import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
-from .compare_samples import agreement, batched
+from .compare_engines import OPENVINO_ROWS, OV_CPU
 from .errors import PackagerError
-from .graph.inspection import estimate_flops, graph_inputs, io_specs, model_family
-from .graph.modelio import load_model, save_model
-from .graph.shapes import fix_shapes_proto
-from .graph.simplify import simplify_proto
-from .progress import OFF, Progress
+from .graph.inspection import graph_inputs, io_specs
+from .graph.modelio import load_model
+from .progress import OFF, Log, Progress
 from .quantization.calibration import load_samples, split_holdout
-from .quantization.quantize import QuantConfig, quantize_file
-from .source.export import export_loaded, make_inputs
+from .source.export import make_inputs
 from .source.specs import TensorSpec
-from .source.torchload import LoadedModel, is_torch_source, load_source
+from .source.torchload import is_torch_source, load_source
 from .targets import Target, load_target
-from .timing import machine, session, time_blocks
+from .timing import machine
 
-Log = Callable[[str], None]
-EAGER, COMPILED, ORT_FP32, ORT_OPT = ("PyTorch eager", "torch.compile", "ORT FP32",
-                                      "ORT FP32 optimised")
-QUANTIZED = {
-    "INT8 QDQ U8S8": {"precision": "int8", "mode": "static", "format": "qdq",
-                      "activation_type": "uint8", "weight_type": "int8"},
-    "INT8 QDQ S8S8": {"precision": "int8", "mode": "static", "format": "qdq",
-                      "activation_type": "int8", "weight_type": "int8"},
-    "INT8 QOperator": {"precision": "int8", "mode": "static", "format": "qoperator",
-                       "activation_type": "uint8", "weight_type": "int8"},
-    "INT8 dynamic": {"precision": "int8", "mode": "dynamic"},
-    "FP16": {"precision": "fp16"},
-}
-# the graph `build` ships for a model with attention: onnxruntime's transformer fusions
-# (pipeline.fuse_model), as FP32 and quantized as "INT8 dynamic" is; only when something fused
-ORT_FUSED, DYNAMIC_FUSED = "ORT FP32 fused", "INT8 dynamic fused"
-FUSED = {ORT_FUSED: None, DYNAMIC_FUSED: "INT8 dynamic"}
-VARIANTS = (EAGER, COMPILED, ORT_FP32, ORT_OPT, ORT_FUSED, "INT8 QDQ U8S8", "INT8 QDQ S8S8",
-            "INT8 QOperator", "INT8 dynamic", DYNAMIC_FUSED, "FP16", *OPENVINO_ROWS)
-# timing only: each runs every roofline graph of its kind once a call, timing each
-ROOFLINE = {"fp32": "roofline FP32", "int8": "roofline integer"}
 EVAL_SAMPLES = 16   # random inputs drawn when no calibration data is given
 
 COLD_ORT = """import json, sys, time
@@ -161,7 +147,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
-            batch_rows, ceiling = _compare_batch(
+            batch_rows, ceiling = compare_batch(
                 Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
                 wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
                 notes, shipped)
@@ -181,284 +167,6 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
 class _NoModule:
     def modules(self):
         return []
-
-
-def _compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
-                   calib_set, held, target: Target, threads: int, wanted, rounds: int,
-                   block: int, log: Log, steps: Progress, phase: str, notes: list[str],
-                   shipped: dict[str, Any] | None = None
-                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows of one batch size, and the ceiling timed with them."""
-    import onnxruntime as ort
-
-    built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED, DYNAMIC_FUSED)]
-    steps.start(f"{phase} build", 3 + any(v in FUSED for v in wanted) + len(built))
-    steps.step("export" if loaded is not None else "fix shapes")
-    shaped = [TensorSpec(s.name, (batch, *s.shape[1:]), s.dtype) for s in specs]
-    calib_b, held_b = batched(calib_set, batch), batched(held, batch, count=max(2, len(held) //
-                                                                             batch))
-    feeds = [{s.name: h[s.name].astype(s.dtype) for s in shaped} for h in held_b]
-    raw = tmp / f"raw_b{batch}.onnx"
-    if loaded is not None:
-        export_loaded(loaded, raw, inputs=shaped, target=target, force=True)
-    else:
-        proto = fix_shapes_proto(load_model(Path(source)), {s.name: list(s.shape)
-                                                            for s in shaped}, strict=False)
-        save_model(proto, raw)
-    steps.step("simplify")
-    fixed = fix_shapes_proto(load_model(raw), {}, batch=batch, strict=False)
-    simplified, _, _ = simplify_proto(fixed, raw)
-    simplified = fix_shapes_proto(simplified, {}, batch=batch)
-    simple = save_model(simplified, tmp / f"sim_b{batch}.onnx")
-    flops = estimate_flops(simplified)   # every row's work per call: the FP32 graph's
-    from .bundle.assemble import write_roofline
-
-    # the graphs a bundle of this model at this batch ships for `run.py bench --roofline`
-    roof = tmp / f"roofline_b{batch}"
-    roof.mkdir()
-    roofline = write_roofline(roof, [], target, model=simplified)
-    paths: dict[str, Path] = {}
-    prepare: dict[str, float] = {}
-    errors: dict[str, str] = {}
-    fusion = None
-    if any(v in FUSED for v in wanted):
-        transformer = model_family(simplified) == "transformer"
-        if transformer:
-            steps.step("fusion")
-            start = time.perf_counter()
-            fusion = _fuse_graph(fixed, simple, raw, target, batch, feeds,
-                                 tmp / f"fused_b{batch}.onnx", log)
-            prepare[ORT_FUSED] = time.perf_counter() - start
-        if fusion is None:   # no attention, or nothing fused: no fused rows
-            wanted = [v for v in wanted if v not in FUSED]
-            built = [v for v in built if v not in FUSED]
-            steps.start(f"{phase} build", 3 + transformer + len(built), done=steps.index,
-                        since=steps.started)
-    if ORT_FP32 in wanted:
-        paths[ORT_FP32] = raw
-    if ORT_OPT in wanted:
-        steps.step(ORT_OPT)
-        start = time.perf_counter()
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        so.optimized_model_filepath = str(tmp / f"opt_b{batch}.onnx")
-        ort.InferenceSession(str(simple), so, providers=["CPUExecutionProvider"])
-        paths[ORT_OPT] = tmp / f"opt_b{batch}.onnx"
-        prepare[ORT_OPT] = time.perf_counter() - start
-    if fusion is not None and ORT_FUSED in wanted:
-        paths[ORT_FUSED] = fusion["path"]
-    # the OpenVINO INT8 row runs the QDQ U8S8 graph: built even when its own row is not wanted
-    for name in dict.fromkeys([*wanted, *(["INT8 QDQ U8S8"] if OV_INT8 in wanted else [])]):
-        if name not in QUANTIZED and name != DYNAMIC_FUSED:
-            continue
-        # a fused variant is quantized exactly as its unfused counterpart
-        graph, overrides = ((fusion["path"], QUANTIZED[FUSED[name]]) if name in FUSED else
-                            (simple, QUANTIZED[name]))
-        out = tmp / f"{name.replace(' ', '_')}_b{batch}.onnx"
-        steps.step(name)
-        start = time.perf_counter()
-        try:
-            quantize_file(graph, out, config=QuantConfig.from_preset(target.quantization,
-                                                                     **overrides),
-                          samples=calib_b)
-            paths[name] = out
-            prepare[name] = time.perf_counter() - start
-        except PackagerError as exc:
-            errors[name] = exc.message
-    if shipped is not None:   # the bundle's own graph, at the batch it was built for
-        if batch == shipped["batch"]:
-            paths[shipped["label"]] = shipped["path"]
-        else:
-            errors[shipped["label"]] = f"the bundle's graph takes batch {shipped['batch']}"
-    names = [s.name for s in shaped]
-    engines: dict[str, Callable[[], Any]] = {}
-    outputs: dict[str, list[list[np.ndarray]]] = {}
-    if loaded is not None:
-        import torch
-
-        torch.set_num_threads(threads or torch.get_num_threads())
-        module = loaded.module
-        tensors = [[torch.from_numpy(f[n]) for n in names] for f in feeds]
-
-        def torch_out(fn):
-            with torch.inference_mode():
-                return [[t.numpy() for t in _flat(fn(*ts))] for ts in tensors]
-
-        steps.step("reference outputs")
-        reference = torch_out(module)
-        if EAGER in wanted:
-            outputs[EAGER] = reference
-            engines[EAGER] = lambda: _no_grad(module, tensors[0])
-        if COMPILED in wanted:
-            try:
-                # Inductor's pool of compile workers otherwise keeps the CPU busy in the
-                # background while the other engines are timed (22 ms instead of 0.2 ms for
-                # eager on a 2-core machine).
-                import torch._inductor.config as inductor
-
-                inductor.compile_threads = 1
-                steps.step(COMPILED)
-                start = time.perf_counter()
-                compiled = torch.compile(module)
-                outputs[COMPILED] = torch_out(compiled)
-                prepare[COMPILED] = time.perf_counter() - start
-                engines[COMPILED] = lambda: _no_grad(compiled, tensors[0])
-            except Exception as exc:   # no C++ compiler, unsupported op, ...
-                errors[COMPILED] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-    if loaded is None:
-        steps.step("reference outputs")
-    for name, path in paths.items():
-        if name not in wanted:
-            continue
-        try:
-            sess = session(path, threads)
-            own = [{k: v for k, v in f.items() if k in {i.name for i in sess.get_inputs()}}
-                   for f in feeds]   # (a bundle's graph may hold an input frozen)
-            outputs[name] = [sess.run(None, f) for f in own]
-            engines[name] = (lambda s=sess, f=own[0]: s.run(None, f))
-        except Exception as exc:
-            errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-    if loaded is None:
-        reference = outputs.get(ORT_FP32) or [session(raw, threads).run(None, f) for f in feeds]
-    scale = max(1, batch)
-    steps.finish()
-    # the ceiling first in every round, timed in the same blocks and threads as the variants
-    # (its convs at this batch, so it grows with the batch as the rows do)
-    graph_times: dict[str, list[float]] = {}
-    engines = {**_roofline_engines(roof, roofline, threads, graph_times), **engines}
-    log(f"compare: timing {len(engines) - len(ROOFLINE)} engines and the MatMul ceiling, "
-        f"batch {batch}")
-    medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
-                          phase=f"{phase} timing")
-    openvino = openvino_rows(wanted, raw, paths.get("INT8 QDQ U8S8"), roof, roofline, feeds,
-                             [o.name for o in session(raw, threads).get_outputs()], threads,
-                             rounds, max(3, block // scale))
-    if openvino["note"]:   # no OpenVINO Python (or it failed): a note, no rows
-        notes.append(openvino["note"])
-        wanted = [v for v in wanted if v not in OPENVINO_ROWS or v in openvino["errors"]]
-    medians.update(openvino["medians"])
-    outputs.update(openvino["outputs"])
-    errors.update(openvino["errors"])
-    ceiling = _ceiling(roofline, graph_times, openvino["rates"])
-    ceiling.update(batch=batch, ops_per_call=flops)
-    eager = medians.get(EAGER, {}).get("p50")
-    base = medians.get(ORT_FP32, {}).get("p50")
-    rows = []
-    for name in wanted:
-        row: dict[str, Any] = {"variant": name, "batch": batch}
-        if name in errors or name not in medians:
-            row["error"] = errors.get(name, "not run")
-            rows.append(row)
-            continue
-        p50 = medians[name]["p50"]
-        other = name in OPENVINO_ROWS   # timed in another process: against its own ORT FP32
-        own_base = medians.get(OV_CPU, {}).get("p50") if other else base
-        graph = (paths.get("INT8 QDQ U8S8") if name == OV_INT8 else raw) if other else \
-            paths.get(name)
-        row.update({"p50_ms": p50, "p90_ms": medians[name]["p90"],
-                    "p10_ms": medians[name].get("p10"), "load": medians[name].get("load"),
-                    "per_sample_ms": p50 / batch,
-                    "vs_eager": None if other else eager / p50 if eager else None,
-                    "vs_ort_fp32": own_base / p50 if own_base else None,
-                    "size_mb": (graph.stat().st_size / 1e6 if graph is not None else
-                                sum(p.numel() * p.element_size()
-                                    for p in loaded.module.parameters()) / 1e6),
-                    **agreement(outputs[name], reference)})
-        if other:
-            device = openvino["device"] or {}
-            row.update(provider=openvino["providers"].get(name),
-                       runtime=f"onnxruntime {device.get('onnxruntime', '?')}")
-        row.update(_roofline_share(name, flops, p50, ceiling))
-        if name in FUSED:
-            row["fusion"] = {k: v for k, v in fusion.items() if k not in ("path", "timing")}
-        if name in prepare:
-            row["prepare_s"] = prepare[name]
-        row["_path"] = str(paths.get(name, ""))
-        rows.append(row)
-    np.savez(tmp / f"feed_b{batch}.npz", **feeds[0])
-    return rows, ceiling
-
-
-def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held,
-                path: Path, log: Log) -> dict[str, Any] | None:
-    """The transformer-fused FP32 graph exactly as `build` makes it (pipeline.fuse_model: fused
-    before and after simplification, kept only when its outputs match *simple*'s), with what
-    fused; None when nothing did."""
-    from .graph.execute import run_model
-    from .pipeline import fuse_model
-
-    fused, record = fuse_model(fixed, raw, replace(target, batch=batch), held,
-                          run_model(simple, held), path, log)
-    return None if fused is None else {**record, "path": fused}
-
-
-def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
-                      record: dict[str, list[float]]) -> dict[str, Callable]:
-    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one engine a
-    kind, each call running every graph of that kind twice and recording the second (warm) run's
-    ms in *record* by graph file."""
-    from ._runtimes.runner.bench import roofline_feed, roofline_graphs
-
-    runs = {kind: [(g["file"], session(tmp / g["file"], threads), roofline_feed(g))
-                   for g in roofline_graphs(spec) if g["kind"] == kind] for kind in ROOFLINE}
-
-    def call(kind: str) -> None:
-        for file, sess, feed in runs[kind]:
-            sess.run(None, feed)   # untimed: the graph before it has evicted its caches
-            start = time.perf_counter()
-            sess.run(None, feed)
-            record.setdefault(file, []).append((time.perf_counter() - start) * 1e3)
-
-    return {name: (lambda k=kind: call(k)) for kind, name in ROOFLINE.items()}
-
-
-def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
-             openvino: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:
-    """The best rate of each kind over every roofline graph, under onnxruntime's CPU provider
-    here (*times*, ms per run) and under the OpenVINO provider (*openvino*: GOP/s)."""
-    from ._runtimes.runner.bench import roofline_graphs
-
-    rates = [(dict(g, engine="ORT CPU"), g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
-             for g in roofline_graphs(spec) if times.get(g["file"])]
-    rates += [(dict(g, engine="OpenVINO"), gops) for g, gops in openvino]
-    found: dict[str, Any] = {"int8_kind": spec["int8_kind"], "graphs": [
-        {"kind": g["kind"], "op": g["op"], "shape": g["shape"], "engine": g["engine"],
-         "gops": gops} for g, gops in rates]}
-    for kind in ROOFLINE:
-        best = max(((gops, g) for g, gops in rates if g["kind"] == kind), key=lambda t: t[0],
-                   default=None)
-        if best is not None:
-            found[f"{kind}_gops"] = best[0]
-            found[f"{kind}_best"] = (f"{best[1]['op']} {'x'.join(map(str, best[1]['shape']))}"
-                                     f" ({best[1]['engine']})")
-    return found
-
-
-def _roofline_share(name: str, flops: int | None, p50_ms: float,
-                    ceiling: dict[str, Any]) -> dict[str, Any]:
-    """GOP/s at p50 and, for ONNX Runtime rows, its share of the MatMul rate of its kind: INT8
-    rows against MatMulInteger, FP32 and FP16 (which the CPU runs in FP32) against MatMul."""
-    gops = flops / (p50_ms * 1e6) if flops else None
-    kind = None if name in (EAGER, COMPILED) else "int8" if "INT8" in name else "fp32"
-    return {"ops_per_call": flops, "gops": gops, "ceiling": kind,
-            "ceiling_share": gops / ceiling[f"{kind}_gops"] if gops and kind else None}
-
-
-def _no_grad(fn, tensors):
-    import torch
-
-    with torch.inference_mode():
-        return fn(*tensors)
-
-
-def _flat(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    return [t for v in value for t in _flat(v)]
 
 
 def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args, submodule,
@@ -531,6 +239,15 @@ def markdown(result: dict[str, Any]) -> str:
         "start: import + load + first call in a fresh process (batch "
         f"{min(result['batches'])}). prepare: quantization, offline optimisation, fusion or "
         "compile time."]
+    lines += _ceiling_lines(result) + _openvino_lines(result)
+    lines += [f"\n{note}" for note in result.get("notes", ())]
+    lines += _fused_lines(result)
+    return "\n".join(lines) + "\n"
+
+
+def _ceiling_lines(result: dict[str, Any]) -> list[str]:
+    """What GOP/s and % of ceiling mean, with this machine's ceilings."""
+    lines: list[str] = []
     ceilings = [c for c in result.get("roofline", ()) if c.get("ops_per_call")]
     if ceilings:
         kind = ceilings[0]["int8_kind"]
@@ -556,6 +273,12 @@ def markdown(result: dict[str, Any]) -> str:
                       "graph of its kind (a kernel doing fewer multiplies than 2 x the "
                       "multiply-adds counted, e.g. a Winograd convolution, or one the roofline "
                       "set lacks); the share is shown as measured, not capped."]
+    return lines
+
+
+def _openvino_lines(result: dict[str, Any]) -> list[str]:
+    """How the OpenVINO rows were run, and which providers ran them."""
+    lines: list[str] = []
     other = [r for r in result["rows"] if r["variant"] in OPENVINO_ROWS and "runtime" in r]
     if other:
         first = other[0]
@@ -566,7 +289,12 @@ def markdown(result: dict[str, Any]) -> str:
                   "the same blocks; vs eager and cold start are not measured there. Providers that "
                   "ran: " + ", ".join(f"{r['variant']} b{r['batch']}: {r.get('provider')}"
                                       for r in other if r["batch"] == first["batch"]) + "."]
-    lines += [f"\n{note}" for note in result.get("notes", ())]
+    return lines
+
+
+def _fused_lines(result: dict[str, Any]) -> list[str]:
+    """What fused in the transformer-fused rows, per group of batches that fused alike."""
+    lines: list[str] = []
     groups: dict[str, list] = {}   # batches whose graphs fused alike
     for r in result["rows"]:
         if r["variant"] in FUSED and "fusion" in r:
@@ -580,7 +308,7 @@ def markdown(result: dict[str, Any]) -> str:
             f": {what} (outputs: cosine {min(c for _, c in seen):.6f} to unfused)"
             for what, seen in groups.items()) +
             f". {DYNAMIC_FUSED}: that graph quantized as INT8 dynamic is."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _figure(value: float | None) -> str:

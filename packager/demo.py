@@ -176,8 +176,8 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
     """Run the whole demo in *work*; return figures and a printable summary."""
     import torch
 
+    from .build.job import ExportOptions, build
     from .device.verify import verify
-    from .pipeline import ExportOptions, build
     from .source.specs import TensorSpec
     from .tasks.declare import parse_tasks
 

@@ -15,6 +15,8 @@ from typing import TextIO
 
 import click
 
+Log = Callable[[str], None]   # every stage's log: one line at a time
+
 
 def clock_text(seconds: float) -> str:
     """M:SS, or H:MM:SS from an hour on."""

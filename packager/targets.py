@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ._runtimes.runner.manifest import WHEN  # one vocabulary with the runner
+from ._runtimes.runner.sessions import OPT_LEVELS as SESSION_LEVELS
 from .errors import TargetError
 
 PROVIDERS = (
@@ -18,8 +19,9 @@ PRECISIONS = ("int8", "fp16", "fp32", "auto")
 MODES = ("static", "dynamic")
 FORMATS = ("qdq", "qoperator")
 INT8_TYPES = ("uint8", "int8")
-METHODS = ("minmax", "entropy", "percentile", "auto")
-OPT_LEVELS = ("disabled", "basic", "extended", "all")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")   # what the quantizer calibrates by
+METHODS = CALIBRATION_METHODS + ("auto",)   # a target may leave the choice to the search
+OPT_LEVELS = tuple(SESSION_LEVELS)   # the runner's: disabled, basic, extended, all
 FASTER = ("OpenVINOExecutionProvider",)   # providers packager/engines.py can time here
 FAMILIES = ("transformer",)   # model families a profile can give their own preset
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from packager.pipeline import build
+from packager.build.job import build
 
 # Builds in the tests do not measure the OpenVINO provider, whether or not this machine has a
 # Python with it (the bundles the suite checks must not depend on that); tests/test_engines.py

@@ -59,8 +59,8 @@ def table(rows: list[dict]) -> str:
 
 def demo_bundle(work: Path) -> Path:
     """The demo's CNN (51 M multiply-adds at 64 px), trained once into WORK, built for x86_64-cpu."""
+    from packager.build.job import ExportOptions, build
     from packager.demo import CLASSES, PREPROCESS, SIZE, load_labelled, make_dataset, trained_weights
-    from packager.pipeline import ExportOptions, build
     from packager.source.specs import TensorSpec
 
     data = work / "data"

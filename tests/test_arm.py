@@ -13,7 +13,7 @@ import arm_userland
 import pytest
 
 from conftest import PREP
-from packager.pipeline import build
+from packager.build.job import build
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
@@ -48,7 +48,7 @@ def bundles(tmp_path_factory, image_dir, encoder_files):
           inputs=image)
     build(f"{MODELS}:cnn", root / "xavier", target="jetson-xavier", calib=image_dir,
           preprocess=PREP, inputs=image)
-    from packager.pipeline import ExportOptions
+    from packager.build.job import ExportOptions
 
     weights, tokens = encoder_files
     build(f"{MODELS}:encoder", root / "rpi-encoder", target="rpi", calib=tokens,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import PREP, run_py, start_server, write_images
-from packager.pipeline import build
+from packager.build.job import build
 from packager.source.specs import TensorSpec
 
 LABELS = [f"class{i}" for i in range(10)]

@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import PREP, PREP_TEXT, run_py, write_images
+from packager.build.job import build
 from packager.errors import PackagerError
-from packager.pipeline import build
 from packager.quantization.budget import AccuracyBudget, measure_accuracy, parse_drop
 from packager.quantization.calibration import load_samples, split_holdout
 from packager.quantization.checked import quantize_checked

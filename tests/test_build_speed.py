@@ -17,7 +17,7 @@ def test_the_symbolic_shape_engine_loads_without_importing_torch():
 def test_the_speed_line_says_when_a_ratio_under_one_is_noise():
     """0.97x 'its speed' for a graph that is the original's read as slower; when the original's
     p50 lies inside the bundle's own p10-p90 the line says it is the same speed within noise."""
-    from packager.quantization.fp32_graph import speed_line
+    from packager.build.fp32_graph import speed_line
 
     record = {"measured": True, "bundle_p50_ms": 1.03, "original_p50_ms": 1.0, "speedup": 0.97,
               "bundle_p10_p90_ms": [0.98, 1.09], "measured_on": {"host": "cpu", "cores": 2},

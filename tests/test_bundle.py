@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 from conftest import PREP
+from packager.build.job import build
 from packager.errors import BundleError, CalibrationError, PreprocessError, TargetError
-from packager.pipeline import build
 
 
 def test_manifest_contract(built):

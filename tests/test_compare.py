@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from conftest import PREP
+from packager.build.job import build
 from packager.compare import (
     COMPILED,
     DYNAMIC_FUSED,
@@ -23,7 +24,6 @@ from packager.compare import (
     markdown,
 )
 from packager.compare_engines import OPENVINO_ROWS
-from packager.pipeline import build
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"

@@ -20,10 +20,10 @@ import pytest
 import sshd_server
 
 from conftest import PREP
+from packager.build.job import build
 from packager.device.deploy import DeployOptions, deploy, summary_table
 from packager.device.inventory import InventoryError, parse_host, read_inventory
 from packager.errors import BundleError, PackagerError
-from packager.pipeline import build
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"

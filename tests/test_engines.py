@@ -19,10 +19,10 @@ from click.testing import CliRunner
 
 from conftest import OPENVINO_PYTHON, PREP, run_py
 from packager import engines
+from packager.build.job import build
 from packager.cli import main
 from packager.device.deploy import optional_providers_missing, preflight_needs
 from packager.errors import TargetError
-from packager.pipeline import build
 from packager.targets import load_target
 
 ROOT = Path(__file__).resolve().parent.parent

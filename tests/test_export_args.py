@@ -370,8 +370,8 @@ def calibration(path: Path, rates: list[int]) -> Path:
 
 
 def test_an_input_an_if_branches_on_with_one_value_is_frozen(tmp_path):
+    from packager.build.job import build
     from packager.graph.freeze import branch_inputs
-    from packager.pipeline import build
 
     model = rate_graph(tmp_path / "rate.onnx", same_shapes=False)
     assert branch_inputs(onnx.load(str(model))) == {"sr": ["by_rate"]}
@@ -414,7 +414,7 @@ def test_an_input_with_several_values_and_disagreeing_branches_is_refused(tmp_pa
 
 
 def test_an_input_with_several_values_and_agreeing_branches_stays_an_input(tmp_path):
-    from packager.pipeline import build
+    from packager.build.job import build
 
     model = rate_graph(tmp_path / "rate.onnx", same_shapes=True)
     logged = []

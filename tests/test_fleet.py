@@ -22,11 +22,11 @@ import pytest
 from fleet import Device, Fleet, ours_running, require, wait_until_gone
 
 from conftest import PREP
+from packager.build.job import build
 from packager.device.ansible_engine import inventory_hosts, pack
 from packager.device.deploy import DeployOptions, deploy, summary_table
 from packager.device.rollout import Rollout, batches, parse_batch, parse_percent
 from packager.errors import PackagerError
-from packager.pipeline import build
 
 BIN = Path(sys.executable).parent
 ENGINES = ["ssh", "ansible"]

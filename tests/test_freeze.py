@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
+from packager.build.job import build
 from packager.errors import SpecError
 from packager.graph.freeze import exact_array, freeze_inputs
 from packager.graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
-from packager.pipeline import build
 
 
 def vad_like(path: Path) -> Path:

@@ -12,9 +12,9 @@ import onnx
 import pytest
 
 from conftest import run_py
+from packager.build.job import build
 from packager.graph.fusion import attention_shape, fuse_packed_attention, fuse_transformer
 from packager.graph.simplify import simplify_proto
-from packager.pipeline import build
 from packager.source.export import export
 from packager.source.specs import parse_input
 

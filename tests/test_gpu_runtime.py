@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from conftest import PREP
+from packager.build.job import build
 from packager.device.verify import verify
-from packager.pipeline import build
 from packager.source.specs import parse_input
 
 pytestmark = pytest.mark.slow

@@ -236,7 +236,7 @@ def test_a54_a55_a56_verify_and_deploy_refuse_a_manifest_name_that_is_a_path(bun
 
 def test_item7_build_makes_a_safe_default_name_and_refuses_an_unsafe_one(cnn_onnx, image_dir,
                                                                          tmp_path):
-    from packager.pipeline import build
+    from packager.build.job import build
 
     with pytest.raises(BundleError, match=r"bundle name '\.\./x' is not .*; use 1-100"):
         build(cnn_onnx, tmp_path / "named", target="x86_64-cpu", calib=image_dir,
@@ -295,8 +295,8 @@ def device_answer(chosen, **tuning) -> dict:
 
 def test_a87_build_tune_refuses_a_device_answer_outside_the_session_schema(cnn_onnx, image_dir,
                                                                            tmp_path):
+    from packager.build.job import build
     from packager.device.tuning import local_tuner
-    from packager.pipeline import build
 
     python = lying_python(tmp_path, device_answer(
         {"intra_op_threads": "lots", "graph_optimization_level": "bogus", "evil": "x"}))

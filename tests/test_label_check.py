@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from conftest import save
+from packager.build.label_check import MIN_CHECKED, chance_p_value
 from packager.cli import main
-from packager.quantization.label_check import MIN_CHECKED, chance_p_value
 
 CLASSES = {"0_red": 2, "1_green": 1, "2_blue": 0}   # folder -> its strong channel in BGR
 

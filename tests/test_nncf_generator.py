@@ -11,12 +11,12 @@ import onnx
 import pytest
 from test_kfold import fixed_timer, mlp, samples
 
+from packager.build.engine_choice import _graphs
 from packager.errors import QuantizationError
 from packager.graph.execute import run_model
 from packager.quantization import nncf_generator
 from packager.quantization.budget import AccuracyBudget
 from packager.quantization.decision import Decision, decide
-from packager.quantization.engine_choice import _graphs
 from packager.quantization.quantize import QuantConfig, quantize_file
 from packager.quantization.search import Candidate
 from packager.targets import load_target

@@ -12,9 +12,9 @@ import shutil
 import pytest
 
 from conftest import PREP, run_py
+from packager.build.job import build
 from packager.errors import SpecError
 from packager.graph import offline
-from packager.pipeline import build
 
 
 @pytest.fixture(scope="module")

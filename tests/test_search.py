@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
-from packager.pipeline import build
+from packager.build.job import build
 from packager.quantization.budget import AccuracyBudget
 from packager.quantization.quantize import QuantConfig
 from packager.quantization.search import Search

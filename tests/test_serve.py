@@ -39,7 +39,7 @@ def server(built):
 def built_fp32(tmp_path_factory, cnn_onnx, image_dir):
     """The tiny CNN as an FP32 bundle: a NaN input comes out as NaN scores (the INT8 bundle
     quantizes NaN to a number before its first layer)."""
-    from packager.pipeline import build
+    from packager.build.job import build
 
     out = tmp_path_factory.mktemp("bundles") / "cnn32"
     return build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,

@@ -129,7 +129,7 @@ def test_pads_before_convs_are_kept_apart_when_asked(tmp_path):
 def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
     import json
 
-    from packager.pipeline import build
+    from packager.build.job import build
 
     src = pad_net_onnx(tmp_path / "pad.onnx")
     calib = tmp_path / "calib"
@@ -170,7 +170,7 @@ def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
 def test_an_original_fixed_at_other_shapes_is_timed_at_the_builds(tmp_path):
     import json
 
-    from packager.pipeline import build
+    from packager.build.job import build
     from packager.source.specs import parse_input
 
     src = pad_net_onnx(tmp_path / "pad.onnx")        # exported at 1x1x16x32, no dynamic axes

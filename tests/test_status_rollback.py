@@ -17,8 +17,8 @@ import pytest
 from fleet import Device, Fleet, require
 
 from conftest import PREP
+from packager.build.job import build
 from packager.device.release_probe import RECORD
-from packager.pipeline import build
 
 BIN = Path(sys.executable).parent
 ENGINES = ["ssh", "ansible"]

@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import PREP, run_py, save
+from packager.build.job import build
 from packager.errors import BundleError
-from packager.pipeline import build
 from packager.source.export import default_opset
 from packager.source.specs import parse_input
 from packager.targets import list_targets, load_target

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import PREP, run_py
+from packager.build.job import build
 from packager.cli import main
 from packager.errors import SpecError
-from packager.pipeline import build
 from packager.quantization.budget import AccuracyBudget
 from packager.tasks.declare import parse_task, parse_tasks
 from packager.tasks.suggest import suggest
@@ -109,7 +109,7 @@ def test_bad_task_and_keep_are_one_line_errors(cnn_onnx, image_dir, tmp_path):
 
 def test_a_task_that_cannot_fit_a_later_part_stops_the_build_first(cnn_onnx, image_dir,
                                                                     tmp_path):
-    from packager.quantization.part_shapes import check_task_early
+    from packager.build.part_shapes import check_task_early
 
     prep = PREP
     ctc = {"kind": "ctc", "alphabet": ["blank", "a", "b"]}   # the CNN's [1, 10] has no steps

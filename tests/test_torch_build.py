@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import PREP, run_py
+from packager.build.job import build
 from packager.device.verify import verify
 from packager.errors import CalibrationError, SpecError
-from packager.pipeline import build
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
@@ -97,7 +97,7 @@ def test_transformer_ships_dynamic_int8_not_static(encoder_files, tmp_path):
     weights, tokens = encoder_files
     specs = [parse_input("input_ids:1x32:int64"), parse_input("attention_mask:1x32:int64")]
     common = dict(target="x86_64-cpu", calib=tokens, inputs=specs)
-    from packager.pipeline import ExportOptions
+    from packager.build.job import ExportOptions
 
     opts = ExportOptions(weights=weights)
     r = build(f"{MODELS}:encoder", tmp_path / "enc", export_options=opts, **common)

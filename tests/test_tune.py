@@ -19,7 +19,7 @@ from conftest import PREP, run_py
 from packager._runtimes.runner.manifest import manifest_digest
 from packager._runtimes.runner.sessions import TUNED
 from packager._runtimes.runner.tuning import TUNE_MARGIN, tune_threads
-from packager.pipeline import build
+from packager.build.job import build
 
 TUNED = TUNED
 

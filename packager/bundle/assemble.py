@@ -104,7 +104,8 @@ def _budget(part: "PartPayload") -> float | None:
 # the output's range (nudenet) while the cosine moved by 3e-3.
 FP32_MARGIN, OTHER_MARGIN = 1e-4, 5e-3
 HOST_PROVIDER = "CPUExecutionProvider"   # the host's golden runs; other providers differ by design
-INTEGER_OPS = ("MatMulInteger", "ConvInteger")
+# the integer-arithmetic ops whose sums x86 AVX2 saturates (exactly computed in float below)
+SUMMING_OPS = ("MatMulInteger", "ConvInteger")
 
 
 def _reproduce_floor(part: "PartPayload", exact_cosine: float) -> float:
@@ -120,12 +121,12 @@ def _exact_proto(proto: Any) -> Any:
     """
     from onnx import TensorProto, helper
 
-    if not any(n.op_type in INTEGER_OPS for n in proto.graph.node):
+    if not any(n.op_type in SUMMING_OPS for n in proto.graph.node):
         return proto
     proto = copy.deepcopy(proto)
     nodes = []
     for node in proto.graph.node:
-        if node.op_type not in INTEGER_OPS:
+        if node.op_type not in SUMMING_OPS:
             nodes.append(node)
             continue
         out, operands, given = node.output[0], [], [*node.input, "", ""]
@@ -330,14 +331,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                     tmp, entry["model"]["file"], read_npz(str(tmp), golden["inputs"]), level,
                     read_npz(str(tmp), golden["shipped"]))
             entries.append(entry)
-        for rel, source in runner_sources(pipeline).items():
-            (tmp / rel).parent.mkdir(exist_ok=True)
-            shutil.copyfile(source, tmp / rel)
-        roofline = write_roofline(tmp, parts, target)
-        reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]
-        if any(p.preprocess for p in parts):
-            reqs.append("opencv-python-headless  # image inputs only")
-        (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        _write_runner(tmp, parts, target, pipeline)
         manifest = Manifest(
             name=name,
             created=created.isoformat(timespec="seconds"),
@@ -350,7 +344,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                        for p in target.providers],
             session=target.session,
             budget={"latency_p90_ms": target.latency_p90_ms, "min_cosine": target.min_cosine},
-            roofline=roofline,
+            roofline=write_roofline(tmp, parts, target),
             tools=tool_versions(),
             pipeline=dict(pipeline or {}),
         )
@@ -366,18 +360,36 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                                    "tuning": tuning})
             manifest.write(tmp / MANIFEST)
         if judge is not None:
-            accuracy = judge(tmp)
-            # the photos and answers the judge keeps for `run.py check`: listed and hashed
-            files = dict(sorted({**files, **{p.relative_to(tmp).as_posix(): sha256(p) for p in
-                                             (tmp / GOLDEN_DIR).rglob("*") if p.is_file()}
-                                 }.items()))
-            _remove_unlisted(tmp, files)
-            manifest = Manifest(**{**manifest.__dict__, "files": files,
-                                   "pipeline": {**manifest.pipeline, "accuracy": accuracy}})
-            manifest.write(tmp / MANIFEST)
+            manifest = _judged(tmp, manifest, judge)
         write_archive(tmp, tar_tmp, output.name, created)
     return BundleResult(output, archive, manifest.to_dict(),
                         "sha256:" + sha256(output / MANIFEST))
+
+
+def _judged(tmp: Path, manifest: Manifest, judge: Callable[[Path], dict[str, Any]]) -> Manifest:
+    """The staged bundle's pipeline judged end to end: its accuracy in the manifest, and the
+    photos and answers the judge keeps for `run.py check` listed and hashed."""
+    accuracy = judge(tmp)
+    files = dict(sorted({**manifest.files, **{p.relative_to(tmp).as_posix(): sha256(p) for p in
+                                              (tmp / GOLDEN_DIR).rglob("*") if p.is_file()}
+                         }.items()))
+    _remove_unlisted(tmp, files)
+    manifest = Manifest(**{**manifest.__dict__, "files": files,
+                           "pipeline": {**manifest.pipeline, "accuracy": accuracy}})
+    manifest.write(tmp / MANIFEST)
+    return manifest
+
+
+def _write_runner(tmp: Path, parts: Sequence["PartPayload"], target: Target,
+                  pipeline: dict[str, Any] | None) -> None:
+    """The runner's files the bundle uses, and its requirements.txt."""
+    for rel, source in runner_sources(pipeline).items():
+        (tmp / rel).parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, tmp / rel)
+    reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]
+    if any(p.preprocess for p in parts):
+        reqs.append("opencv-python-headless  # image inputs only")
+    (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
 
 
 def bundle_name(name: str | None, output: Path, parts: Sequence["PartPayload"]) -> str:

@@ -6,13 +6,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._runtimes.runner.manifest import MAX_MANIFEST_BYTES  # noqa: F401  (one cap, shared)
+from .._runtimes.runner.manifest import (
+    MAX_MANIFEST_BYTES,  # noqa: F401  (one cap, shared)
+    SAFE_NAME,
+)
 from ..errors import BundleError
 
 SCHEMA_VERSION = 2   # 2: a bundle holds one or more models under `parts`
 MANIFEST = "manifest.json"
 # the name becomes a folder on devices (~/edgepack/NAME) and an archive name: one path component
-BUNDLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+BUNDLE_NAME = SAFE_NAME   # the runner's: one safe file name
 NAME_RULE = "1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..build.job import BuildResult, build
 from ..errors import BudgetMissed
-from ..pipeline import BuildResult, build
 from .face_calib import batched_inputs, face_calibration
 from .host import crop_calibration, photos
 from .judge import end_to_end

@@ -41,9 +41,9 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
         return None
     import platform
 
+    from .._runtimes.runner.sessions import GPU_PROVIDERS
     from ..device.inventory import parse_host
     from ..device.tuning import local_tuner, remote_tuner
-    from ..quantization.decision import GPU_PROVIDERS
     from ..targets import load_target
 
     if host is not None:
@@ -149,7 +149,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
             --calib encoder=enc.npz --calib decoder=dec.npz -o out/tts
         edgepack build --pipeline ocr.toml -o out/ocr
     """
-    from ..pipeline import ExportOptions, build
+    from ..build.job import ExportOptions, build
     from ..source.specs import parse_assignments, parse_consts, parse_input
     from ..tasks.declare import keep_of, parse_tasks
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._runtimes.runner.manifest import SAFE_NAME
 from ..errors import BundleError, PackagerError, VerifyError
 from .inventory import Host, InventoryError, check_destination, read_inventory_text
 from .remote import end_group, finished, remember
@@ -179,7 +180,6 @@ def _host(name: str, hv: dict[str, Any], where: str) -> Host:
 
 
 # the manifest's name becomes a file and folder name (<scratch>/<name>.tar.gz, ~/edgepack/<name>)
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def safe_name(name: Any, bundle: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..bundle.manifest import read_manifest
 from ..errors import BundleError, PackagerError
+from ..progress import Log
 from .arch import arch_problem
 from .device_answers import answer
 from .inventory import Host
@@ -35,7 +36,6 @@ from .verify import (
     write_reports,
 )
 
-Log = Callable[[str], None]
 # local results, device-built engines and a session tuned for this machine (not the device)
 # (and the verdict of the last check there, which status reads)
 EXCLUDE = ("reports/", "cache/", "session.tuned.json", RECORD)

@@ -12,17 +12,17 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PackagerError
+from ..progress import Log
 from .inventory import Host
 from .remote import Connection, DeviceError, end_all
 
 Answer = list[tuple[int, str, str]]
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

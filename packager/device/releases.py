@@ -10,13 +10,14 @@ budgets, as deploy does) and put in use only when it passes, with device_probe.p
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..errors import PackagerError
+from ..progress import Log
 from . import fleet_steps
 from .deploy import DeployOptions, check_record, check_remote_dir
 from .fleet_steps import Step, python_of
@@ -24,7 +25,6 @@ from .inventory import Host
 from .rollout import HostResult
 from .verify import report_folder, run_checks, write_reports
 
-Log = Callable[[str], None]
 DEFAULTS = DeployOptions()
 
 

@@ -5,7 +5,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..quantization.decision import Log, Timer
+from ..progress import Log
+from ..quantization.decision import Timer
 
 TIMEOUT = 900.0   # seconds for each remote step: the copy, the timing, the clean-up
 

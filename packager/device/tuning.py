@@ -8,7 +8,7 @@ import json
 import math
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,9 @@ from .._runtimes.runner.sessions import OPT_LEVELS
 from ..bundle.assemble import Tuner
 from ..bundle.manifest import MANIFEST
 from ..errors import VerifyError
+from ..progress import Log
 from .verify import TUNE_RUNS, TUNE_WARMUP, Execute, local_runner, run_runner, tune_args
 
-Log = Callable[[str], None]
 MAX_THREADS = 256     # no edge device has more cores; a larger count is a lie or a typo
 MAX_CORES = 4096
 MODES = ("sequential", "parallel")

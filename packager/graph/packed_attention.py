@@ -131,26 +131,11 @@ def _row_orders(batch: int, seq: int) -> dict[str, Any]:
 def _match(softmax, g: Graph) -> _Plan | None:
     """The rewrite of the attention around *softmax*, when it is exactly packed-QKV
     self-attention with scale 1/sqrt(head size) and no mask or a key-padding mask."""
-    scores_shape = g.shapes.get(softmax.input[0])
-    if scores_shape is None or len(scores_shape) not in (3, 4) or \
-            scores_shape[-1] != scores_shape[-2]:
+    found = _scores(softmax, g)
+    if found is None:
         return None
-    axis = next((a.i for a in softmax.attribute if a.name == "axis"),
-                -1 if g.opset >= 13 else 1)
-    if axis % len(scores_shape) != len(scores_shape) - 1:
-        return None
-    seq, region = scores_shape[-1], [softmax]
-    add = g.producer.get(softmax.input[0])
-    sides = [(add.input[a], add.input[b]) for a, b in ((0, 1), (1, 0))] \
-        if add is not None and add.op_type == "Add" else [(softmax.input[0], "")]
-    for scores, mask_name in sides:
-        base, _, passed, scale = back(scores, g, layout=False)
-        qk = g.producer.get(base)
-        if qk is not None and qk.op_type == "MatMul" and g.shapes.get(scores) == scores_shape:
-            region += ([add] if mask_name else []) + passed + [qk]
-            break
-    else:
-        return None
+    scores_shape, region, qk, mask_name, scale = found
+    seq = scores_shape[-1]
     probs = _probabilities(softmax, g)
     if probs is None:
         return None
@@ -179,15 +164,7 @@ def _match(softmax, g: Graph) -> _Plan | None:
     if (q.shape, k.shape, v.shape) != (q_shape, k_shape, v_shape):
         return None
     q, k, v = (t.reshape(batch, heads, *t.shape[-2:]) for t in (q, k, v))
-    cols = np.arange(heads)[:, None] * head + np.arange(head)   # onnxruntime's head split
-    orders = []
-    for order, row in _row_orders(batch, seq).items():
-        start = row * width   # (batch, seq): the first element of each token's row
-        if np.array_equal(q, start[:, None, :, None] + cols[None, :, None, :]) and \
-                np.array_equal(k, start[:, None, None, :] + hidden + cols[None, :, :, None]) \
-                and np.array_equal(v, start[:, None, :, None] + 2 * hidden +
-                                   cols[None, :, None, :]):
-            orders.append(order)
+    orders = _head_split_orders(q, k, v, batch, heads, seq, head, width)
     mask = _key_padding_mask(mask_name, g, batch, heads, seq, scores_shape) if mask_name \
         else None
     out = _output(pv, g, batch, heads, seq, head)
@@ -195,13 +172,8 @@ def _match(softmax, g: Graph) -> _Plan | None:
         return None
     region += out["nodes"]
     remove = {id(n) for n in region}
-    for node in region:   # nothing outside reads what the rewrite removes, but for its shape
-        for name in node.output:
-            if name and name != out["anchor"] and \
-                    any(u is None or (id(u) not in remove and
-                                      not all(o in g.values for o in u.output))
-                        for u in g.readers.get(name, [])):
-                return None
+    if _read_outside(region, remove, out["anchor"], g):
+        return None
     x_source, x_steps = _attention_input(source, g, orders, batch, seq, weight.shape[0])
 
     def emit(new: _Emit, masks: dict) -> None:
@@ -218,6 +190,58 @@ def _match(softmax, g: Graph) -> _Plan | None:
         out["after"](new, attention)
 
     return _Plan(remove, out["anchor"], emit)
+
+
+def _scores(softmax, g: Graph):
+    """(scores shape, region so far, the Q.K MatMul, the mask input or '', the scale on the
+    way) of the scores *softmax* normalises over its last axis, or None."""
+    scores_shape = g.shapes.get(softmax.input[0])
+    if scores_shape is None or len(scores_shape) not in (3, 4) or \
+            scores_shape[-1] != scores_shape[-2]:
+        return None
+    axis = next((a.i for a in softmax.attribute if a.name == "axis"),
+                -1 if g.opset >= 13 else 1)
+    if axis % len(scores_shape) != len(scores_shape) - 1:
+        return None
+    add = g.producer.get(softmax.input[0])
+    sides = [(add.input[a], add.input[b]) for a, b in ((0, 1), (1, 0))] \
+        if add is not None and add.op_type == "Add" else [(softmax.input[0], "")]
+    for scores, mask_name in sides:
+        base, _, passed, scale = back(scores, g, layout=False)
+        qk = g.producer.get(base)
+        if qk is not None and qk.op_type == "MatMul" and g.shapes.get(scores) == scores_shape:
+            region = [softmax] + ([add] if mask_name else []) + passed + [qk]
+            return scores_shape, region, qk, mask_name, scale
+    return None
+
+
+def _head_split_orders(q, k, v, batch: int, heads: int, seq: int, head: int,
+                       width: int) -> list:
+    """The token row orders under which Q, K and V (the packed weight's element indices each
+    reads) are onnxruntime's head split of one packed QKV row per token."""
+    hidden = width // 3
+    cols = np.arange(heads)[:, None] * head + np.arange(head)   # onnxruntime's head split
+    orders = []
+    for order, row in _row_orders(batch, seq).items():
+        start = row * width   # (batch, seq): the first element of each token's row
+        if np.array_equal(q, start[:, None, :, None] + cols[None, :, None, :]) and \
+                np.array_equal(k, start[:, None, None, :] + hidden + cols[None, :, :, None]) \
+                and np.array_equal(v, start[:, None, :, None] + 2 * hidden +
+                                   cols[None, :, None, :]):
+            orders.append(order)
+    return orders
+
+
+def _read_outside(region, remove: set, anchor: str, g: Graph) -> bool:
+    """Whether a node outside the rewrite reads what it removes (other than its shape)."""
+    for node in region:
+        for name in node.output:
+            if name and name != anchor and \
+                    any(u is None or (id(u) not in remove and
+                                      not all(o in g.values for o in u.output))
+                        for u in g.readers.get(name, [])):
+                return True
+    return False
 
 
 def _probabilities(softmax, g: Graph):

@@ -16,9 +16,7 @@ from .._runtimes.runner.task_spec import task_kind
 from ..errors import PackagerError
 from ..graph.execute import Sample, compare_outputs, run_model
 
-Log = Callable[[str], None]
 Metric = Callable[[dict[str, np.ndarray], Sequence[Any] | None], float]
-METHODS = ("minmax", "entropy", "percentile")
 PROBE_SAMPLES = 4       # samples whose intermediate tensors are compared per round
 SMALL_CALIBRATION = 32
 

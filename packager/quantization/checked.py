@@ -6,7 +6,8 @@ from typing import Any
 
 from ..errors import PackagerError
 from ..graph.execute import Sample
-from .budget import AccuracyBudget, Log
+from ..progress import Log
+from .budget import AccuracyBudget
 from .quantize import QuantConfig
 
 

@@ -17,10 +17,11 @@ from typing import Any
 import onnx
 
 from .._runtimes.runner.load import noise
+from .._runtimes.runner.sessions import GPU_PROVIDERS
 from ..errors import BudgetMissed, SpecError
 from ..graph.execute import Sample, run_model
 from ..graph.quantized import quantized_ops, quantized_summary
-from ..progress import OFF, Progress
+from ..progress import OFF, Log, Progress
 from ..targets import Target
 from ..timing import SETTLE, calls_per_block, machine, session, time_blocks
 from . import kfold
@@ -37,8 +38,6 @@ NOISY_GAIN = 1.2
 MIN_HELD = 4      # fewer held-out samples cannot tell a good INT8 variant from a bad one
 FEW_HELD = 16     # below this the accuracy figure is rough, and the build says so
 MAX_TIMED = 6     # INT8 variants timed against FP32 (the most quantized first)
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,15 @@ def timing_place(target: Target, timer: Any) -> str:
     return ""
 
 
+def requested_precision(asked: str | None, preset: Any) -> str:
+    """The precision a part asks for, decided once (the build's plan and decide() read it):
+    int8, fp16 or fp32 when --precision forces one; else the target preset's own FP32 or FP16
+    (TensorRT builds FP16 itself); else auto."""
+    if asked in ("int8", "fp16", "fp32"):
+        return asked
+    return preset.precision if preset.precision in ("fp32", "fp16") else "auto"
+
+
 def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
            budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
@@ -90,28 +98,22 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            fp32_outputs: dict[str, Any] | None = None,
            steps: Progress | None = None,
            engine_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
-    """Build the candidates for *fp32*, measure them, and pick the one to ship.
-
-    *overrides* are the user's quantization options: 'precision' forces one precision (INT8
-    that misses the budget is then an error), the others pin those fields of the search.
-    *fp32_outputs* are FP32's outputs on *held*, when the caller has them already. *steps*
-    shows each candidate built and each timing block (*progress*: calibration, per sample).
-    *engine_pays* (engine_choice.engine_pays) says whether INT8 pays under another provider
-    (OpenVINO) where it does not on the CPU provider: then the search goes on for a variant
-    within budget, which that provider may ship.
-    """
+    """Build the candidates for *fp32*, measure them, and pick the one to ship. *overrides*:
+    the user's quantization options ('precision' forces one: missing the budget is then an
+    error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
+    known. *steps*: each candidate and timing block shown. *engine_pays*
+    (build/engine_choice.py): whether INT8 pays under another provider (OpenVINO) where it
+    does not on the CPU provider; then the search goes on for a variant within budget."""
     steps = steps or OFF
     started = time.perf_counter()
     overrides = dict(overrides)
     seconds = overrides.pop("search_seconds", None)   # the search's limit, not a config field
-    requested = overrides.get("precision")
     preset = target.preset_for(family)
+    requested = requested_precision(overrides.get("precision"), preset)
     pinned = {k for k, v in overrides.items() if v not in (None, ()) and k != "precision"}
     base = QuantConfig.from_preset(preset, **{k: v for k, v in overrides.items()
                                               if k != "precision"})
-    if requested in (None, "auto") and preset.precision in ("fp32", "fp16"):
-        requested = preset.precision     # the target's own choice (TensorRT builds FP16 itself)
-    forced = requested if requested in ("int8", "fp16", "fp32") else None
+    forced = requested if requested != "auto" else None
     if fp32_outputs is None:
         fp32_outputs = run_model(fp32, held)
     given = quantized_ops(onnx.load(str(fp32), load_external_data=False).graph)
@@ -124,37 +126,102 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if forced in ("fp32", "fp16"):
         chosen = reference if forced == "fp32" else _fp16(fp32, folder, base, held, budget,
                                                           labels, candidates, fp32_outputs)
-        if not chosen.passed:
-            raise BudgetMissed(f"--precision {forced} misses the accuracy budget: "
-                               f"{chosen.line()}", "drop --precision to let build decide")
+        _check_forced(forced, [chosen] if chosen.passed else [], chosen.line(), budget)
         return _record(chosen, reference, candidates, f"{forced.upper()}: asked for", forced,
                        budget, held, started, {}, log)
     why_not = timing_place(target, timer)
     threads = int(target.session.get("intra_op_threads", 0))
-    measured: dict[str, Any] = {}
+    pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, engine_pays, log)
+    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
+                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
+                    seconds=seconds)
+    pays.search = search
+    base = _search_int8(search, base, pinned, overrides, forced, preset, target, family,
+                        bool(calib), engine_pays, log)
+    candidates += search.candidates
+    if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
+        search.show("FP16")
+        _fp16(fp32, folder, base, held, budget, labels, candidates, fp32_outputs)
+    steps.finish()
+    passing = [c for c in candidates[1:] if c.passed]
+    if forced == "int8":
+        best = search.best()
+        _check_forced(forced, passing, f"best of {len(search.candidates)} INT8 variants was "
+                      f"{best.line() if best else 'none ran'}", budget)
+    passing, evidence, unsure = _evidence(passing, [*calib, *held] if calib else [], held,
+                                          bool(forced), fp32, folder, search, budget, labels,
+                                          log)
 
-    def pays(structural: list[Candidate]) -> str:
-        """'' unless the variants with the most INT8 (missing the budget) are still not
-        MIN_GAIN faster than FP32: moving nodes back to float will not make them faster."""
-        if forced or why_not or not structural or len(held) < MIN_HELD:
+    def record(chosen: Candidate, reason: str, timing: dict[str, Any],
+               asked: str = "auto") -> Decision:
+        return _record(chosen, reference, candidates, reason, asked, budget, held, started,
+                       timing, log, evidence)
+
+    if unsure:
+        return record(reference, unsure, {})
+    if not passing and search.futile:
+        return record(reference, f"FP32: {search.futile}",
+                      {"measured": True, "threads": threads, **pays.measured})
+    if not passing:
+        return record(reference, "FP32: no INT8 variant kept the budget (" + "; ".join(
+            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")",
+            {})
+    ranked = _ranked(passing)
+    if why_not:
+        return record(*_untimed(ranked[0], target, why_not), forced or "auto")
+    return record(*_timed(ranked, reference, fp32, held, threads, timer, steps, forced, log),
+                  forced or "auto")
+
+
+def _check_forced(forced: str, passing: list[Candidate], best: str,
+                  budget: AccuracyBudget) -> None:
+    """BudgetMissed when --precision *forced* has nothing within budget (*best*: its figure)."""
+    if passing:
+        return
+    if forced == "int8":
+        raise BudgetMissed(
+            f"--precision int8 misses the accuracy budget ({budget.describe()}): {best}",
+            "drop --precision to ship the best precision within budget (FP32 if nothing "
+            "else), or loosen --min-cosine")
+    raise BudgetMissed(f"--precision {forced} misses the accuracy budget: {best}",
+                       "drop --precision to let build decide")
+
+
+class Pays:
+    """The search's question once its variants with the most INT8 miss the budget: do they
+    pay at all? '' unless they are still not MIN_GAIN faster than FP32 (then moving nodes back
+    to float will not make them faster, and the reason says why INT8 stays out)."""
+
+    def __init__(self, forced, why_not, held, reference, fp32, threads, timer, steps,
+                 engine_pays, log):
+        self.forced, self.why_not, self.held, self.reference = forced, why_not, held, reference
+        self.fp32, self.threads, self.timer, self.steps = fp32, threads, timer, steps
+        self.engine_pays, self.log = engine_pays, log
+        self.search: Search | None = None   # set once the search exists (it asks this)
+        self.measured: dict[str, Any] = {}
+
+    def __call__(self, structural: list[Candidate]) -> str:
+        reference = self.reference
+        if self.forced or self.why_not or not structural or len(self.held) < MIN_HELD:
             return ""
         timed = frontier(structural)   # a variant another beats in ops and boundaries is slower
-        measured["measured_on"], _ = _time([reference] + timed, fp32, held, threads, timer,
-                                           steps)
-        search.reference_ms = reference.p50_ms   # (search exists by the time it calls this)
+        self.measured["measured_on"], _ = _time([reference] + timed, self.fp32, self.held,
+                                                self.threads, self.timer, self.steps)
+        self.search.reference_ms = reference.p50_ms
         fastest = min(timed, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""
-        elsewhere = engine_pays(structural) if engine_pays is not None else ""
+        elsewhere = self.engine_pays(structural) if self.engine_pays is not None else ""
         if elsewhere:
-            log(f"search: INT8 does not pay on the CPU provider, but {elsewhere}: searching on")
+            self.log(f"search: INT8 does not pay on the CPU provider, but {elsewhere}: "
+                     "searching on")
             return ""
         why = (f"INT8 cannot pay on this CPU: {fastest.label} ({fastest.int8_nodes} ops in "
                f"INT8) runs {fastest.p50_ms:.3f} ms p50 against FP32's "
                f"{reference.p50_ms:.3f} ms, short of {100 * (MIN_GAIN - 1):.0f}% faster")
         # a faster variant timed earlier (the preset) that paid but missed the budget is the
         # real story: the budget, not the CPU, keeps INT8 out
-        paid = [c for c in search.candidates if c.p50_ms and not c.passed and not c.error
+        paid = [c for c in self.search.candidates if c.p50_ms and not c.passed and not c.error
                 and reference.p50_ms / c.p50_ms >= MIN_GAIN]
         if paid:
             best = min(paid, key=lambda c: c.p50_ms)
@@ -165,10 +232,13 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                    f"meet it costs the gain: " + why.replace("INT8 cannot pay on this CPU: ", ""))
         return why
 
-    search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
-                    progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
-                    seconds=seconds)
-    static_ok = bool(calib)
+
+def _search_int8(search: Search, base: QuantConfig, pinned: set[str],
+                 overrides: dict[str, Any], forced: str | None, preset: Any, target: Target,
+                 family: str, static_ok: bool, engine_pays: Any, log: Log) -> QuantConfig:
+    """The INT8 variants: onnxruntime's search from the preset, dynamic INT8 where static
+    found nothing, the target's static preset beside a family's dynamic one, and NNCF's.
+    Returns the base config they started from (dynamic where there is no calibration data)."""
     if base.mode == "static" and not static_ok:
         base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
         log("search: no calibration data, so INT8 candidates are dynamic")
@@ -193,58 +263,44 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if target.faster and not any(p.name in GPU_PROVIDERS for p in target.providers) and \
             not (search.futile and engine_pays is None):
         nncf_variant(search, base, family, log)
-    candidates += search.candidates
-    if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
-        search.show("FP16")
-        _fp16(fp32, folder, base, held, budget, labels, candidates, fp32_outputs)
-    steps.finish()
-    passing = [c for c in candidates[1:] if c.passed]
-    if forced == "int8" and not passing:
-        best = search.best()
-        raise BudgetMissed(
-            "--precision int8 misses the accuracy budget (" + budget.describe() + "): best of "
-            f"{len(search.candidates)} INT8 variants was {best.line() if best else 'none ran'}",
-            "drop --precision to ship the best precision within budget (FP32 if nothing "
-            "else), or loosen --min-cosine")
-    timing: dict[str, Any] = {}
-    passing, evidence, unsure = _evidence(passing, [*calib, *held] if static_ok else [], held,
-                                          bool(forced), fp32, folder, search, budget, labels,
-                                          log)
-    if unsure:
-        return _record(reference, reference, candidates, unsure, "auto", budget, held,
-                       started, timing, log, evidence)
-    if not passing and search.futile:
-        return _record(reference, reference, candidates, f"FP32: {search.futile}", "auto",
-                       budget, held, started, {"measured": True, "threads": threads, **measured},
-                       log, evidence)
-    if not passing:
-        reason = "FP32: no INT8 variant kept the budget (" + "; ".join(
-            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
-        return _record(reference, reference, candidates, reason, "auto", budget, held,
-                       started, timing, log, evidence)
-    # a variant with no more ops in INT8 and no fewer Q/DQ boundaries than another is not timed
+    return base
+
+
+def _ranked(passing: list[Candidate]) -> list[Candidate]:
+    """The variants within budget worth timing, the most INT8 first: one with no more ops in
+    INT8 and no fewer Q/DQ boundaries than another is not timed; of equal structure, the more
+    accurate first (untimed, it is the one shipped)."""
     useful = [c for c in passing if not any(
         d is not c and d.int8_nodes >= c.int8_nodes and d.boundaries <= c.boundaries and
         (d.int8_nodes, -d.boundaries) != (c.int8_nodes, -c.boundaries) for d in passing)]
-    # equal structure: the more accurate first (untimed, it is the one shipped)
-    ranked = sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries,
-                                           -c.accuracy.get("cosine_min", 0.0)))[:MAX_TIMED]
-    if why_not:
-        chosen = ranked[0]
-        gpu = any(p.name in GPU_PROVIDERS for p in target.providers)
-        if gpu:   # what is known of its providers decides, and the decision says so
-            floats = sorted({p.instead_of_int8.upper() for p in target.providers
-                             if p.instead_of_int8})
-            reason = (f"{chosen.label}: within budget with the most ops in INT8, from what is "
-                      "known of the target's providers (TensorRT runs a QDQ graph in INT8"
-                      + (f"; {', '.join(floats)} graphs serve the providers that do not"
-                         if floats else "") + f"); not timed on the target: {why_not}")
-        else:
-            reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
-                      f"measured ({why_not})")
-        return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
-                       started, {"measured": False, "why": why_not,
-                                 "basis": "providers" if gpu else "ops"}, log, evidence)
+    return sorted(useful, key=lambda c: (-c.int8_nodes, c.boundaries,
+                                         -c.accuracy.get("cosine_min", 0.0)))[:MAX_TIMED]
+
+
+def _untimed(chosen: Candidate, target: Target, why_not: str
+             ) -> tuple[Candidate, str, dict[str, Any]]:
+    """Where latency cannot be measured: the variant with the most INT8 within budget, and
+    the reason (what is known of a GPU target's providers decides)."""
+    gpu = any(p.name in GPU_PROVIDERS for p in target.providers)
+    if gpu:
+        floats = sorted({p.instead_of_int8.upper() for p in target.providers
+                         if p.instead_of_int8})
+        reason = (f"{chosen.label}: within budget with the most ops in INT8, from what is "
+                  "known of the target's providers (TensorRT runs a QDQ graph in INT8"
+                  + (f"; {', '.join(floats)} graphs serve the providers that do not"
+                     if floats else "") + f"); not timed on the target: {why_not}")
+    else:
+        reason = (f"{chosen.label}: within budget with the most ops in INT8; latency not "
+                  f"measured ({why_not})")
+    return chosen, reason, {"measured": False, "why": why_not,
+                            "basis": "providers" if gpu else "ops"}
+
+
+def _timed(ranked: list[Candidate], reference: Candidate, fp32: Path, held: Sequence[Sample],
+           threads: int, timer: Any, steps: Progress, forced: str | None, log: Log
+           ) -> tuple[Candidate, str, dict[str, Any]]:
+    """FP32 and the ranked variants timed interleaved: the fastest (fewest boundaries among
+    equally fast) ships when it is MIN_GAIN faster than FP32 beyond the machine's noise."""
     log(f"search: timing FP32 and {len(ranked)} INT8 candidates within budget, interleaved")
     where, noisy = _time([reference] + ranked, fp32, held, threads, timer, steps)
     timing = {"measured": True, "threads": threads, "measured_on": where, "noisy": noisy}
@@ -276,8 +332,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     if isinstance(where, dict) and where.get("host"):
         reason += (f"; timed on {where['host']}"
                    + (f" under {', '.join(where['providers'])}" if where.get("providers") else ""))
-    return _record(chosen, reference, candidates, reason, forced or "auto", budget, held,
-                   started, timing, log, evidence)
+    return chosen, reason, timing
 
 
 NNCF_SHARE = 1.5   # NNCF's window after onnxruntime's search, in units of the search's limit

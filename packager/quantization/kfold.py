@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..graph.execute import Sample, run_model
+from ..progress import Log
 from .budget import AccuracyBudget
 from .calibration import spread
 from .quantize import QuantConfig, quantize_file
@@ -25,7 +26,6 @@ from .search import best_of_each_generator
 
 FOLDS = 5          # each fold a fifth: the default --holdout 0.2, turned round
 MIN_POOL = 4       # fewer samples than this cannot judge anything, rotated or not
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ import onnx
 
 from ..errors import QuantizationError
 from ..graph.execute import Sample, run_model
-from ..progress import OFF, Progress
-from .budget import METHODS, PROBE_SAMPLES, AccuracyBudget, worst_samples
+from ..progress import OFF, Log, Progress
+from ..targets import CALIBRATION_METHODS as METHODS
+from .budget import PROBE_SAMPLES, AccuracyBudget, worst_samples
 from .calibration import spread
 from .graph_facts import (  # noqa: F401
     HEAVY_OPS,
@@ -55,7 +56,6 @@ from .graph_facts import (  # noqa: F401
 from .quantize import OverTime, QuantConfig, quantize_file
 from .sensitivity import layer_errors, quantized_nodes
 
-Log = Callable[[str], None]
 RETRIES = 4          # quantizer failures worked around per variant
 # No new stage starts after SEARCH_SECONDS (--search-seconds), and the bisection starts no probe
 # after BISECT_SHARE times that: zoo builds took up to 264 s (CenterFace), mostly in searches

@@ -6,7 +6,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from ..errors import ExportError, ExportInvalid, PackagerError
 from ..graph.compat import runtime_limits
 from ..graph.execute import Sample
 from ..graph.modelio import opset_of, save_model
+from ..progress import Log
 from ..targets import Target, load_target
 from .forward_args import (
     Binding,
@@ -39,7 +40,6 @@ VALIDATION_SAMPLES = 8     # calibration samples the export is checked on (with 
 EXPORTER_MAX_OPSET = 20     # torch.onnx's TorchScript exporter writes opsets 7..20
 DEFAULT_TOLERANCE = 1e-3    # max |onnx - torch| relative to the output's largest magnitude
 RANDOM_DRAWS = 3
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -108,16 +108,7 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     output = Path(output)
     specs = list(inputs) or loaded.example_inputs
     specs, fixed = _check_inputs(loaded, specs, dict(consts or {}), other_consts)
-    dynamic = {k: dict(v) for k, v in (dynamic or {}).items()}
-    for name, axes in dynamic.items():
-        spec = next((s for s in specs if s.name == name), None)
-        if spec is None:
-            raise ExportError(f"--dynamic {name}: no input of that name",
-                              f"inputs: {', '.join(s.name for s in specs)}")
-        bad = [a for a in axes if not 0 <= a < len(spec.shape)]
-        if bad:
-            raise ExportError(f"--dynamic {name}: axis {bad[0]} is out of range for "
-                              f"{spec.describe()}", f"axes are 0..{len(spec.shape) - 1}")
+    dynamic = _checked_dynamic(dynamic, specs)
     default = default_opset(target)
     opset = opset or default
     if not 7 <= opset <= EXPORTER_MAX_OPSET:
@@ -143,19 +134,7 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
         for note in notes:
             log(f"export warning: {note}")
         proto = onnx.load(str(raw), load_external_data=True)
-    if opset_of(proto) != opset:
-        raise ExportError(f"the exporter wrote opset {opset_of(proto)}, not the {opset} asked for",
-                          "pass --opset to match what the exporter can write")
-    got_inputs = [i.name for i in proto.graph.input]
-    dropped = [s.name for s in specs if s.name not in got_inputs]
-    if dropped:
-        raise ExportError(f"input {dropped[0]} is not used by forward(), so the exported graph "
-                          "has no such input", "drop it from --input or use it in the model")
-    try:
-        onnx.checker.check_model(proto, full_check=False)
-    except Exception as exc:
-        raise ExportError(f"the exported graph is invalid ({first_line(exc)})",
-                          "report this with --debug output; try another --opset") from None
+    _check_exported(proto, opset, specs)
 
     for seed in range(1, RANDOM_DRAWS + 1):
         feeds.append(make_inputs(specs, loaded.module, seed=seed))
@@ -172,6 +151,60 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
     if dynamic:
         validation["dynamic"] = _check_dynamic(proto, run, specs, dynamic, names,
                                                vocab=_smallest_vocab(loaded.module))
+    _judge_validation(validation, tolerance, log)
+    with atomic_file(output, force=force) as tmp_out:
+        save_model(proto, tmp_out, location=output.name + ".data")
+    return ExportResult(
+        path=output, source=loaded.description, exporter=EXPORTER, opset=opset,
+        inputs=[{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
+        outputs=[{"name": n, "shape": list(np.asarray(r).shape), "dtype": str(np.asarray(r).dtype)}
+                 for n, r in zip(names, reference[0], strict=True)],
+        dynamic={k: {int(a): v for a, v in d.items()} for k, d in dynamic.items()},
+        validation=validation, nodes=len(proto.graph.node), warnings=notes,
+        weights=loaded.weights,
+        consts={k: {"value": plain(fixed[k]), "passed_as": binding.passed_as(k)}
+                for k in (binding.consts if binding else {})})
+
+
+def _checked_dynamic(dynamic: Mapping[str, Mapping[int, str]] | None,
+                     specs: Sequence[TensorSpec]) -> dict[str, dict[int, str]]:
+    """--dynamic's axes, each naming an input and an axis it has."""
+    dynamic = {k: dict(v) for k, v in (dynamic or {}).items()}
+    for name, axes in dynamic.items():
+        spec = next((s for s in specs if s.name == name), None)
+        if spec is None:
+            raise ExportError(f"--dynamic {name}: no input of that name",
+                              f"inputs: {', '.join(s.name for s in specs)}")
+        bad = [a for a in axes if not 0 <= a < len(spec.shape)]
+        if bad:
+            raise ExportError(f"--dynamic {name}: axis {bad[0]} is out of range for "
+                              f"{spec.describe()}", f"axes are 0..{len(spec.shape) - 1}")
+    return dynamic
+
+
+def _check_exported(proto: Any, opset: int, specs: Sequence[TensorSpec]) -> None:
+    """ExportError unless the exporter wrote the opset asked for, every input, and a graph
+    onnx's checker accepts."""
+    import onnx
+
+    if opset_of(proto) != opset:
+        raise ExportError(f"the exporter wrote opset {opset_of(proto)}, not the {opset} asked for",
+                          "pass --opset to match what the exporter can write")
+    got_inputs = [i.name for i in proto.graph.input]
+    dropped = [s.name for s in specs if s.name not in got_inputs]
+    if dropped:
+        raise ExportError(f"input {dropped[0]} is not used by forward(), so the exported graph "
+                          "has no such input", "drop it from --input or use it in the model")
+    try:
+        onnx.checker.check_model(proto, full_check=False)
+    except Exception as exc:
+        raise ExportError(f"the exported graph is invalid ({first_line(exc)})",
+                          "report this with --debug output; try another --opset") from None
+
+
+def _judge_validation(validation: dict[str, Any], tolerance: float, log: Log) -> None:
+    """Say the export's agreement with PyTorch; ExportInvalid for NaN or infinity in an
+    output (such a model computes nothing), ExportError beyond *tolerance*."""
     worst = validation["max_rel"]
     broken = {n: e["nonfinite"] for n, e in validation["outputs"].items() if e["nonfinite"]}
     log(f"validation vs PyTorch on {validation['samples']} inputs: " + (
@@ -193,18 +226,6 @@ def export_loaded(loaded: LoadedModel, output: Path, *, inputs: Sequence[TensorS
             f"{validation['cosine_min']:.4f})",
             "look for data-dependent Python control flow or in-place ops in forward(); "
             "--tolerance raises the limit")
-    with atomic_file(output, force=force) as tmp_out:
-        save_model(proto, tmp_out, location=output.name + ".data")
-    return ExportResult(
-        path=output, source=loaded.description, exporter=EXPORTER, opset=opset,
-        inputs=[{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
-        outputs=[{"name": n, "shape": list(np.asarray(r).shape), "dtype": str(np.asarray(r).dtype)}
-                 for n, r in zip(names, reference[0], strict=True)],
-        dynamic={k: {int(a): v for a, v in d.items()} for k, d in dynamic.items()},
-        validation=validation, nodes=len(proto.graph.node), warnings=notes,
-        weights=loaded.weights,
-        consts={k: {"value": plain(fixed[k]), "passed_as": binding.passed_as(k)}
-                for k in (binding.consts if binding else {})})
 
 
 # --------------------------------------------------------------------------- inputs

@@ -14,10 +14,16 @@ from .load import load_facts, noise, snapshot
 from .manifest import load_golden, require_intact, select_parts
 from .metrics import io_binding_call, latency_stats, timed
 from .places import regular_file
-from .sessions import CPU, full_session, open_session, session_origin, session_settings
+from .sessions import (
+    CPU,
+    GPU_PROVIDERS,
+    full_session,
+    open_session,
+    session_origin,
+    session_settings,
+)
 from .tuning import save_tuned, tune
 
-GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 OPENVINO = "OpenVINOExecutionProvider"
 
 

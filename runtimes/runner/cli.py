@@ -36,6 +36,7 @@ from .tuning import TUNE_MARGIN, load_tuned
 
 
 def parse_args(argv):
+    """run.py's command line: its command and options, each checked (exit 2 on a bad one)."""
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle",   # runner/.. : the folder holding run.py
                         default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -47,97 +48,120 @@ def parse_args(argv):
                        ("serve", "serve the model over HTTP (POST /infer, GET /health, "
                                  "GET /metadata)")):
         p = sub.add_parser(name, help=text, description=text)
-        if name != "serve":
-            p.add_argument("--json", action="store_true", help="print one JSON object")
-        p.add_argument("--require-provider", default=None,
-                       help="fail (exit 1) unless this execution provider runs")
-        p.add_argument("--part", default=None,
-                       help="only this model of a multi-model bundle (default: all)")
-        g = p.add_argument_group("session options (default: the target's, from the manifest)")
-        g.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
-        g.add_argument("--inter-threads", type=int, default=None, help="inter-op threads")
-        g.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default=None,
-                       help="graph optimisation level")
-        g.add_argument("--execution-mode", choices=("sequential", "parallel"), default=None)
+        _common_options(p, name)
         if name == "bench":
-            p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
-            p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
-            p.add_argument("--roofline", action="store_true",
-                           help="also time the bundle's roofline graphs (GEMMs and convs, FP32 "
-                                "and integer) with the same threads, and report the model's "
-                                "share of the best rate of its kind")
-            p.add_argument("--tune", action="store_true",
-                           help="first try thread counts, optimisation levels and the parallel "
-                                "execution mode on this device, keep the fastest (when %d%%%% "
-                                "faster and check still passes) in %s, then bench with it; "
-                                "--runs applies to each setting tried" % (100 * TUNE_MARGIN,
-                                                                          TUNED))
-            p.add_argument("--no-save", action="store_true",
-                           help="with --tune: report only, write nothing")
-            p.add_argument("--profile", action="store_true",
-                           help="also run onnxruntime's profiler and print each op type's "
-                                "kernel time on this device (CPU provider)")
-            p.add_argument("--io-binding", action="store_true",
-                           help="also time runs with inputs and outputs bound on the provider's "
-                                "device (no host copies per call), as an application would")
+            _bench_options(p)
         if name == "infer":
             p.add_argument("files", nargs="+", help="image, .npy or .npz files")
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
         if name in ("infer", "serve"):
-            p.add_argument("--top", type=int, default=5, help="classes shown per output")
-            p.add_argument("--raw", action="store_true",
-                           help="answer with the output tensors, not the part's task results "
-                                "(labels, boxes, text...)%s" % (
-                                    "; one request can ask with ?raw=1" if name == "serve"
-                                    else ""))
-            p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
-                           help="refuse images larger than this, measured from their header "
-                                "before decoding (default %(default)g)")
+            _answer_options(p, name)
         if name == "serve":
-            p.add_argument("--host", default="127.0.0.1",
-                           help="address to listen on (0.0.0.0 for the network)")
-            p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-            p.add_argument("--quiet", action="store_true", help="do not log requests")
-            p.add_argument("--timeout", type=float, default=30.0,
-                           help="seconds a client may stay silent while sending its request "
-                                "(then 408 and the connection closes; default 30)")
-            p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
-                           help="requests run at once, once read whole; one more waits %g s, "
-                                "then gets 503 with Retry-After (default 2 x cores, at least 4: "
-                                "%%(default)d here)" % QUEUE_WAIT_S)
-            p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
-                           help="open connections in all; one more gets 503 at once "
-                                "(default %(default)d)")
-            p.add_argument("--max-per-client", type=int, default=MAX_PER_CLIENT,
-                           help="open connections from one client address; one more gets 503 "
-                                "at once (default %(default)d)")
+            _serve_options(p)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         raise SystemExit(EXIT_BAD_INPUT)
-    if args.command == "bench" and (args.runs < 1 or args.warmup < 0):
-        parser.error("--runs must be >= 1 and --warmup >= 0")
-    if args.command == "bench" and args.no_save and not args.tune:
-        parser.error("--no-save goes with --tune")
-    if args.command == "bench" and args.tune and any(
-            getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
-        parser.error("--tune tries the session options itself; drop --threads, "
-                     "--inter-threads, --opt-level and --execution-mode")
-    if args.command in ("infer", "serve") and not 0 < args.max_megapixels <= 10000:
-        parser.error("--max-megapixels must be a number from 0 to 10000 (got %s)"
-                     % args.max_megapixels)
-    if args.command in ("infer", "serve") and not 1 <= args.top <= 100000:
-        parser.error("--top must be from 1 to 100000, got %d" % args.top)
-    if args.command == "serve" and not 0 <= args.port <= 65535:
-        parser.error("--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port)
-    if args.command == "serve" and not 0 < args.timeout <= 3600:
-        parser.error("--timeout must be > 0 and at most 3600 seconds")
-    if args.command == "serve" and not (
-            1 <= args.max_concurrent <= 1024 and 1 <= args.max_per_client <= 100000 and
-            1 <= args.max_connections <= 100000):
-        parser.error("--max-concurrent must be from 1 to 1024, --max-connections and "
-                     "--max-per-client from 1 to 100000")
+    problem = _args_problem(args)
+    if problem:
+        parser.error(problem)
     return args
+
+
+def _common_options(p, name):
+    if name != "serve":
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--require-provider", default=None,
+                   help="fail (exit 1) unless this execution provider runs")
+    p.add_argument("--part", default=None,
+                   help="only this model of a multi-model bundle (default: all)")
+    g = p.add_argument_group("session options (default: the target's, from the manifest)")
+    g.add_argument("--threads", type=int, default=None, help="intra-op threads (0 = ORT)")
+    g.add_argument("--inter-threads", type=int, default=None, help="inter-op threads")
+    g.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default=None,
+                   help="graph optimisation level")
+    g.add_argument("--execution-mode", choices=("sequential", "parallel"), default=None)
+
+
+def _bench_options(p):
+    p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
+    p.add_argument("--roofline", action="store_true",
+                   help="also time the bundle's roofline graphs (GEMMs and convs, FP32 "
+                        "and integer) with the same threads, and report the model's "
+                        "share of the best rate of its kind")
+    p.add_argument("--tune", action="store_true",
+                   help="first try thread counts, optimisation levels and the parallel "
+                        "execution mode on this device, keep the fastest (when %d%%%% "
+                        "faster and check still passes) in %s, then bench with it; "
+                        "--runs applies to each setting tried" % (100 * TUNE_MARGIN, TUNED))
+    p.add_argument("--no-save", action="store_true",
+                   help="with --tune: report only, write nothing")
+    p.add_argument("--profile", action="store_true",
+                   help="also run onnxruntime's profiler and print each op type's "
+                        "kernel time on this device (CPU provider)")
+    p.add_argument("--io-binding", action="store_true",
+                   help="also time runs with inputs and outputs bound on the provider's "
+                        "device (no host copies per call), as an application would")
+
+
+def _answer_options(p, name):
+    p.add_argument("--top", type=int, default=5, help="classes shown per output")
+    p.add_argument("--raw", action="store_true",
+                   help="answer with the output tensors, not the part's task results "
+                        "(labels, boxes, text...)%s" % (
+                            "; one request can ask with ?raw=1" if name == "serve" else ""))
+    p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
+                   help="refuse images larger than this, measured from their header "
+                        "before decoding (default %(default)g)")
+
+
+def _serve_options(p):
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0 for the network)")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    p.add_argument("--quiet", action="store_true", help="do not log requests")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a client may stay silent while sending its request "
+                        "(then 408 and the connection closes; default 30)")
+    p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
+                   help="requests run at once, once read whole; one more waits %g s, "
+                        "then gets 503 with Retry-After (default 2 x cores, at least 4: "
+                        "%%(default)d here)" % QUEUE_WAIT_S)
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                   help="open connections in all; one more gets 503 at once "
+                        "(default %(default)d)")
+    p.add_argument("--max-per-client", type=int, default=MAX_PER_CLIENT,
+                   help="open connections from one client address; one more gets 503 "
+                        "at once (default %(default)d)")
+
+
+def _args_problem(args):
+    """What is wrong with the parsed *args* (argparse's error line), or ''."""
+    if args.command == "bench":
+        if args.runs < 1 or args.warmup < 0:
+            return "--runs must be >= 1 and --warmup >= 0"
+        if args.no_save and not args.tune:
+            return "--no-save goes with --tune"
+        if args.tune and any(getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
+            return ("--tune tries the session options itself; drop --threads, "
+                    "--inter-threads, --opt-level and --execution-mode")
+    if args.command in ("infer", "serve"):
+        if not 0 < args.max_megapixels <= 10000:
+            return ("--max-megapixels must be a number from 0 to 10000 (got %s)"
+                    % args.max_megapixels)
+        if not 1 <= args.top <= 100000:
+            return "--top must be from 1 to 100000, got %d" % args.top
+    if args.command == "serve":
+        if not 0 <= args.port <= 65535:
+            return "--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port
+        if not 0 < args.timeout <= 3600:
+            return "--timeout must be > 0 and at most 3600 seconds"
+        if not (1 <= args.max_concurrent <= 1024 and 1 <= args.max_per_client <= 100000 and
+                1 <= args.max_connections <= 100000):
+            return ("--max-concurrent must be from 1 to 1024, --max-connections and "
+                    "--max-per-client from 1 to 100000")
+    return ""
 
 
 def main(argv=None):

@@ -107,7 +107,22 @@ def session_value_problem(key, value, max_threads=MAX_THREADS):
 
 
 def check_manifest(manifest):
+    """BundleError naming the first field of *manifest* that is not what the runner reads."""
     m = ManifestShape()
+    _check_bundle_fields(m, manifest)
+    for i, part in enumerate(m.items(manifest, "parts", optional=False)):
+        _check_part(m, i, part)
+    m.pop()
+    if "pipeline" in manifest:
+        problem = optional_module("cascade_spec").pipeline_problem(
+            manifest["pipeline"], manifest["parts"]) or \
+            optional_module("cascade_judge").golden_problem(manifest["pipeline"].get("accuracy"))
+        if problem:
+            raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
+
+
+def _check_bundle_fields(m, manifest):
+    """The bundle-wide fields: name, target, session, roofline, files, budget, providers."""
     name = manifest.get("name")
     if not isinstance(name, str) or not SAFE_NAME.match(name):
         raise BundleError("%s: name %s is not one safe file name (letters, digits, '.', '_', "
@@ -162,82 +177,79 @@ def check_manifest(manifest):
         m.pop()
         m.pop()
     m.pop()
-    for i, part in enumerate(m.items(manifest, "parts", optional=False)):
-        m.at(i, part, dict, "an object")
-        m.at("name", part.get("name"), str, "a name")
-        m.pop()
-        files = [m.table(part, "model", optional=False)]
-        m.pop()
-        for j, graph in enumerate(m.items(part, "graphs")):
-            m.at(j, graph, dict, "an object")
-            files.append(graph)
-            for k, name in enumerate(m.items(graph, "providers", optional=False)):
-                m.at(k, name, str, "a provider name")
-                m.pop()
-            m.pop()
-            m.pop()
-        m.pop()
-        offline = m.table(part, "offline")
-        if "file" in offline:
-            files.append(offline)
-            m.at("family", offline.get("family"), str, "an onnxruntime version family")
-            m.pop()
-        m.pop()
-        for entry in files:
-            for key in ("file", "sha256"):
-                m.at(key, entry.get(key), str, "a file name" if key == "file" else "a sha256")
-                m.pop()
-        for key in ("inputs", "outputs"):
-            for j, value in enumerate(m.items(part, key, optional=False)):
-                m.at(j, value, dict, "an object")
-                m.at("name", value.get("name"), str, "a tensor name")
-                m.pop()
-                if key == "inputs":
-                    for k, dim in enumerate(m.items(value, "shape", optional=False)):
-                        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-                            m.at(k, dim, int, "a size")
-                            m.fail("a size")
-                    m.pop()
-                    m.at("dtype", value.get("dtype"), str, "a dtype")
-                    m.pop()
-                m.pop()
-            m.pop()
-        for key in ("preprocess", "precision", "accuracy"):
-            m.table(part, key, nullable=key == "preprocess")
-            m.pop()
-        problem = preprocess_problem(part["preprocess"]) if part.get("preprocess") else ""
-        if problem:
-            raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
-                              % (MANIFEST, i, problem))
-        precision = part.get("precision") or {}
-        m.at("precision", precision, dict, "an object")
-        m.at("precision", precision.get("precision"), str, "a precision name", optional=True)
-        m.pop()
-        m.pop()
-        for j, label in enumerate(m.items(part, "labels", nullable=True)):
-            m.at(j, label, str, "a label")
-            m.pop()
-        m.pop()
-        if "task" in part:
-            problem = task_problem(part["task"], part["outputs"])
-            if problem:
-                raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
-                                  % (MANIFEST, i, problem))
-        golden = m.table(part, "golden", optional=False)
-        m.at("inputs", golden.get("inputs"), str, "a file name")
-        m.pop()
-        for key in ("outputs", "shipped", "reference", "shipped_provider"):
-            m.at(key, golden.get(key), str, "a name", optional=True)
+
+
+def _check_part(m, i, part):
+    """parts[i]: its name, model and provider graphs, inputs and outputs, preprocessing,
+    labels, task and golden files (ManifestShape *m* says where a field is wrong)."""
+    m.at(i, part, dict, "an object")
+    m.at("name", part.get("name"), str, "a name")
+    m.pop()
+    files = [m.table(part, "model", optional=False)]
+    m.pop()
+    for j, graph in enumerate(m.items(part, "graphs")):
+        m.at(j, graph, dict, "an object")
+        files.append(graph)
+        for k, name in enumerate(m.items(graph, "providers", optional=False)):
+            m.at(k, name, str, "a provider name")
             m.pop()
         m.pop()
         m.pop()
     m.pop()
-    if "pipeline" in manifest:
-        problem = optional_module("cascade_spec").pipeline_problem(
-            manifest["pipeline"], manifest["parts"]) or \
-            optional_module("cascade_judge").golden_problem(manifest["pipeline"].get("accuracy"))
+    offline = m.table(part, "offline")
+    if "file" in offline:
+        files.append(offline)
+        m.at("family", offline.get("family"), str, "an onnxruntime version family")
+        m.pop()
+    m.pop()
+    for entry in files:
+        for key in ("file", "sha256"):
+            m.at(key, entry.get(key), str, "a file name" if key == "file" else "a sha256")
+            m.pop()
+    for key in ("inputs", "outputs"):
+        for j, value in enumerate(m.items(part, key, optional=False)):
+            m.at(j, value, dict, "an object")
+            m.at("name", value.get("name"), str, "a tensor name")
+            m.pop()
+            if key == "inputs":
+                for k, dim in enumerate(m.items(value, "shape", optional=False)):
+                    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                        m.at(k, dim, int, "a size")
+                        m.fail("a size")
+                m.pop()
+                m.at("dtype", value.get("dtype"), str, "a dtype")
+                m.pop()
+            m.pop()
+        m.pop()
+    for key in ("preprocess", "precision", "accuracy"):
+        m.table(part, key, nullable=key == "preprocess")
+        m.pop()
+    problem = preprocess_problem(part["preprocess"]) if part.get("preprocess") else ""
+    if problem:
+        raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
+                          % (MANIFEST, i, problem))
+    precision = part.get("precision") or {}
+    m.at("precision", precision, dict, "an object")
+    m.at("precision", precision.get("precision"), str, "a precision name", optional=True)
+    m.pop()
+    m.pop()
+    for j, label in enumerate(m.items(part, "labels", nullable=True)):
+        m.at(j, label, str, "a label")
+        m.pop()
+    m.pop()
+    if "task" in part:
+        problem = task_problem(part["task"], part["outputs"])
         if problem:
-            raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
+            raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
+                              % (MANIFEST, i, problem))
+    golden = m.table(part, "golden", optional=False)
+    m.at("inputs", golden.get("inputs"), str, "a file name")
+    m.pop()
+    for key in ("outputs", "shipped", "reference", "shipped_provider"):
+        m.at(key, golden.get(key), str, "a name", optional=True)
+        m.pop()
+    m.pop()
+    m.pop()
 
 
 def select_parts(manifest, name=None):
@@ -355,18 +367,7 @@ def integrity_problems(bundle, manifest):
     for rel in manifest_files(manifest, bundle):
         if not rel or rel not in files:
             problems.append("manifest: %s is not in its file table" % rel)
-    roofline = manifest.get("roofline") or {}
-    for key in ("fp32", "int8"):
-        if key in roofline and (not isinstance(roofline[key], str)
-                                or roofline[key] not in files):
-            problems.append("manifest: roofline.%s = %r is not in its file table"
-                            % (key, str(roofline[key])[:80]))
-    extra = roofline.get("graphs") if isinstance(roofline.get("graphs"), list) else []
-    for i, graph in enumerate(extra):
-        rel = graph.get("file") if isinstance(graph, dict) else None
-        if not isinstance(rel, str) or rel not in files:
-            problems.append("manifest: roofline.graphs[%d] = %r is not in its file table"
-                            % (i, str(rel)[:80]))
+    problems += roofline_problems(manifest.get("roofline") or {}, files)
     problems += provider_path_problems(manifest)
     for i, part in enumerate(manifest.get("parts") or []):
         entries = [("parts[%d].model" % i, part.get("model", {}))] + [
@@ -414,6 +415,23 @@ def integrity_problems(bundle, manifest):
         elif name not in listed and name.endswith(IMPORTABLE):
             problems.append("%s: not part of the bundle, and Python would import it before "
                             "run.py's own modules; remove it" % name)
+    return problems
+
+
+def roofline_problems(roofline, files):
+    """The roofline graphs the manifest names that its file table does not list."""
+    problems = []
+    for key in ("fp32", "int8"):
+        if key in roofline and (not isinstance(roofline[key], str)
+                                or roofline[key] not in files):
+            problems.append("manifest: roofline.%s = %r is not in its file table"
+                            % (key, str(roofline[key])[:80]))
+    extra = roofline.get("graphs") if isinstance(roofline.get("graphs"), list) else []
+    for i, graph in enumerate(extra):
+        rel = graph.get("file") if isinstance(graph, dict) else None
+        if not isinstance(rel, str) or rel not in files:
+            problems.append("manifest: roofline.graphs[%d] = %r is not in its file table"
+                            % (i, str(rel)[:80]))
     return problems
 
 

@@ -117,103 +117,111 @@ def load_line(entry, report):
 
 
 def print_human(command, report):
-    if command == "check":
-        for line in report.get("integrity", []):
-            print("integrity: " + line)
-        for part, entry in report.get("parts", {}).items():
-            for name, s in entry["outputs"].items():
-                print("%s/%s: %s" % (part, name, reproduce_line(entry, s["reproduce"])))
-                if entry["reference"] == "fp32":
-                    print("%s/%s: vs FP32 reference: %s" % (
-                        part, name, figure(s, s["min_cosine"], "floor ")))
-                small = s.get("small_output")
-                if small:
-                    print("%s/%s: a few values a sample: max abs %.4g <= %.4g (the host's "
-                          "%.4g + 1%% of its largest value): %s" % (
-                              part, name, small["max_abs"], small["allowed"],
-                              small["host_max_abs"], "ok" if small["passed"] else "FAILED"))
-                elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
-                    print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
-                        part, name, figure(s, s["min_cosine"])))
-            task = entry.get("task")
-            if task:
-                print("%s: %s vs the %s: %s%s" % (
-                    part, task["kind"], "FP32 reference" if entry["reference"] == "fp32"
-                    else "host's outputs", task["text"],
-                    "" if not task["passed"] else ": ok" if task["shown"] else
-                    ": ok, not shown (too few golden samples)"))
-        if report.get("pipeline"):
-            print(pipeline_line(report["pipeline"]))
-        note = report.get("target_note")
-        print("check %s%s" % ("passed" if report["passed"] else "FAILED",
-                              " (not on the target: %s)" % note if note else ""))
-    elif command == "bench":
-        tuning = report.get("tuning")
-        if tuning:
-            print_tuning(tuning)
-        print("%s on %s (%s, %s cores), %d runs" % (
-            report["bundle"], report["providers"][0], report["device"]["arch"],
-            report["device"]["cores"], report["runs"]))
-        print("session: %s (from %s)%s" % (
-            describe_session(report["session"]), report["session_from"],
-            "" if tuning or "tuned" in report["session_from"] else
-            "; threads not tuned on this device: --tune times other thread counts and keeps "
-            "the fastest"))
-        for part, entry in report["parts"].items():
-            lat = entry["latency_ms"]
-            print("%s (%s, %s): p50 %.3f ms (p10-p90 %.3f-%.3f)  p99 %.3f  mean %.3f ms, "
-                  "%.1f/s" % (part, entry["graph"], entry["precision"], lat["p50"],
-                              lat.get("p10", lat["min"]), lat["p90"], lat["p99"], lat["mean"],
-                              entry["throughput_per_s"]))
-            print("%s: %s" % (part, load_line(entry, report)))
-            print("%s: session load %.1f ms%s" % (
-                part, entry["session_load_ms"], " (%s, optimised offline)" % entry["loaded"]
-                if entry.get("loaded", entry["graph"]) != entry["graph"] else ""))
-            if entry.get("achieved_gops"):
-                share = entry.get("roofline_share")
-                print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
-                    part, entry["operations_per_call"] / 1e9, entry["achieved_gops"],
-                    " (%.0f%% of this device's best %s rate)" % (
-                        100 * share, (report["roofline"]["int8_kind"] if entry["precision"] ==
-                                      "int8" else "FP32")) if share is not None else ""))
-            bound = entry.get("io_binding")
-            if bound:
-                lat = bound["latency_ms"]
-                print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
-                    part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
-                    bound["throughput_per_s"]))
-            if entry.get("profile"):
-                print_profile(part, entry["profile"])
-            if entry.get("gpu_memory_mb") is not None:
-                print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
-        ceiling = report.get("roofline")
-        if ceiling:
-            print("roofline (best of %d graphs, %d threads, CPU): FP32 %.1f GOP/s (%s), %s "
-                  "integer %.1f GOP/s (%s)" % (
-                      len(ceiling.get("graphs") or ()), ceiling["threads"], ceiling["fp32_gops"],
-                      ceiling.get("fp32_best"), ceiling["int8_kind"], ceiling["int8_gops"],
-                      ceiling.get("int8_best")))
-        gpu = report.get("gpu")
-        if gpu:
-            print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
-                  "TensorRT %s" % tuple(gpu.get(k) or "?" for k in (
-                      "name", "compute_capability", "driver", "cuda_runtime", "cuda_driver",
-                      "cudnn", "tensorrt")))
-        rss = report["peak_rss_mb"]
-        print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
-    else:
-        for entry in report["results"]:
-            if "summary" in entry:   # a part with a task: its result in a few words
-                print("%s: %s" % (entry["file"], entry["summary"]))
-            for output, item in entry.get("outputs", {}).items():
-                if "top" in item:
-                    best = item["top"][0]
-                    print("%s: %s = class %d%s (score %.4g)" % (
-                        entry["file"], output, best["index"],
-                        " '%s'" % best["label"] if best["label"] else "", best["score"]))
-                else:
-                    print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
-            for note in entry.get("notes", ()):   # NaN or infinity in an output
-                print("%s: %s" % (entry["file"], note))
-        if report.get("out"):
-            print("outputs written to %s" % report["out"])
+    """The report of `run.py check`, `bench` or `infer` as lines a person reads."""
+    {"check": _print_check, "bench": _print_bench}.get(command, _print_infer)(report)
+
+
+def _print_check(report):
+    for line in report.get("integrity", []):
+        print("integrity: " + line)
+    for part, entry in report.get("parts", {}).items():
+        for name, s in entry["outputs"].items():
+            print("%s/%s: %s" % (part, name, reproduce_line(entry, s["reproduce"])))
+            if entry["reference"] == "fp32":
+                print("%s/%s: vs FP32 reference: %s" % (
+                    part, name, figure(s, s["min_cosine"], "floor ")))
+            small = s.get("small_output")
+            if small:
+                print("%s/%s: a few values a sample: max abs %.4g <= %.4g (the host's "
+                      "%.4g + 1%% of its largest value): %s" % (
+                          part, name, small["max_abs"], small["allowed"],
+                          small["host_max_abs"], "ok" if small["passed"] else "FAILED"))
+            elif not s["reproduce"]["checked"]:  # the host's outputs, with a looser floor
+                print("%s/%s: vs the host's outputs (no FP32 reference): %s" % (
+                    part, name, figure(s, s["min_cosine"])))
+        task = entry.get("task")
+        if task:
+            print("%s: %s vs the %s: %s%s" % (
+                part, task["kind"], "FP32 reference" if entry["reference"] == "fp32"
+                else "host's outputs", task["text"],
+                "" if not task["passed"] else ": ok" if task["shown"] else
+                ": ok, not shown (too few golden samples)"))
+    if report.get("pipeline"):
+        print(pipeline_line(report["pipeline"]))
+    note = report.get("target_note")
+    print("check %s%s" % ("passed" if report["passed"] else "FAILED",
+                          " (not on the target: %s)" % note if note else ""))
+
+
+def _print_bench(report):
+    tuning = report.get("tuning")
+    if tuning:
+        print_tuning(tuning)
+    print("%s on %s (%s, %s cores), %d runs" % (
+        report["bundle"], report["providers"][0], report["device"]["arch"],
+        report["device"]["cores"], report["runs"]))
+    print("session: %s (from %s)%s" % (
+        describe_session(report["session"]), report["session_from"],
+        "" if tuning or "tuned" in report["session_from"] else
+        "; threads not tuned on this device: --tune times other thread counts and keeps "
+        "the fastest"))
+    for part, entry in report["parts"].items():
+        lat = entry["latency_ms"]
+        print("%s (%s, %s): p50 %.3f ms (p10-p90 %.3f-%.3f)  p99 %.3f  mean %.3f ms, "
+              "%.1f/s" % (part, entry["graph"], entry["precision"], lat["p50"],
+                          lat.get("p10", lat["min"]), lat["p90"], lat["p99"], lat["mean"],
+                          entry["throughput_per_s"]))
+        print("%s: %s" % (part, load_line(entry, report)))
+        print("%s: session load %.1f ms%s" % (
+            part, entry["session_load_ms"], " (%s, optimised offline)" % entry["loaded"]
+            if entry.get("loaded", entry["graph"]) != entry["graph"] else ""))
+        if entry.get("achieved_gops"):
+            share = entry.get("roofline_share")
+            print("%s: %.3g GOP per call, %.1f GOP/s%s" % (
+                part, entry["operations_per_call"] / 1e9, entry["achieved_gops"],
+                " (%.0f%% of this device's best %s rate)" % (
+                    100 * share, (report["roofline"]["int8_kind"] if entry["precision"] ==
+                                  "int8" else "FP32")) if share is not None else ""))
+        bound = entry.get("io_binding")
+        if bound:
+            lat = bound["latency_ms"]
+            print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
+                part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
+                bound["throughput_per_s"]))
+        if entry.get("profile"):
+            print_profile(part, entry["profile"])
+        if entry.get("gpu_memory_mb") is not None:
+            print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
+    ceiling = report.get("roofline")
+    if ceiling:
+        print("roofline (best of %d graphs, %d threads, CPU): FP32 %.1f GOP/s (%s), %s "
+              "integer %.1f GOP/s (%s)" % (
+                  len(ceiling.get("graphs") or ()), ceiling["threads"], ceiling["fp32_gops"],
+                  ceiling.get("fp32_best"), ceiling["int8_kind"], ceiling["int8_gops"],
+                  ceiling.get("int8_best")))
+    gpu = report.get("gpu")
+    if gpu:
+        print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
+              "TensorRT %s" % tuple(gpu.get(k) or "?" for k in (
+                  "name", "compute_capability", "driver", "cuda_runtime", "cuda_driver",
+                  "cudnn", "tensorrt")))
+    rss = report["peak_rss_mb"]
+    print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
+
+
+def _print_infer(report):
+    for entry in report["results"]:
+        if "summary" in entry:   # a part with a task: its result in a few words
+            print("%s: %s" % (entry["file"], entry["summary"]))
+        for output, item in entry.get("outputs", {}).items():
+            if "top" in item:
+                best = item["top"][0]
+                print("%s: %s = class %d%s (score %.4g)" % (
+                    entry["file"], output, best["index"],
+                    " '%s'" % best["label"] if best["label"] else "", best["score"]))
+            else:
+                print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
+        for note in entry.get("notes", ()):   # NaN or infinity in an output
+            print("%s: %s" % (entry["file"], note))
+    if report.get("out"):
+        print("outputs written to %s" % report["out"])

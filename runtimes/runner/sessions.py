@@ -104,6 +104,7 @@ def write_cache_key(path, part, graph):
 
 CPU = "CPUExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # the packager reads these too
 
 
 def graph_for(part, provider):
@@ -221,18 +222,7 @@ def open_session(bundle, manifest, part, args=None):
         if name not in available:
             not_running[name] = "not in this onnxruntime build"
             continue
-        folders = sorted(set(v for k, v in options.items() if k.endswith(("_path", "_dir")) and
-                             isinstance(v, str) and v.startswith(bundle) and
-                             not os.path.isdir(v)))
-        for folder in folders:
-            os.makedirs(folder)
-        cache = options.get("trt_engine_cache_path") if name == TENSORRT else None
-        if cache and not glob.glob(os.path.join(cache, "*.engine")) and \
-                tensorrt_version() != "unknown":   # (libnvinfer is there: it will be tried)
-            sys.stderr.write(
-                "edgepack: building the TensorRT engine for %s: first run with this model, "
-                "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
-                "cached in %s\n" % (part["name"], os.path.relpath(cache, bundle)))
+        folders, cache = _provider_places(bundle, part, name, options)
         providers = [name] if name == CPU else [name, CPU]
         load, offline_note = offline_choice(part, graph, name)
         start = time.perf_counter()
@@ -269,24 +259,48 @@ def open_session(bundle, manifest, part, args=None):
             "loaded": load, "offline_note": offline_note,
             "precision": graph.get("precision"), "not_running": not_running,
             "provider_options": session.get_provider_options().get(name, {})}
-    line = "edgepack: %s running on %s (%s%s%s)" % (
-        part["name"], name, graph["file"],
-        ", " + graph["precision"].upper() if graph.get("precision") else "",
-        ", loaded from %s, optimised offline" % load if load != graph["file"] else "")
-    if offline_note:
-        line += "; " + offline_note
-    missing = [p for p in requested if p in not_running]
-    if missing:
-        line += "; requested but not running here: " + "; ".join(
-            "%s (%s)" % (p, not_running[p]) for p in missing)
     if not getattr(args, "quiet_open", False):
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(_running_line(part, info, requested) + "\n")
     require = getattr(args, "require_provider", None)
     if require and require != name:
         raise ProviderMissing("required provider %s is not running (running: %s%s)" % (
             require, name, "; %s: %s" % (require, not_running[require])
             if require in not_running else ""))
     return session, info
+
+
+def _provider_places(bundle, part, name, options):
+    """(folders made for *name*'s path options inside the bundle, its TensorRT engine cache or
+    None), saying when the engine is built on this first run (it takes minutes)."""
+    folders = sorted(set(v for k, v in options.items() if k.endswith(("_path", "_dir")) and
+                         isinstance(v, str) and v.startswith(bundle) and
+                         not os.path.isdir(v)))
+    for folder in folders:
+        os.makedirs(folder)
+    cache = options.get("trt_engine_cache_path") if name == TENSORRT else None
+    if cache and not glob.glob(os.path.join(cache, "*.engine")) and \
+            tensorrt_version() != "unknown":   # (libnvinfer is there: it will be tried)
+        sys.stderr.write(
+            "edgepack: building the TensorRT engine for %s: first run with this model, "
+            "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
+            "cached in %s\n" % (part["name"], os.path.relpath(cache, bundle)))
+    return folders, cache
+
+
+def _running_line(part, info, requested):
+    """'edgepack: PART running on PROVIDER (graph, precision...)' and what did not run."""
+    graph, load, not_running = info["entry"], info["loaded"], info["not_running"]
+    line = "edgepack: %s running on %s (%s%s%s)" % (
+        part["name"], info["provider"], graph["file"],
+        ", " + graph["precision"].upper() if graph.get("precision") else "",
+        ", loaded from %s, optimised offline" % load if load != graph["file"] else "")
+    if info["offline_note"]:
+        line += "; " + info["offline_note"]
+    missing = [p for p in requested if p in not_running]
+    if missing:
+        line += "; requested but not running here: " + "; ".join(
+            "%s (%s)" % (p, not_running[p]) for p in missing)
+    return line
 
 
 def run_samples(session, inputs):

@@ -200,9 +200,17 @@ def tune_settings(bundle, manifest, args):
         progress.close()
     result = {"runs": args.runs, "warmup": args.warmup, "cores": cores, "tried": tried,
               "current": current, "margin": TUNE_MARGIN}
+    return _verdict(bundle, manifest, args, result, rounds, winner,
+                    seen.get(json.dumps(current, sort_keys=True)))
+
+
+def _verdict(bundle, manifest, args, result, rounds, winner, current_p50):
+    """*result* with the settings chosen and why: the winner only when, re-timed alternately
+    with the current settings (*rounds*), it is TUNE_MARGIN faster and still passes check."""
+    current = result["current"]
     if not rounds["winner"]:
-        result.update(chosen=current, chosen_p50_ms=seen[json.dumps(current, sort_keys=True)],
-                      speedup=1.0, reason="the current settings are the fastest tried")
+        result.update(chosen=current, chosen_p50_ms=current_p50, speedup=1.0,
+                      reason="the current settings are the fastest tried")
         return result
     now, new = float(np.median(rounds["current"])), float(np.median(rounds["winner"]))
     result.update(current_p50_ms=now, winner=winner, winner_p50_ms=new, speedup=now / new)

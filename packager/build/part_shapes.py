@@ -10,9 +10,9 @@ from typing import Any
 from ..graph.inspection import dims_of, graph_inputs
 from ..graph.modelio import load_model
 from ..graph.shapes import fix_shapes_proto
+from ..quantization.calibration import peek_shapes
+from ..quantization.preprocessing import spec_shape
 from ..tasks.part import task_for
-from .calibration import peek_shapes
-from .preprocessing import spec_shape
 
 
 def shapes_for(model, shapes: Mapping[str, Sequence[int]], preprocess, calib: Path | None,

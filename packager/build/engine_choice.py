@@ -20,15 +20,15 @@ from .. import engines
 from .._runtimes.runner.load import load_facts, noise, snapshot
 from ..errors import SpecError
 from ..graph.execute import Sample
+from ..progress import Log
+from ..quantization.budget import AccuracyBudget
+from ..quantization.decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
+from ..quantization.search import Candidate, best_of_each_generator
 from ..targets import Provider, Target
 from ..timing import machine
-from .budget import AccuracyBudget
-from .decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
 from .fp32_graph import vs_original
 from .provider_graphs import ProviderGraph
-from .search import Candidate, best_of_each_generator
 
-Log = Callable[[str], None]
 WANTED = ("auto", "yes", "no")
 
 
@@ -76,9 +76,9 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
                   log: Log = lambda _: None, wanted: str = "auto",
                   original: Path | None = None) -> EngineChoice | None:
     """The faster provider and its graph, or None; the decision's record gets an "engine"
-    entry either way (what was tried, the figures, why). *wanted*: "auto" (measure), "yes"
-    (list it whatever the timing, when a graph keeps the budget under it), "no". *original*:
-    the user's graph, timed on the CPU provider in the same run (record: original_p50_ms)."""
+    entry either way (what was tried, the figures, why). *wanted*: auto (measure), yes (list
+    it when a graph keeps the budget under it), no. *original*: the user's graph, timed on
+    the CPU provider in the same run."""
     check_wanted(target, wanted, timer)
     if not target.faster:
         return None
@@ -95,24 +95,11 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
         record["reason"] = why
         log(f"engine: {name} not measured: {why}")
 
-    if timer is not None:
-        return skip("the candidates were timed on the device (--time-on); the build measures "
-                    f"{name} on this host only")
-    if target.arch != platform.machine():
-        return skip(f"{target.name} is {target.arch} and this host {platform.machine()}")
-    if len(held) < 2:
-        return skip("too few held-out samples to measure its accuracy")
-    python = engines.openvino_python()
-    if python is None:
-        return skip(engines.why_no_openvino())
+    python, why = _where(target, timer, held, name)
+    if why:
+        return skip(why)
     chosen = decision.candidate
-    forced = decision.record.get("mode") not in (None, "auto")
-    graphs = [chosen] if forced else _graphs(decision)
-    if not forced and original is not None and original not in {c.path for c in graphs}:
-        # OpenVINO builds its own graph: the user's unsimplified file may suit it better
-        graphs.append(Candidate(f"{decision.candidates[0].label}, the original graph",
-                                decision.candidates[0].config,
-                                original))
+    graphs = _tried_graphs(decision, original)
     threads = int(target.session.get("intra_op_threads", 0))
     chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
     keys = {f"g{i}": c for i, c in enumerate(graphs)}
@@ -121,17 +108,8 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
                                                      for k, c in keys.items()], held, threads)
     except engines.EngineError as exc:
         return skip(exc.message)
-    within: dict[str, tuple[Candidate, dict[str, Any]]] = {}
-    tried: dict[str, dict[str, Any]] = {}
-    for key, cand in keys.items():
-        if ran.get(key) != provider.name:
-            tried[key] = {"label": cand.label, "error": f"{name} did not start for it"}
-            continue
-        acc = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs, outputs[key])
-        tried[key] = {"label": cand.label, "precision": cand.config.describe(),
-                      "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"]}
-        if acc["budget"]["passed"]:
-            within[key] = (cand, acc)
+    within, tried = _judged(keys, outputs, ran, provider.name, budget, fp32, held, labels,
+                            fp32_outputs)
     record["tried"] = list(tried.values())
     if not within:
         return skip(f"no graph kept the budget under {name}")
@@ -162,11 +140,70 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
         record["original_p50_ms"] = round(times["original"]["p50"], 4)
         # the CPU provider's graph against the original in one run: the build's speed line
         # takes these figures instead of timing the two again (fp32_graph.against_original)
-        cpu = times["cpu"]
         record["vs_original"] = vs_original(
-            cpu["p50"], (cpu.get("p10"), cpu.get("p90")), times["original"]["p50"],
-            {**machine(), "onnxruntime": device.get("onnxruntime")}, load)
-    gain = cpu_ms / best_ms
+            cpu_ms, (times["cpu"].get("p10"), times["cpu"].get("p90")),
+            times["original"]["p50"], {**machine(), "onnxruntime": device.get("onnxruntime")},
+            load)
+    return _verdict(record, provider, cand, acc, cpu_ms / best_ms, noisy, wanted, chosen,
+                    best_ms, cpu_ms, device, times, log)
+
+
+def _where(target: Target, timer: Any, held: Sequence[Sample], name: str
+           ) -> tuple[str | None, str]:
+    """(the Python that runs the provider, '') or (None, why it cannot be measured here)."""
+    if timer is not None:
+        return None, ("the candidates were timed on the device (--time-on); the build "
+                      f"measures {name} on this host only")
+    if target.arch != platform.machine():
+        return None, f"{target.name} is {target.arch} and this host {platform.machine()}"
+    if len(held) < 2:
+        return None, "too few held-out samples to measure its accuracy"
+    python = engines.openvino_python()
+    return (python, "") if python is not None else (None, engines.why_no_openvino())
+
+
+def _tried_graphs(decision: Decision, original: Path | None) -> list[Candidate]:
+    """The graphs tried under the provider: the shipped one when --precision forced it, else
+    the best of each generator and the user's original graph (OpenVINO builds its own graph:
+    the unsimplified file may suit it better)."""
+    if decision.record.get("mode") not in (None, "auto"):
+        return [decision.candidate]
+    graphs = _graphs(decision)
+    if original is not None and original not in {c.path for c in graphs}:
+        graphs.append(Candidate(f"{decision.candidates[0].label}, the original graph",
+                                decision.candidates[0].config, original))
+    return graphs
+
+
+def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, str],
+            provider: str, budget: AccuracyBudget, fp32: Path, held: Sequence[Sample],
+            labels: Sequence[Any] | None, fp32_outputs: dict[str, Any]
+            ) -> tuple[dict[str, tuple[Candidate, dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Each graph's accuracy under *provider* (its outputs from the other Python): (those
+    within budget with their figures, what each tried graph gave)."""
+    within: dict[str, tuple[Candidate, dict[str, Any]]] = {}
+    tried: dict[str, dict[str, Any]] = {}
+    for key, cand in keys.items():
+        if ran.get(key) != provider:
+            tried[key] = {"label": cand.label,
+                          "error": f"{provider.replace('ExecutionProvider', '')} did not "
+                                   "start for it"}
+            continue
+        acc = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs, outputs[key])
+        tried[key] = {"label": cand.label, "precision": cand.config.describe(),
+                      "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"]}
+        if acc["budget"]["passed"]:
+            within[key] = (cand, acc)
+    return within, tried
+
+
+def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: dict[str, Any],
+             gain: float, noisy: str, wanted: str, chosen: Candidate, best_ms: float,
+             cpu_ms: float, device: dict[str, Any], times: dict[str, Any], log: Log
+             ) -> EngineChoice | None:
+    """The provider listed first when its fastest graph within budget is MIN_GAIN faster than
+    the CPU provider's (NOISY_GAIN on a busy machine; always with --openvino yes)."""
+    name = _label(provider)
     if noisy and gain < NOISY_GAIN and gain >= MIN_GAIN and wanted != "yes":
         record["reason"] = (f"{name} ran {cand.label} at {gain:.2f}x the CPU provider's "
                             f"{chosen.label} on a busy machine ({noisy}): within its noise "

@@ -10,7 +10,7 @@ graph (fuse_model) is chosen the same way: kept only when it is not slower.
 
 import shutil
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,12 @@ from ..graph.simplify import (
     simplify_proto,
     upgrade_opset,
 )
+from ..progress import Log
+from ..quantization.decision import local_timer, plan_timing, timing_place
+from ..quantization.sensitivity import name_nodes
 from ..targets import Target
 from ..timing import SETTLE, machine, session, time_blocks
-from .decision import local_timer, plan_timing, timing_place
-from .sensitivity import name_nodes
 
-Log = Callable[[str], None]
 CONTROL_FLOW = ("If", "Loop", "Scan")
 PADS_KEPT = "onnxsim, Pads kept"
 UNSIMPLIFIED = "unsimplified"

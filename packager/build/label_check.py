@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import PreprocessSuspect
 from ..graph.execute import Sample, run_model
-from .calibration import is_image_source, list_sources, spread
+from ..quantization.calibration import is_image_source, list_sources, spread
 
 MAX_CHECKED = 200   # labelled images the FP32 model runs on
 MIN_CHECKED = 20    # fewer cannot tell a weak model from a wrongly fed one

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..errors import QuantizationError
 from ..graph.execute import Sample
+from ..quantization.budget import AccuracyBudget
+from ..quantization.quantize import QuantConfig, quantize_file
+from ..quantization.search import Candidate
 from ..targets import Target
-from .budget import AccuracyBudget
-from .quantize import QuantConfig, quantize_file
-from .search import Candidate
 
 
 @dataclass(frozen=True)

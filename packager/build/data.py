@@ -1,0 +1,78 @@
+"""The part's samples, loaded once into one value every later stage reads: the calibration
+set (fitted to the quantizer's memory) and the held-out set that judges accuracy. A PyTorch
+source without data gets random inputs for golden data and accuracy."""
+
+from dataclasses import replace
+
+from ..errors import CalibrationError
+from ..graph.shapes import dynamic_tensors, shapes_from_run
+from ..quantization.calibration import (
+    CALIB_BYTES,
+    activation_bytes,
+    fit_memory,
+    load_samples,
+    split_holdout,
+)
+from ..source.export import make_inputs
+from ..source.specs import TensorSpec
+from .plan import SINGLE, PartRequest
+from .records import BuildContext, Frozen, Loaded, PartData, PartPlan, Shaped
+
+RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
+
+
+def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, plan: PartPlan,
+              ctx: BuildContext) -> tuple[PartData, Shaped]:
+    """The part's samples (loaded here unless the export loaded them), split into calibration
+    and held-out sets; shapes the static inputs left open come from a run on two of them."""
+    samples = frozen.samples
+    if samples is None and req.calib is not None:
+        samples = load_samples(req.calib, inputs=list(shaped.inputs), preprocess=req.preprocess,
+                               progress=ctx.progress)
+    ctx.clock.lap("calibration data")
+    kind = "calibration"
+    if not samples:
+        samples, kind = _random_samples(req, loaded, shaped, plan, ctx), "random"
+    if dynamic_tensors(shaped.simplified):
+        open_count = len(dynamic_tensors(shaped.simplified))
+        simplified, varying = shapes_from_run(shaped.simplified, samples[:2])
+        shaped = replace(shaped, simplified=simplified)
+        ctx.log(f"shapes: {open_count - len(varying)} tensor shape(s) that shape inference "
+                "could not resolve came from a run at the static input shapes")
+        if varying:
+            ctx.log(f"shapes: {len(varying)} tensor(s) have data-dependent shapes and stay "
+                    f"dynamic ({', '.join(varying[:3])})")
+    calib, held = split_holdout(samples, fraction=ctx.holdout)
+    given = calib   # the user's set: its size and spread are what the hygiene notes judge
+    if kind != "random":
+        ctx.log(f"calibration: {len(calib)} samples, {len(held)} held out for accuracy")
+        per_sample = activation_bytes(shaped.simplified)
+        fitted = fit_memory(calib, per_sample)
+        if len(fitted) < len(calib):
+            ctx.log(f"calibration: {len(fitted)} of the {len(calib)} samples (evenly spread) "
+                    f"calibrate: the quantizer holds every tensor of every sample at once, "
+                    f"{per_sample / 1e6:.0f} MB each here, and {CALIB_BYTES / 2 ** 30:.0f} GiB "
+                    "is its share")
+            calib = fitted
+    ctx.clock.lap("shapes")
+    return PartData(kind, samples, calib, held, given), shaped
+
+
+def _random_samples(req: PartRequest, loaded: Loaded, shaped: Shaped, plan: PartPlan,
+                    ctx: BuildContext) -> list:
+    """RANDOM_SAMPLES random inputs of a PyTorch source without data; a CalibrationError where
+    the part cannot do without data (forced static INT8, or an .onnx with nothing to run)."""
+    if plan.needs_calib:
+        raise CalibrationError(f"{req.label()}static INT8 needs calibration data",
+                               "pass --calib DIR (images or .npy/.npz)"
+                               + (f", e.g. --calib {req.name}=DIR" if req.name != SINGLE
+                                  else "") + ", or --mode dynamic / --precision fp32")
+    if loaded.module is None:
+        raise CalibrationError("no calibration or evaluation samples",
+                               "pass --calib DIR: samples are needed for golden data and "
+                               "accuracy")
+    specs = [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in shaped.inputs]
+    samples = [dict(zip([s.name for s in specs], make_inputs(specs, loaded.module.module, seed=s),
+                        strict=True)) for s in range(RANDOM_SAMPLES)]
+    ctx.log(f"no calibration data: golden data and accuracy use {RANDOM_SAMPLES} random inputs")
+    return samples

@@ -1,0 +1,178 @@
+"""build(): the build job for one target, a straight list of stages: check the request, build
+each part (part.py), choose the engine the bundle lists first, write the bundle, say the speed.
+
+A bundle holds one model or several parts (`--part NAME=ATTR_OR_FACTORY`); each part goes
+through export (PyTorch sources), fix shapes, simplify, quantize and measure on its own.
+"""
+
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .._runtimes.runner.sessions import describe_session
+from ..atomic import check_free, check_writable, output_lock
+from ..bundle.assemble import BundleResult, Tuner, archive_path, bundle
+from ..errors import SpecError
+from ..progress import Log, Progress
+from ..quantization.calibration import check_golden, check_holdout, list_sources
+from ..source.eager_timing import eager_line
+from ..source.specs import TensorSpec
+from ..targets import Target, load_target
+from ..timing import Stages
+from .engine_choice import check_wanted, with_engine
+from .fp32_graph import speed_line
+from .part import PartResult, build_part
+from .part_shapes import check_task_early
+from .plan import DEFAULT_EXPORT, ExportOptions, PartRequest, input_paths, plan_parts, size_of
+from .records import BuildContext
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    bundle: BundleResult
+    parts: list[PartResult]
+    stages: dict[str, float] = field(default_factory=dict)   # seconds per build stage
+
+
+def build(model: Path | str, output: Path, *, target: Target | str,
+          calib: Path | None = None, preprocess: dict[str, Any] | None = None,
+          inputs: Sequence[TensorSpec] = (), quant: Mapping[str, Any] = {},
+          holdout: float = 0.2, golden: int = 8, labels: Sequence[str] | None = None,
+          name: str | None = None, force: bool = False,
+          consts: Mapping[str, Any] = {},
+          parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
+          part_quant: Mapping[str, Mapping[str, Any]] = {},
+          part_preprocess: Mapping[str, dict[str, Any]] = {}, pipeline: dict | None = None,
+          judge: Callable[[Path], dict[str, Any]] | None = None,
+          export_options: ExportOptions = DEFAULT_EXPORT, min_cosine: float | None = None,
+          max_accuracy_drop: float | None = None, metric: tuple[Any, str] | None = None,
+          timer: Any = None, log: Log = lambda _: None,
+          progress: Callable[[int, int], None] | None = None, fuse: bool = True,
+          tune: Tuner | None = None, steps: Progress | None = None,
+          offline: bool = False, openvino: str = "auto",
+          tasks: Mapping[str, Mapping[str, Any]] = {},
+          keep: Mapping[str, float] | None = None) -> BuildResult:
+    """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
+
+    *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
+    TorchScript, .pt2). *parts* maps part names to attribute paths in the PyTorch model (or to
+    factories of their own, or .onnx files); their inputs are given as `PART/NAME:shape`,
+    their calibration data in *part_calib*, their preprocessing in *part_preprocess* and
+    per-part quantization overrides in *part_quant*; *pipeline* is the manifest's section that
+    runs them as a cascade (cascade/build.py), and *judge* measures it end to end on the
+    staged bundle.
+    *quant* overrides fields of the target's quantization preset (precision, mode, format,
+    activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
+    precision "auto" builds the candidates, times them here (or with *timer*, e.g.
+    device.remote_timing.remote_timer on a device) and ships the fastest that keeps *min_cosine*
+    (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
+    times session options with the finished bundle's runner; the manifest keeps the fastest.
+    *offline* ships each part also optimised offline by this onnxruntime where that loads
+    faster (CPU targets; see offline.py). *openvino*: "auto" lists the target's faster provider
+    (OpenVINO on x86) first where it measures faster here, "yes" wherever its graph keeps the
+    budget, "no" never (build/engine_choice.py).
+    *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
+    judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
+    (--keep) overrides what each task keeps.
+    """
+    target = checked_target(target, holdout, golden, offline, openvino, timer)
+    output = Path(output)
+    # held from the first check to the publish: a second run to this -o fails at once
+    with output_lock(output, archive_path(output)):
+        sources = input_paths(model, calib, part_calib, export_options, parts)
+        check_free(output, force=force, inputs=sources)
+        check_free(archive_path(output), force=force, inputs=sources)
+        # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
+        check_writable(output, need_bytes=3 * sum(size_of(p) for p in sources) + 10_000_000)
+        requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess,
+                              quant=quant, labels=labels, parts=parts, part_calib=part_calib,
+                              part_quant=part_quant, export_options=export_options,
+                              part_preprocess=part_preprocess)
+        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
+        check_requests(requests, tasks, keep, target)
+        several = len(requests) > 1
+        results, payloads = [], []
+        with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:
+            for req in requests:
+                ctx = BuildContext(
+                    holdout=holdout, golden=golden, options=export_options,
+                    min_cosine=min_cosine, max_drop=max_accuracy_drop, metric=metric,
+                    timer=timer, progress=progress, clock=clock, steps=steps, fuse=fuse,
+                    openvino=openvino, keep=keep,
+                    log=(lambda m, n=req.name: log(f"[{n}] {m}")) if several else log)
+                payload, result = build_part(req, target, Path(tmp), ctx)
+                payloads.append(payload)
+                results.append(result)
+            target, payloads = with_engine(target, results, payloads, log)
+            unused = set(consts) - {k for r in results for k in r.consts}
+            if unused:
+                raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
+                                "see the inputs with `edgepack inspect MODEL`")
+            out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
+                         tune=tune, offline=offline, pipeline=pipeline, judge=judge)
+            clock.lap("bundle")
+        say_outcome(out, clock, several, offline, log)
+        return BuildResult(out, results, clock.record())
+
+
+def checked_target(target: Target | str, holdout: float, golden: int, offline: bool,
+                   openvino: str, timer: Any) -> Target:
+    """The target profile, once the options that need no model are checked against it."""
+    check_holdout(holdout)
+    check_golden(golden)
+    target = load_target(target) if isinstance(target, str | Path) else target
+    if offline and any(p.name != "CPUExecutionProvider" for p in target.providers):
+        raise SpecError(f"--offline-optimize: {target.name} runs "
+                        f"{target.providers[0].name}, which builds its own graph at load",
+                        "use it for CPU targets (x86_64-cpu, rpi) only")
+    check_wanted(target, openvino, timer)   # before the slow stages, not after the search
+    return target
+
+
+def check_requests(requests: Sequence[PartRequest], tasks: Mapping[str, Any],
+                   keep: Mapping[str, float] | None, target: Target) -> None:
+    """What can be refused before the slow stages: a --task for no part, an empty data folder,
+    a declared task the graph's outputs cannot have."""
+    unknown_task = sorted(set(tasks) - {r.name for r in requests})
+    if unknown_task:
+        raise SpecError(f"--task {unknown_task[0]}=...: no part '{unknown_task[0]}'",
+                        f"parts: {', '.join(r.name for r in requests)}")
+    for req in requests:
+        if req.calib is not None:
+            list_sources(req.calib)  # fail before the slow stages when a folder is empty
+        check_task_early(req.source, req.task, keep,
+                         {s.name: list(s.shape) for s in req.inputs},
+                         req.preprocess, req.calib, target.batch)
+
+
+def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
+                log: Log) -> None:
+    """The build's closing lines: offline graphs, tuning, stage times, speed per part (against
+    the original, eager PyTorch, and under the faster provider) and the bundle's digest."""
+    for entry in out.manifest["parts"] if offline else ():
+        log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
+            f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
+            f"{entry['offline']['reason']}")
+    tuning = out.manifest.get("tuning")
+    if tuning:
+        log(f"tune ({tuning['measured_on']}, {len(tuning['tried'])} settings): "
+            f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
+    log(f"stages: {clock.line()}")
+    for part in out.manifest["parts"]:
+        of = f" of {part['name']}" if several else ""
+        precision = part.get("precision", {})
+        if precision.get("vs_original"):
+            log(f"speed{of}: {speed_line(precision['vs_original'])}")
+        if precision.get("vs_eager"):
+            log(f"speed{of}: {eager_line(precision['vs_eager'])}")
+        engine = precision.get("decision", {}).get("engine", {})
+        if engine.get("chosen") and engine.get("original_p50_ms"):
+            log(f"speed{of} under {engine['provider'].replace('ExecutionProvider', '')}: bundle "
+                f"{engine['p50_ms']:.3f} ms p50 against the original's "
+                f"{engine['original_p50_ms']:.3f} ms on the CPU provider: "
+                f"{engine['original_p50_ms'] / engine['p50_ms']:.2f}x its speed (one run, "
+                f"onnxruntime {engine.get('measured_on', {}).get('onnxruntime', '?')})")
+    log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
+        "take it as --expect-digest)")

@@ -1,0 +1,164 @@
+"""The part measured: the FP32 reference and how candidates are judged against it, the
+precision decision, the graphs each engine runs, and the precision record with the speed
+against the original (and eager PyTorch)."""
+
+from pathlib import Path
+
+from ..graph.execute import run_model
+from ..quantization.budget import (
+    EMBEDDING_COSINE,
+    AccuracyBudget,
+    accuracy_line,
+    calibration_record,
+    class_outputs,
+    embedding_outputs,
+    hygiene,
+)
+from ..quantization.calibration import sample_labels
+from ..quantization.decision import Decision, decide
+from ..quantization.quantize import check_exclude
+from ..source.eager_timing import against_eager
+from ..targets import Target
+from ..tasks.fit import check_decoder_fits, input_size
+from ..tasks.part import say_suggestion
+from .engine_choice import choose_engine, engine_graph, engine_pays
+from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
+from .label_check import check_labelled, labelled_top1
+from .plan import PartRequest
+from .provider_graphs import provider_graphs
+from .records import (
+    BuildContext,
+    Engines,
+    Frozen,
+    Loaded,
+    PartData,
+    PartPlan,
+    Precision,
+    Reference,
+    Shaped,
+)
+
+
+def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, plan: PartPlan,
+              data: PartData, target: Target, tmp: Path, ctx: BuildContext) -> Reference:
+    """The FP32 graph timed fastest (fused for transformers where that wins), its outputs on
+    the held-out samples, and the budget the candidates keep against them."""
+    time_graphs, why_not = graph_timer(target, ctx.timer, data.feed)
+    original, no_original = original_graph(loaded.path, data.feed)
+    choice = choose_fp32(shaped.fixed, shaped.simplified, shaped.simplifier, loaded.path,
+                         original, target=target, frozen=bool(frozen.consts),
+                         samples=data.held or data.samples, time_graphs=time_graphs,
+                         why_not=why_not, folder=tmp, name=req.name, log=ctx.log)
+    fp32 = choice.path
+    ctx.clock.lap("fp32 graph")
+    check_exclude(req.quant.get("exclude") or (), shaped.simplified.graph,
+                  loaded.path if loaded.module is None
+                  else f"the export of {loaded.module.description}")
+    outputs = run_model(fp32, data.held)   # once: the decision measures against them too
+    labelled = (labelled_top1(fp32, data.samples, req.calib, req.labels)
+                if data.real and req.preprocess and req.calib is not None else None)
+    check_labelled(labelled, ctx.log)   # a model fed wrongly stops here, before any search
+    fusion = None
+    if ctx.fuse and plan.family == "transformer" and not frozen.consts and \
+            not req.quant.get("exclude") and \
+            all(p.name == "CPUExecutionProvider" for p in target.providers):
+        fused, fusion = fuse_model(shaped.fixed, loaded.path, target, data.held, outputs,
+                                   tmp / f"{req.name}.fused.onnx", ctx.log, unfused=fp32,
+                                   timer=ctx.timer)
+        fp32 = fused or fp32
+    guard = _guard(req, shaped, plan, data, outputs, target, ctx)
+    labels_held = (sample_labels(req.calib, len(data.samples), ctx.holdout)
+                   if ctx.metric and req.calib is not None else None)
+    return Reference(choice, fp32, outputs, labelled, fusion, time_graphs, why_not,
+                     no_original, guard, labels_held)
+
+
+def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, outputs: dict,
+           target: Target, ctx: BuildContext) -> AccuracyBudget:
+    """The accuracy budget: the target's (or --min-cosine's), tighter for embeddings; the
+    data's hygiene notes said; a declared task's decoder proven to fit its head first."""
+    budget = target.min_cosine if ctx.min_cosine is None else ctx.min_cosine
+    int8 = plan.requested in ("int8", "auto")
+    if ctx.min_cosine is None and data.real and int8 and budget < EMBEDDING_COSINE:
+        embeddings = embedding_outputs(outputs)
+        if embeddings:
+            budget = EMBEDDING_COSINE
+            ctx.log(f"budget: output '{embeddings[0]}' is an L2-normalised embedding, compared "
+                    f"with other embeddings: cosine >= {budget} to FP32 (--min-cosine sets "
+                    "another)")
+    if data.real and int8:
+        for note in hygiene(data.given, data.held):
+            ctx.log(f"warning: {note}")
+    if plan.task is None and req.task is None:
+        say_suggestion(shaped.simplified, outputs, req.labels, ctx.log)
+    elif data.real:   # a head the decoder does not read is refused, not trusted
+        check_decoder_fits(plan.task, shaped.simplified, outputs,
+                           input_size(req.preprocess, shaped.simplified))
+    metric = ctx.metric
+    return AccuracyBudget(
+        min_cosine=budget,
+        max_drop=ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop,
+        metric=metric[0] if metric else None, metric_name=metric[1] if metric else "",
+        task=plan.task, keep=ctx.keep,
+        class_outputs=class_outputs(shaped.simplified.graph, req.labels))
+
+
+def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference,
+                target: Target, tmp: Path, ctx: BuildContext) -> Decision:
+    """The precision decision (quantization/decision.py) over the part's candidates."""
+    folder = tmp / f"{req.name}.search"
+    folder.mkdir()
+    decision = decide(ref.path, folder, target=target, family=plan.family,
+                      overrides=dict(req.quant), calib=data.calib if data.real else [],
+                      held=data.held, budget=ref.guard, labels=ref.labels_held,
+                      timer=ctx.timer, log=ctx.log, progress=ctx.progress,
+                      fp32_outputs=ref.outputs, steps=ctx.steps,
+                      engine_pays=engine_pays(target, ref.path, data.held, timer=ctx.timer,
+                                              log=ctx.log, wanted=ctx.openvino))
+    ctx.clock.lap("search")
+    ctx.log(f"accuracy vs {'the model as given' if decision.config.mode == 'given' else 'FP32'}"
+            " on held-out samples: " + accuracy_line(accuracy_of(decision, data)))
+    return decision
+
+
+def accuracy_of(decision: Decision, data: PartData) -> dict:
+    """The shipped candidate's accuracy record, with the data it was measured on."""
+    return {**decision.candidate.accuracy, "data": data.kind}
+
+
+def engines_part(req: PartRequest, data: PartData, ref: Reference, decision: Decision,
+                 target: Target, tmp: Path, ctx: BuildContext) -> Engines:
+    """The graphs other providers run (FP16 for CUDA beside INT8 for TensorRT; OpenVINO's own
+    where it measured faster)."""
+    graphs = provider_graphs(target, decision.config, ref.path, tmp / f"{req.name}.search",
+                             data.held, ref.guard, ref.labels_held, ref.outputs, ctx.log,
+                             decision.candidates)
+    engine = choose_engine(decision, target, ref.path, data.held, ref.guard, ref.labels_held,
+                           ref.outputs, timer=ctx.timer, log=ctx.log, wanted=ctx.openvino,
+                           original=ref.choice.original)
+    graphs += engine_graph(engine, decision)
+    ctx.clock.lap("engines")
+    return Engines(tuple(graphs), engine)
+
+
+def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartData,
+                     ref: Reference, decision: Decision, target: Target, ctx: BuildContext,
+                     started: dict[str, float]) -> Precision:
+    """What ships and why, with its speed against the original (timed in the same blocks) and,
+    for a PyTorch source, against eager PyTorch at the same threads."""
+    config, candidate = decision.config, decision.candidate.path
+    calibrated = config.precision == "int8" and config.mode == "static"
+    same_run = (decision.record.get("engine") or {}).pop("vs_original", None)
+    vs_original = against_original(candidate, ref.choice.original, ref.time_graphs,
+                                   ref.why_not or ref.no_original, ref.choice, same_run)
+    eager = None
+    if loaded.module is not None:   # what the user had: the module in eager PyTorch
+        eager = (against_eager(candidate, loaded.module, loaded.export, data.feed, target,
+                               ref.why_not or "", forward=(list(frozen.inputs),
+                                                           dict(frozen.consts))),)
+    ctx.clock.lap("speed vs original")
+    return Precision(config, plan.family, len(data.calib) if calibrated else 0,
+                     decision.record, ref.choice.record, vs_original,
+                     ctx.clock.since(started), labelled_top1=ref.labelled, fusion=ref.fusion,
+                     calibration=calibration_record(data.calib, config.calibration_method)
+                     if calibrated else None, eager=eager)

@@ -1,0 +1,60 @@
+"""The part's graph with static shapes and simplified, and what the part asks of the build:
+its task, its family and the precision requested, decided once here."""
+
+from ..graph.inspection import check_labels, graph_inputs, io_specs, model_family
+from ..graph.shapes import fix_shapes_proto
+from ..quantization.decision import requested_precision
+from ..quantization.preprocessing import check_fits
+from ..targets import Target
+from ..tasks.part import task_for
+from .fp32_graph import simplify_static
+from .part_shapes import shapes_for
+from .plan import PartRequest
+from .records import BuildContext, Frozen, Loaded, PartPlan, Shaped
+
+
+def shape_part(req: PartRequest, loaded: Loaded, frozen: Frozen, target: Target,
+               ctx: BuildContext) -> Shaped:
+    """Static input shapes (--input, the preprocessing, the data, the target's batch), then
+    onnxsim (or the fallback); a preprocessing spec that does not fit the input is named
+    before shapes are fixed, so a misfit reads as a preprocessing error."""
+    proto = frozen.proto
+    shapes = {s.name: list(s.shape) for s in req.inputs}
+    if req.preprocess:
+        first = io_specs(graph_inputs(proto))[0]
+        check_fits(req.preprocess, first["name"], shapes.get(first["name"], first["shape"]),
+                   first["dtype"])
+    fixed = fix_shapes_proto(proto, shapes_for(proto, shapes, req.preprocess, req.calib,
+                                                target.batch), batch=target.batch, strict=False)
+    ctx.clock.lap("shapes")
+    # what stays open after this is resolved from a real run once the samples are loaded
+    simplified, simplifier, reason = simplify_static(fixed, loaded.path, batch=target.batch,
+                                                     frozen=bool(frozen.consts))
+    ctx.clock.lap("simplify")
+    ctx.log(f"simplify: {frozen.nodes} -> {len(simplified.graph.node)} nodes ({simplifier})")
+    if reason:
+        ctx.log("simplify: onnxsim not used, fell back to onnxruntime basic optimisation "
+                f"({reason})")
+    inputs = io_specs(graph_inputs(simplified))
+    ctx.log("shapes: " + ", ".join(f"{i['name']} {'x'.join(map(str, i['shape']))}"
+                                   for i in inputs))
+    if req.preprocess:
+        check_fits(req.preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
+    return Shaped(fixed, simplified, simplifier, reason, tuple(inputs))
+
+
+def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,
+              ctx: BuildContext) -> PartPlan:
+    """The part's labels checked against its outputs, its declared task against the graph, its
+    family (the target's preset for it) and the precision it asks for."""
+    if req.labels:
+        check_labels(req.labels, shaped.simplified, loaded.where)
+    task = task_for(req.task, ctx.keep, shaped.simplified, loaded.where)
+    family = model_family(shaped.simplified)
+    preset = target.preset_for(family)
+    if family != "default" and family in target.family_quantization:
+        ctx.log(f"{family} model: using the target's {family} preset")
+    requested = requested_precision(req.quant.get("precision"), preset)
+    # only a forced static INT8 cannot do without calibration data (auto falls back to dynamic)
+    needs_calib = requested == "int8" and req.quant.get("mode", preset.mode) == "static"
+    return PartPlan(task, family, requested, needs_calib)
