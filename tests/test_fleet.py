@@ -408,6 +408,13 @@ def test_both_engines_need_what_one_rule_says(built, tmp_path):
                 "speed there: " + manifest["target"]["install"]])
 
 
+def ansible_deploy(bundle: Path, inventory: Path) -> subprocess.Popen:
+    """`edgepack deploy --engine ansible` of *bundle* to *inventory*, started, output piped."""
+    return subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundle), "--hosts",
+                             str(inventory), "--engine", "ansible", "--force", "--runs", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing_running(
         parts, bundles, tmp_path, sig, code):
@@ -422,10 +429,7 @@ def test_a33_a_device_that_never_answers_ends_with_the_signal_and_leaves_nothing
     stub.chmod(0o755)
     with Fleet(tmp_path / "fleet", [Device("pi-01", python=["/bin/sh", str(stub)])]) as f:
         inventory = f.write_inventory(tmp_path / "fleet.ini")
-        proc = subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundles["v1"]),
-                                 "--hosts", str(inventory), "--engine", "ansible", "--force",
-                                 "--runs", "3"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = ansible_deploy(bundles["v1"], inventory)
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not ours_running("never.sh"):
@@ -463,10 +467,7 @@ def test_a33_a_signal_after_the_hold_started_ends_the_hold_on_the_device(
         inventory = f.write_inventory(tmp_path / "fleet.ini")
         jobs = Path.home() / ".ansible_async"
         before = set(jobs.iterdir()) if jobs.is_dir() else set()
-        proc = subprocess.Popen([sys.executable, "-m", "packager", "deploy", str(bundles["v1"]),
-                                 "--hosts", str(inventory), "--engine", "ansible", "--force",
-                                 "--runs", "3"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = ansible_deploy(bundles["v1"], inventory)
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not ours_running("slow-run.sh run.py"):
