@@ -24,19 +24,7 @@ from typing import Any
 import numpy as np
 
 from .bundle.roofline import MATMUL_SHAPES
-from .compare_batch import (  # noqa: F401  (the variants' names: compare's API too)
-    COMPILED,
-    DYNAMIC_FUSED,
-    EAGER,
-    FUSED,
-    ORT_FP32,
-    ORT_FUSED,
-    ORT_OPT,
-    QUANTIZED,
-    ROOFLINE,
-    VARIANTS,
-    compare_batch,
-)
+from .compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, VARIANTS, compare_batch
 from .compare_bundle import refuse_as_model, shipped_graph
 from .compare_engines import OPENVINO_ROWS, OV_CPU
 from .errors import PackagerError

@@ -4,7 +4,7 @@ interleaved with the roofline graphs and the OpenVINO rows, and one row per vari
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,9 @@ class BatchGraphs:
     feeds: list[dict[str, Any]]
     wanted: list[str]               # the rows asked for that can be made
     fusion: dict[str, Any] | None = None
-    paths: dict[str, Path] | None = None
-    prepare: dict[str, float] | None = None
-    errors: dict[str, str] | None = None
+    paths: dict[str, Path] = field(default_factory=dict)      # each row's graph
+    prepare: dict[str, float] = field(default_factory=dict)   # seconds to make it
+    errors: dict[str, str] = field(default_factory=dict)      # why a row could not run
 
 
 def compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
@@ -130,8 +130,7 @@ def _batch_graphs(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
     roof = tmp / f"roofline_b{batch}"
     roof.mkdir()
     g = BatchGraphs(raw, simple, estimate_flops(simplified), roof,
-                    write_roofline(roof, [], target, model=simplified), feeds, list(wanted),
-                    paths={}, prepare={}, errors={})
+                    write_roofline(roof, [], target, model=simplified), feeds, list(wanted))
     if any(v in FUSED for v in wanted):
         transformer = model_family(simplified) == "transformer"
         if transformer:

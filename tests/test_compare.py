@@ -12,17 +12,8 @@ import pytest
 
 from conftest import PREP
 from packager.build.job import build
-from packager.compare import (
-    COMPILED,
-    DYNAMIC_FUSED,
-    EAGER,
-    FUSED,
-    ORT_FP32,
-    ORT_FUSED,
-    VARIANTS,
-    compare,
-    markdown,
-)
+from packager.compare import compare, markdown
+from packager.compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, ORT_FP32, ORT_FUSED, VARIANTS
 from packager.compare_engines import OPENVINO_ROWS
 from packager.source.specs import parse_input
 

@@ -108,7 +108,7 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
                                                      for k, c in keys.items()], held, threads)
     except engines.EngineError as exc:
         return skip(exc.message)
-    within, tried = _judged(keys, outputs, ran, provider.name, budget, fp32, held, labels,
+    within, tried = _judged(keys, outputs, ran, provider, budget, fp32, held, labels,
                             fp32_outputs)
     record["tried"] = list(tried.values())
     if not within:
@@ -176,7 +176,7 @@ def _tried_graphs(decision: Decision, original: Path | None) -> list[Candidate]:
 
 
 def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, str],
-            provider: str, budget: AccuracyBudget, fp32: Path, held: Sequence[Sample],
+            provider: Provider, budget: AccuracyBudget, fp32: Path, held: Sequence[Sample],
             labels: Sequence[Any] | None, fp32_outputs: dict[str, Any]
             ) -> tuple[dict[str, tuple[Candidate, dict[str, Any]]], dict[str, dict[str, Any]]]:
     """Each graph's accuracy under *provider* (its outputs from the other Python): (those
@@ -184,10 +184,8 @@ def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, 
     within: dict[str, tuple[Candidate, dict[str, Any]]] = {}
     tried: dict[str, dict[str, Any]] = {}
     for key, cand in keys.items():
-        if ran.get(key) != provider:
-            tried[key] = {"label": cand.label,
-                          "error": f"{provider.replace('ExecutionProvider', '')} did not "
-                                   "start for it"}
+        if ran.get(key) != provider.name:
+            tried[key] = {"label": cand.label, "error": f"{_label(provider)} did not start for it"}
             continue
         acc = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs, outputs[key])
         tried[key] = {"label": cand.label, "precision": cand.config.describe(),

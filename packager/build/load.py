@@ -52,7 +52,7 @@ def load_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext) ->
 
 def freeze_part(req: PartRequest, loaded: Loaded, ctx: BuildContext) -> Frozen:
     """The graph with --const inputs, and inputs an If decides on that hold one value in every
-    calibration sample (Silero VAD's `sr`), frozen into it. Records them in the source."""
+    calibration sample (Silero VAD's `sr`), frozen into it; the source section records them."""
     proto = load_model(loaded.path)
     nodes = len(proto.graph.node)
     names = tuple(i.name for i in graph_inputs(proto))
@@ -79,10 +79,12 @@ def freeze_part(req: PartRequest, loaded: Loaded, ctx: BuildContext) -> Frozen:
                 + " frozen into the graph (no longer inputs)")
         if samples:
             samples = [{k: v for k, v in s.items() if k not in consts} for s in samples]
-        loaded.source["consts"] = {k: v.tolist() for k, v in consts.items()}
+    source = dict(loaded.source)   # the manifest's source section, with what was frozen
+    if consts:
+        source["consts"] = {k: v.tolist() for k, v in consts.items()}
     if argued:
-        loaded.source["consts"] = {**argued, **loaded.source.get("consts", {})}
-    return Frozen(proto, nodes, names, consts, argued, samples)
+        source["consts"] = {**argued, **source.get("consts", {})}
+    return Frozen(proto, nodes, names, consts, argued, samples, source)
 
 
 def _short(value: Any) -> str:

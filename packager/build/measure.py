@@ -153,12 +153,12 @@ def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartD
                                    ref.why_not or ref.no_original, ref.choice, same_run)
     eager = None
     if loaded.module is not None:   # what the user had: the module in eager PyTorch
-        eager = (against_eager(candidate, loaded.module, loaded.export, data.feed, target,
-                               ref.why_not or "", forward=(list(frozen.inputs),
-                                                           dict(frozen.consts))),)
+        eager = against_eager(candidate, loaded.module, loaded.export, data.feed, target,
+                              ref.why_not or "", forward=(list(frozen.inputs),
+                                                          dict(frozen.consts)))
     ctx.clock.lap("speed vs original")
     return Precision(config, plan.family, len(data.calib) if calibrated else 0,
                      decision.record, ref.choice.record, vs_original,
                      ctx.clock.since(started), labelled_top1=ref.labelled, fusion=ref.fusion,
                      calibration=calibration_record(data.calib, config.calibration_method)
-                     if calibrated else None, eager=eager)
+                     if calibrated else None, vs_eager=eager)

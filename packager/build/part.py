@@ -70,7 +70,7 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     payload = PartPayload(req.name, decision.candidate.path,
                           None if config.mode == "given" else ref.path,
                           data.held[:ctx.golden], precision.to_manifest(), accuracy,
-                          req.preprocess, req.labels, loaded.source, list(engines.graphs),
+                          req.preprocess, req.labels, frozen.source, list(engines.graphs),
                           recorded_task(plan.task, ctx.keep))
     result = PartResult(req.name, frozen.nodes, len(shaped.simplified.graph.node),
                         shaped.simplifier, shaped.fallback, plan.family, accuracy, config,

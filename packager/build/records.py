@@ -65,6 +65,7 @@ class Frozen:
     consts: Mapping[str, np.ndarray]    # frozen here
     argued: Mapping[str, Any]           # forward() arguments the export fixed
     samples: list[Sample] | None
+    source: dict[str, Any]              # the manifest's source section, with the frozen values
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Precision:
     labelled_top1: dict[str, Any] | None = None
     fusion: dict[str, Any] | None = None
     calibration: dict[str, Any] | None = None
-    eager: tuple[dict[str, Any] | None] | None = None   # (vs_eager,) for PyTorch sources
+    vs_eager: dict[str, Any] | None = None   # PyTorch sources only (always a record there)
 
     def to_manifest(self) -> dict[str, Any]:
         """The manifest's `precision` section of the part."""
@@ -159,7 +160,7 @@ class Precision:
                 out[key] = getattr(self, key)
         out["fp32_graph"] = self.fp32_graph
         out["vs_original"] = self.vs_original
-        if self.eager is not None:
-            out["vs_eager"] = self.eager[0]
+        if self.vs_eager is not None:
+            out["vs_eager"] = self.vs_eager
         out["stage_seconds"] = self.stage_seconds
         return out

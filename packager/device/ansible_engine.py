@@ -179,11 +179,9 @@ def _host(name: str, hv: dict[str, Any], where: str) -> Host:
                 remote_dir, tuple(options))
 
 
-# the manifest's name becomes a file and folder name (<scratch>/<name>.tar.gz, ~/edgepack/<name>)
-
-
 def safe_name(name: Any, bundle: Path) -> str:
-    """The bundle's name when it is one plain path component; BundleError otherwise."""
+    """The bundle's name when it is one plain path component (it becomes a file and folder
+    name: <scratch>/<name>.tar.gz, ~/edgepack/<name>); BundleError otherwise."""
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
         raise BundleError(f"{bundle}: manifest.json: name {name!r} is not a plain name (letters, "
                           "digits, '.', '_', '-', at most 100, starting with a letter or digit)",
@@ -367,10 +365,11 @@ class AnsibleEngine:
                "-e", f"@{variables}"]
         self.log(f"ansible-playbook: {len(hosts)} host(s), {self.parallel} fork(s)")
         start = time.monotonic()
+        env = ansible_env(ssh_env(o))
         try:
-            output = self._run(cmd, ansible_env(ssh_env(o)))
+            output = self._run(cmd, env)
         except BaseException:
-            self._end_holds(hosts, outcomes, ansible_env(ssh_env(o)))
+            self._end_holds(hosts, outcomes, env)
             raise
         results = [self._result(h, outcomes, output) for h in hosts]
         for r in results:   # ansible-playbook runs the batch as a whole

@@ -13,6 +13,7 @@ except ImportError:
 
 from .bench import cmd_bench
 from .check import cmd_check
+from .closing import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S
 from .errors import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -30,7 +31,6 @@ from .manifest import load_manifest
 from .profile import cmd_profile
 from .report import print_human, to_json
 from .serve import cmd_serve
-from .serve_http import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
 from .tuning import TUNE_MARGIN, load_tuned
 

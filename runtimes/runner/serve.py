@@ -12,10 +12,10 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .closing import MAX_BODY, REJECTERS, Gate
 from .contents import optional_module, wants_pipeline
 from .errors import BundleError, one_line
 from .manifest import load_golden, require_intact, select_parts
-from .serve_http import MAX_BODY, REJECTERS, Gate, Handler, Server
 from .sessions import open_session
 
 
@@ -64,6 +64,8 @@ def warm_sessions(bundle, manifest, args):
 
 def listen(serving):
     """The Server on --host:--port, or a BundleError saying why it cannot listen there."""
+    from .serve_http import Handler, Server  # http.server: only when serving
+
     args = serving.args
     try:
         server = Server((args.host, args.port), Handler)
