@@ -277,7 +277,7 @@ def test_b14_tuned_threads_up_to_the_cores_are_used_and_other_fields_checked(bui
 def test_item12_bench_tune_only_chooses_what_its_schema_accepts(built, tmp_path):
     """A target asking for more threads than this device has: tune tries and keeps bounded
     settings only, and the file it writes loads again."""
-    from packager._runtimes.runner.tuning import session_problem, tuned_problem
+    from packager._runtimes.runner.tuned import session_problem, tuned_problem
 
     bundle = copy_bundle(built, tmp_path / "b")
     edit_manifest(bundle, lambda m: m.setdefault("session", {}).update(intra_op_threads=64))

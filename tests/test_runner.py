@@ -42,29 +42,142 @@ def test_runner_imports_only_stdlib_numpy_onnxruntime_cv2():
 
 
 def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
-    from packager._runtimes.runner.contents import RUNNER_CASCADE, RUNNER_CORE, RUNNER_FILES
+    from packager._runtimes.runner.contents import (
+        RUNNER_CORE,
+        RUNNER_EXTRAS,
+        RUNNER_FILES,
+        RUNNER_HEADS,
+    )
     from packager.bundle.assemble import runner_sources
 
     sizes = {p.name: len(p.read_text().splitlines()) for p in [RUNNER, *RUNNER_PACKAGE]}
     assert sizes["run.py"] <= 100, sizes
     assert max(sizes.values()) <= 500, sizes
     shipped = {"run.py", *(f"runner/{p.name}" for p in RUNNER_PACKAGE)}
-    assert set(RUNNER_FILES) == shipped == set(runner_sources({"kind": "ocr"}))
-    assert set(runner_sources()) == set(RUNNER_CORE) == shipped - set(RUNNER_CASCADE)
+    every_head = [{"kind": kind} for kind in RUNNER_HEADS]
+    assert set(RUNNER_FILES) == shipped == set(runner_sources(every_head, {"kind": "ocr"}))
+    assert set(runner_sources(extras=())) == set(RUNNER_CORE)
+    extras = {rel for group in RUNNER_EXTRAS.values() for rel in group}
+    assert set(runner_sources([{"kind": "classify"}, None, {"kind": "raw"}])) == \
+        set(RUNNER_CORE) | extras | {RUNNER_HEADS["classify"]}
     # run.py's own lists of the package's modules (checked before any of them is imported)
     tree = ast.parse(RUNNER.read_text())
     lists = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
              if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "").endswith("MODULES")}
     assert {f"runner/{m}" for m in lists["RUNNER_MODULES"]} == shipped - {"run.py"}
-    assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == set(RUNNER_CASCADE)
-    # the core ships in every bundle: it may not grow past what it is (issue 35 aims lower)
+    assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == shipped - set(RUNNER_CORE)
+    # the core ships in every bundle: it may not grow past what it is (docs/runner.md)
     core = sum(len((RUNTIMES / rel).read_text().splitlines()) for rel in RUNNER_CORE)
-    assert core <= 5090, core
+    assert core <= 3680, core
+
+
+def imported_by(bundle: Path, *argv: str) -> set[str]:
+    """The runner modules `run.py ARGV` imported in *bundle* (as runner/NAME.py), and its exit."""
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: sys.stderr.write('MODULES %s\\n' % ','.join(sorted(\n"
+            "    m for m in sys.modules if m.startswith('runner.')))))\n"
+            f"sys.argv = ['run.py', *{list(argv)!r}]\n"
+            "runpy.run_path('run.py', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-I", "-c", code], cwd=bundle, capture_output=True,
+                       text=True, timeout=300)
+    found = re.search(r"^MODULES (.*)$", r.stderr, re.M)
+    assert found and r.returncode == 0, r.stdout[-1000:] + r.stderr[-2000:]
+    return {f"runner/{m.split('.', 1)[1]}.py" for m in found.group(1).split(",")}
+
+
+def test_a_classify_bundle_ships_only_the_modules_its_commands_import(cnn_onnx, image_dir,
+                                                                     tmp_path):
+    """Issue 35: a classify bundle's runner/ holds only what check, bench (with --tune and
+    --profile), infer and serve import: no other task's head, no cascade, nothing unused."""
+    import cv2
+
+    from conftest import PREP
+    from packager.build.job import build
+
+    bundle = build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir,
+                   preprocess=PREP, labels=[f"class{i}" for i in range(10)],
+                   quant={"precision": "fp32"}, tasks={"model": {"kind": "classify"}}
+                   ).bundle.directory
+    image = tmp_path / "photo.png"
+    cv2.imwrite(str(image), np.full((40, 60, 3), 90, np.uint8))
+    used = set()
+    for argv in (("check",), ("bench", "--runs", "3", "--warmup", "1", "--profile"),
+                 ("bench", "--tune", "--no-save", "--runs", "2", "--warmup", "1"),
+                 ("infer", str(image))):
+        used |= imported_by(bundle, *argv)
+    log = tmp_path / "serve.log"
+    proc, url = start_server_traced(bundle, log)
+    try:
+        import urllib.request
+
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/infer", data=image.read_bytes(),
+                headers={"Content-Type": "image/png"}), timeout=60) as answer:
+            assert answer.status == 200
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=60)
+    found = re.search(r"^MODULES (.*)$", log.read_text(), re.M)
+    assert found, log.read_text()[-2000:]
+    used |= {f"runner/{m.split('.', 1)[1]}.py" for m in found.group(1).split(",")}
+    shipped = {p.relative_to(bundle).as_posix() for p in (bundle / "runner").glob("*.py")}
+    assert shipped - {"runner/__init__.py"} == used, (sorted(shipped - used), sorted(used - shipped))
+    assert not [rel for rel in shipped if "cascade" in rel or "task_detect" in rel]
+
+
+def start_server_traced(bundle: Path, log: Path):
+    """`run.py serve --port 0` in *bundle*, writing the runner modules it imported to *log*
+    when it stops: (process, base URL)."""
+    import time
+
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: sys.stderr.write('MODULES %s\\n' % ','.join(sorted(\n"
+            "    m for m in sys.modules if m.startswith('runner.')))))\n"
+            "sys.argv = ['run.py', 'serve', '--port', '0', '--quiet']\n"
+            "runpy.run_path('run.py', run_name='__main__')\n")
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-I", "-c", code], cwd=bundle, stderr=err)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", log.read_text())
+        if found:
+            return proc, found.group(1)
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the server did not start: " + log.read_text())
+
+
+def test_a_bundle_built_without_extras_says_how_to_get_them(cnn_onnx, image_dir, tmp_path):
+    """--runner-extras none ships the core and the part's head: check, bench and infer run;
+    serve, bench --tune and bench --profile each say in one line how to build a bundle with
+    them (exit 2). --tune without tune among the extras is refused before anything is built."""
+    from conftest import PREP
+    from packager.build.job import build
+    from packager.errors import SpecError
+
+    with pytest.raises(SpecError, match="add tune to --runner-extras"):
+        build(cnn_onnx, tmp_path / "x", target="x86_64-cpu", runner_extras=("serve",),
+              tune=lambda *a, **k: None)
+    assert not (tmp_path / "x").exists()
+    lean = build(cnn_onnx, tmp_path / "lean", target="x86_64-cpu", calib=image_dir,
+                 preprocess=PREP, labels=[f"class{i}" for i in range(10)],
+                 quant={"precision": "fp32"}, tasks={"model": {"kind": "classify"}},
+                 runner_extras=()).bundle.directory
+    runner = sorted(p.name for p in (lean / "runner").iterdir())
+    assert "serve.py" not in runner and "tuning.py" not in runner and "profile.py" not in runner
+    assert "task_classify.py" in runner
+    assert run_py(lean, "check").returncode == 0
+    for argv, extra in ((("serve", "--port", "0"), "serve"), (("bench", "--tune"), "tune"),
+                        (("bench", "--profile", "--runs", "2"), "profile")):
+        r = run_py(lean, *argv)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert f"this bundle was built without `{extra}`" in r.stderr, r.stderr[-2000:]
+        assert "--runner-extras serve,tune,profile" in r.stderr
 
 
 def test_a_bundle_without_a_pipeline_ships_no_cascade_code(built, tmp_path):
     """Issue 35: the cascade's five modules (~1,470 lines) ship only in a pipeline bundle. A
-    classify bundle's runner/ holds the core alone and passes its check; a bundle that lists
+    classify bundle's runner/ holds no cascade module and passes its check; a bundle that lists
     them (every bundle built before) still passes; a manifest edited to hold a pipeline fails
     its check naming the missing module in one line, exit 2."""
     from packager._runtimes.runner.contents import RUNNER_CASCADE

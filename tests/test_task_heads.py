@@ -8,9 +8,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import run_py, start_server
+from conftest import run_py, ship_heads, start_server
+from packager._runtimes.runner import task_detect, tasks
 from packager._runtimes.runner import task_figures as tf
-from packager._runtimes.runner import tasks
 from packager._runtimes.runner.errors import BundleError
 
 # ---------------------------------------------------------------------------------------------
@@ -106,14 +106,14 @@ def test_boxes_back_in_the_photos_pixels():
     result = tasks.apply({"kind": "detect", "decoder": "centernet", "score": 0.5},
                          centerface([(30, 40, 0.9)], size=80))
     box, marks = result["boxes"][0]["box"], result["boxes"][0]["landmarks"]
-    tasks.add_image_boxes(result, {"size": [320, 320], "resize": "letterbox"}, (640, 480))
+    task_detect.add_image_boxes(result, {"size": [320, 320], "resize": "letterbox"}, (640, 480))
     item = result["boxes"][0]
     assert item["image_box"] == [2 * box[0], 2 * (box[1] - 40), 2 * box[2], 2 * (box[3] - 40)]
     assert item["image_landmarks"][0] == [2 * marks[0][0], 2 * (marks[0][1] - 40)]
     assert result["image_size"] == [640, 480]
-    stretch = tasks.input_to_image({"size": [100, 50], "resize": "stretch"}, (200, 200))
+    stretch = task_detect.input_to_image({"size": [100, 50], "resize": "stretch"}, (200, 200))
     assert [float(v[0]) for v in stretch([50], [25])] == [100, 100]
-    crop = tasks.input_to_image({"size": [100, 100], "resize": "center-crop"}, (400, 200))
+    crop = task_detect.input_to_image({"size": [100, 100], "resize": "center-crop"}, (400, 200))
     assert [float(v[0]) for v in crop([0], [0])] == [100, 0]   # 200x100 after resize, 50 cut
 
 
@@ -523,7 +523,7 @@ def with_task(built, dest, task):
     path = bundle / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["parts"][0]["task"] = task
-    path.write_text(json.dumps(manifest, indent=2))
+    path.write_text(json.dumps(ship_heads(bundle, manifest), indent=2))
     return bundle
 
 

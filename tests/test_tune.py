@@ -18,7 +18,8 @@ import pytest
 from conftest import PREP, run_py
 from packager._runtimes.runner.manifest import manifest_digest
 from packager._runtimes.runner.sessions import TUNED
-from packager._runtimes.runner.tuning import TUNE_MARGIN, tune_threads
+from packager._runtimes.runner.tuned import TUNE_MARGIN
+from packager._runtimes.runner.tuning import tune_threads
 from packager.build.job import build
 
 TUNED = TUNED

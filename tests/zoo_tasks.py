@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from zoo import CheckResult, Prepared, ZooModel, match_boxes, nms, package_file, unpacked
 
-from packager._runtimes.runner.task_figures import edit_distance
+from packager._runtimes.runner.task_ctc import edit_distance
 
 EVAL_EVERY = 5
 SR = 16000

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._runtimes.runner.contents import EXTRAS as RUNNER_EXTRAS
 from .._runtimes.runner.sessions import describe_session
 from ..atomic import check_free, check_writable, output_lock
 from ..bundle.assemble import BundleResult, Tuner, archive_path, bundle
@@ -53,7 +54,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           tune: Tuner | None = None, steps: Progress | None = None,
           offline: bool = False, openvino: str = "auto",
           tasks: Mapping[str, Mapping[str, Any]] = {},
-          keep: Mapping[str, float] | None = None) -> BuildResult:
+          keep: Mapping[str, float] | None = None,
+          runner_extras: Sequence[str] = RUNNER_EXTRAS) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -75,12 +77,12 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     budget, "no" never (build/engine_choice.py).
     *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
     judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
-    (--keep) overrides what each task keeps.
+    (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
-    output = Path(output)
+    check_extras(runner_extras, tune)
     # held from the first check to the publish: a second run to this -o fails at once
-    with output_lock(output, archive_path(output)):
+    with output_lock(output := Path(output), archive_path(output)):
         sources = input_paths(model, calib, part_calib, export_options, parts)
         check_free(output, force=force, inputs=sources)
         check_free(archive_path(output), force=force, inputs=sources)
@@ -106,12 +108,10 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 payloads.append(payload)
                 results.append(result)
             target, payloads = with_engine(target, results, payloads, log)
-            unused = set(consts) - {k for r in results for k in r.consts}
-            if unused:
-                raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
-                                "see the inputs with `edgepack inspect MODEL`")
+            check_consts_used(consts, results)
             out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
-                         tune=tune, offline=offline, pipeline=pipeline, judge=judge)
+                         tune=tune, offline=offline, pipeline=pipeline, judge=judge,
+                         extras=runner_extras)
             clock.lap("bundle")
         say_outcome(out, clock, several, offline, log)
         return BuildResult(out, results, clock.record())
@@ -129,6 +129,27 @@ def checked_target(target: Target | str, holdout: float, golden: int, offline: b
                         "use it for CPU targets (x86_64-cpu, rpi) only")
     check_wanted(target, openvino, timer)   # before the slow stages, not after the search
     return target
+
+
+def check_consts_used(consts: Mapping[str, Any], results: Sequence[PartResult]) -> None:
+    """Every --const named an input of some part."""
+    unused = set(consts) - {k for r in results for k in r.consts}
+    if unused:
+        raise SpecError(f"--const {sorted(unused)[0]}: no model input has that name",
+                        "see the inputs with `edgepack inspect MODEL`")
+
+
+def check_extras(extras: Sequence[str], tune: Tuner | None) -> None:
+    """The runner's extras asked for are known ones, and tune is among them for --tune (the
+    build tunes with the bundle's own `run.py bench --tune`)."""
+    for extra in extras:
+        if extra not in RUNNER_EXTRAS:
+            raise SpecError(f"--runner-extras {extra}: not one of the runner's extras",
+                            f"pick from {', '.join(RUNNER_EXTRAS)}, or none")
+    if tune is not None and "tune" not in extras:
+        raise SpecError("--tune with --runner-extras without tune: the build tunes with the "
+                        "bundle's own `run.py bench --tune`",
+                        "add tune to --runner-extras, or drop --tune")
 
 
 def check_requests(requests: Sequence[PartRequest], tasks: Mapping[str, Any],

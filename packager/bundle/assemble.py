@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._runtimes.runner.cascade_judge import GOLDEN_DIR
+from .._runtimes.runner.contents import EXTRAS
 from .._runtimes.runner.manifest import read_npz
 from ..atomic import atomic_pair, check_free, check_named
 from ..errors import BundleError
@@ -53,14 +54,18 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def runner_sources(pipeline: Mapping[str, Any] | None = None) -> dict[str, Path]:
+def runner_sources(tasks: Sequence[Mapping[str, Any] | None] = (),
+                   pipeline: Mapping[str, Any] | None = None,
+                   extras: Sequence[str] = EXTRAS) -> dict[str, Path]:
     """The runner's files a bundle holds (run.py, runner/...), by their source here: the core,
-    and the cascade's modules only for a bundle with a *pipeline* section."""
+    the heads of its parts' *tasks*, its *extras* (serve, tune, profile), and the cascade's
+    modules only for a bundle with a *pipeline* section (contents.py)."""
     from .. import _runtimes
     from .._runtimes.runner.contents import runner_files
 
     here = Path(_runtimes.__file__).parent
-    return {rel: here / rel for rel in runner_files({"pipeline": pipeline or {}})}
+    manifest = {"parts": [{"task": task} for task in tasks], "pipeline": pipeline or {}}
+    return {rel: here / rel for rel in runner_files(manifest, extras)}
 
 
 def archive_path(directory: Path) -> Path:
@@ -292,7 +297,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
            name: str | None = None, force: bool = False,
            inputs: Sequence[Path | str] = (), tune: Tuner | None = None,
            offline: bool = False, pipeline: dict[str, Any] | None = None,
-           judge: Callable[[Path], dict[str, Any]] | None = None) -> BundleResult:
+           judge: Callable[[Path], dict[str, Any]] | None = None,
+           extras: Sequence[str] = EXTRAS) -> BundleResult:
     """Write *output*/ and *output*.tar.gz for *target*, holding every part's model.
 
     Each part's golden data is its samples, the shipped model's outputs on them run here, and
@@ -302,7 +308,8 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
     faster (offline.py); the runner loads it under the same onnxruntime version family.
     *pipeline*: the manifest's section that runs the parts as one cascade (cascade/spec.py);
     *judge* measures the staged bundle's pipeline end to end (cascade/judge.py), recorded as
-    its `accuracy` (judge raises to publish nothing).
+    its `accuracy` (judge raises to publish nothing). *extras*: what the runner carries beyond
+    check, bench and infer (serve, tune, profile).
     """
     output = Path(output)
     archive = archive_path(output)
@@ -331,7 +338,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                     tmp, entry["model"]["file"], read_npz(str(tmp), golden["inputs"]), level,
                     read_npz(str(tmp), golden["shipped"]))
             entries.append(entry)
-        _write_runner(tmp, parts, target, pipeline)
+        _write_runner(tmp, parts, target, pipeline, extras)
         manifest = Manifest(
             name=name,
             created=created.isoformat(timespec="seconds"),
@@ -381,9 +388,9 @@ def _judged(tmp: Path, manifest: Manifest, judge: Callable[[Path], dict[str, Any
 
 
 def _write_runner(tmp: Path, parts: Sequence["PartPayload"], target: Target,
-                  pipeline: dict[str, Any] | None) -> None:
+                  pipeline: dict[str, Any] | None, extras: Sequence[str]) -> None:
     """The runner's files the bundle uses, and its requirements.txt."""
-    for rel, source in runner_sources(pipeline).items():
+    for rel, source in runner_sources([p.task for p in parts], pipeline, extras).items():
         (tmp / rel).parent.mkdir(exist_ok=True)
         shutil.copyfile(source, tmp / rel)
     reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]

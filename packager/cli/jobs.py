@@ -35,6 +35,12 @@ def _device_timer(host: str | None, ssh_config: Path | None, python: str, target
                         providers=load_target(target).providers, log=log)
 
 
+def extras_of(text: str) -> tuple[str, ...]:
+    """--runner-extras: 'serve,tune' -> ("serve", "tune"); 'none' -> () (build() checks each)."""
+    text = text.strip()
+    return () if text.lower() == "none" else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, target: str):
     """build --tune's tuner: on the --time-on device, else here when this machine is one."""
     if not tune:
@@ -106,6 +112,11 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
                    "it first where it measures faster at the same budget (auto), wherever a graph "
                    "keeps the budget under it (yes), or never (no); devices without it run the "
                    "CPU provider")
+@click.option("--runner-extras", default="serve,tune,profile", show_default=True,
+              metavar="EXTRA,... | none",
+              help="what the bundle's runner carries beyond check, bench and infer: serve "
+              "(run.py serve), tune (bench --tune), profile (bench --profile); none ships the "
+              "core alone, for a smaller runner to audit (docs/commands.md)")
 @click.option("--task", "tasks", multiple=True, metavar="[PART=]KIND[:key=value,...] | FILE.toml",
               help="what the model does: classify, detect, embed, ctc, segment, vad, "
               "multilabel or raw (default); the candidates are also judged by the task's figure "
@@ -133,8 +144,8 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
               part_precision: tuple[str, ...], holdout: float, golden: int,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
-              tasks: tuple[str, ...], pipeline: Path | None, keep: str | None,
-              force: bool, as_json: bool, **kw: Any) -> None:
+              runner_extras: str, tasks: tuple[str, ...], pipeline: Path | None,
+              keep: str | None, force: bool, as_json: bool, **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -183,7 +194,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
                   force=force, log=log, progress=progress_bar("calibration"), fuse=fuse,
                   tune=_tuner(tune, time_on, ssh_config, device_python, target),
                   steps=step_line("build", as_json), offline=offline, openvino=openvino,
-                  keep=kept, consts=parse_consts(consts),
+                  keep=kept, consts=parse_consts(consts), runner_extras=extras_of(runner_extras),
                   export_options=ExportOptions(**opts), **budget_kwargs(kw))
     if pipeline is not None:
         from ..cascade.build import build_pipeline

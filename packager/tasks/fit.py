@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from .._runtimes.runner.task_detect import decode_boxes
 from .._runtimes.runner.task_figures import split_samples
 from .._runtimes.runner.task_spec import settings, task_kind
-from .._runtimes.runner.tasks import decode_boxes, pick
+from .._runtimes.runner.tasks import pick
 from ..errors import SpecError
 
 TINY = 2.0        # input pixels: a box narrower or lower than this is no object

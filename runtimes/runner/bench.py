@@ -8,6 +8,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .contents import extra_module
 from .errors import BundleError, one_line
 from .facts import device_info, gpu_facts, gpu_memory_mb, peak_rss_mb
 from .load import load_facts, noise, snapshot
@@ -22,7 +23,6 @@ from .sessions import (
     session_origin,
     session_settings,
 )
-from .tuning import save_tuned, tune
 
 OPENVINO = "OpenVINOExecutionProvider"
 
@@ -206,8 +206,9 @@ def cmd_bench(bundle, manifest, args):
     require_intact(bundle, manifest)
     tuning = None
     if getattr(args, "tune", False):
-        tuning = tune(bundle, manifest, args)
-        tuning["saved"] = None if args.no_save else save_tuned(bundle, manifest, tuning)
+        tuner = extra_module("tuning", manifest)
+        tuning = tuner.tune(bundle, manifest, args)
+        tuning["saved"] = None if args.no_save else tuner.save_tuned(bundle, manifest, tuning)
         args.tuned = {"session": tuning["chosen"]}
     parts = {}
     for part in select_parts(manifest, args.part):

@@ -41,15 +41,9 @@ from .errors import BundleError, one_line
 from .images import MAX_PIXELS, decode_image
 from .manifest import require_intact
 from .sessions import open_session
-from .tasks import (
-    as_probabilities,
-    ctc_decode,
-    ctc_text,
-    input_to_image,
-    pick,
-    settings,
-    task_kind,
-)
+from .task_ctc import ctc_decode, ctc_text
+from .task_detect import input_to_image
+from .tasks import as_probabilities, pick, settings, task_kind
 
 
 def load_photo(data, spec, path, max_pixels=MAX_PIXELS):

@@ -36,7 +36,7 @@ except ImportError:
 
 from .errors import BundleError
 from .images import normalise
-from .tasks import iou_matrix, matched_pairs
+from .task_detect import iou_matrix, matched_pairs
 
 CELL, STRIDE = 12, 2      # P-Net: a cell sees 12x12 pixels, cells are 2 pixels apart
 MARGIN = CELL - STRIDE    # the pixels a block of cells needs past 2 x its cells

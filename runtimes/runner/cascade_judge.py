@@ -24,7 +24,7 @@ from .cascade import Cascade
 from .errors import BundleError, one_line
 from .images import MAX_PIXELS
 from .manifest import read_npz
-from .tasks import matched_pairs
+from .task_detect import matched_pairs
 
 KEEP = 0.99   # the original's answers the bundle must give alike, unless the manifest says
 GOLDEN_DIR = "golden/pipeline"

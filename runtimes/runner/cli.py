@@ -13,7 +13,7 @@ except ImportError:
 
 from .bench import cmd_bench
 from .check import cmd_check
-from .closing import MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S
+from .contents import extra_module, optional_module
 from .errors import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -28,11 +28,9 @@ from .errors import (
 from .images import MAX_PIXELS
 from .infer import cmd_infer
 from .manifest import load_manifest
-from .profile import cmd_profile
 from .report import print_human, to_json
-from .serve import cmd_serve
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
-from .tuning import TUNE_MARGIN, load_tuned
+from .tuned import TUNE_MARGIN, load_tuned
 
 
 def parse_args(argv):
@@ -57,8 +55,10 @@ def parse_args(argv):
         if name in ("infer", "serve"):
             _answer_options(p, name)
         if name == "serve":
-            _serve_options(p)
-    args = parser.parse_args(argv)
+            _serve_options(p, command_of(argv) == "serve")
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "unshipped", False):
+        parser.error("unrecognized arguments: %s" % " ".join(rest))
     if args.command is None:
         parser.print_help()
         raise SystemExit(EXIT_BAD_INPUT)
@@ -66,6 +66,26 @@ def parse_args(argv):
     if problem:
         parser.error(problem)
     return args
+
+
+def command_of(argv):
+    """The command named in *argv* (its first word that is not an option or --bundle's value),
+    or None."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-") and (i == 0 or argv[i - 1] != "--bundle"):
+            return arg
+    return None
+
+
+def _serve_options(p, serving):
+    """serve's own options (serve.py's, read only when the command is serve); a bundle built
+    without serve takes any (run_command then says how to build it with serve)."""
+    if not serving:
+        return
+    try:
+        optional_module("serve").add_options(p)
+    except BundleError:
+        p.set_defaults(unshipped=True)
 
 
 def _common_options(p, name):
@@ -116,26 +136,6 @@ def _answer_options(p, name):
                         "before decoding (default %(default)g)")
 
 
-def _serve_options(p):
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (0.0.0.0 for the network)")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    p.add_argument("--quiet", action="store_true", help="do not log requests")
-    p.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds a client may stay silent while sending its request "
-                        "(then 408 and the connection closes; default 30)")
-    p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
-                   help="requests run at once, once read whole; one more waits %g s, "
-                        "then gets 503 with Retry-After (default 2 x cores, at least 4: "
-                        "%%(default)d here)" % QUEUE_WAIT_S)
-    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
-                   help="open connections in all; one more gets 503 at once "
-                        "(default %(default)d)")
-    p.add_argument("--max-per-client", type=int, default=MAX_PER_CLIENT,
-                   help="open connections from one client address; one more gets 503 "
-                        "at once (default %(default)d)")
-
-
 def _args_problem(args):
     """What is wrong with the parsed *args* (argparse's error line), or ''."""
     if args.command == "bench":
@@ -152,15 +152,8 @@ def _args_problem(args):
                     % args.max_megapixels)
         if not 1 <= args.top <= 100000:
             return "--top must be from 1 to 100000, got %d" % args.top
-    if args.command == "serve":
-        if not 0 <= args.port <= 65535:
-            return "--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port
-        if not 0 < args.timeout <= 3600:
-            return "--timeout must be > 0 and at most 3600 seconds"
-        if not (1 <= args.max_concurrent <= 1024 and 1 <= args.max_per_client <= 100000 and
-                1 <= args.max_connections <= 100000):
-            return ("--max-concurrent must be from 1 to 1024, --max-connections and "
-                    "--max-per-client from 1 to 100000")
+    if args.command == "serve" and not getattr(args, "unshipped", False):
+        return optional_module("serve").options_problem(args)
     return ""
 
 
@@ -249,6 +242,11 @@ def check_dependencies(manifest):
                           % (missing, sys.executable, install))
 
 
+def cmd_serve(bundle, manifest, args):
+    """serve.py's command, in a bundle that ships it (else one line saying how to get it)."""
+    return extra_module("serve", manifest).cmd_serve(bundle, manifest, args)
+
+
 def run_command(args, json_out=None):
     commands = {"check": cmd_check, "bench": cmd_bench, "infer": cmd_infer, "serve": cmd_serve}
     try:
@@ -261,7 +259,8 @@ def run_command(args, json_out=None):
             os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(int(args.max_megapixels * 1e6))
         report = commands[args.command](args.bundle, manifest, args)
         if args.command == "bench" and args.profile:
-            report = cmd_profile(args.bundle, manifest, args, report)
+            report = extra_module("profile", manifest).cmd_profile(args.bundle, manifest, args,
+                                                                   report)
     except KeyboardInterrupt:   # Ctrl-C; serve has closed its socket by now
         sys.stderr.write("interrupted%s\n" % (": the server is closed"
                                               if args.command == "serve" else ""))

@@ -1,11 +1,15 @@
 """What a bundle's runner holds: its files by group, the ones a bundle's table must list, and
-the modules a bundle ships only when its manifest uses them, loaded on demand.
+the modules a bundle ships only when it uses them, loaded on demand.
 
-    RUNNER_CORE          run.py and the package's modules every bundle ships
+    RUNNER_CORE          run.py and the modules every bundle ships (load, check, run, bench)
+    RUNNER_HEADS         {task kind: its head}: shipped when a part has a task of that kind
+    RUNNER_EXTRAS        {extra: its modules}: serve, tune (bench --tune), profile (bench
+                         --profile); a build ships EXTRAS unless told fewer (--runner-extras)
     RUNNER_CASCADE       the cascade's modules: only a bundle with a `pipeline` ships them
-    runner_files(m)      what a bundle with manifest *m* ships (the build's list)
+    runner_files(m, e)   what a bundle with manifest *m* and extras *e* ships (the build's list)
     runner_needed(m)     what its file table must list, whichever edgepack built it
     optional_module(n)   a group's module, or one line (exit 2) saying the bundle lacks it
+    extra_module(n, m)   an extra's module, or one line saying how to build a bundle with it
 """
 
 import importlib
@@ -15,19 +19,28 @@ from .errors import BundleError
 
 RUNNER_FILE = "run.py"
 RUNNER_DIR = "runner"
-# The runner's files, each hashed in the manifest: the entry script and its package's core, which
-# every bundle ships, and the modules a bundle ships only when its manifest uses them (the
-# cascade: a `pipeline` section). run.py's RUNNER_MODULES and OPTIONAL_MODULES name the same.
+# The runner's files, each hashed in the manifest. run.py's RUNNER_MODULES and OPTIONAL_MODULES
+# name the same (run.py checks runner/ before it imports any of it).
 RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
-               "runner/cli.py", "runner/closing.py", "runner/contents.py", "runner/errors.py",
-               "runner/facts.py", "runner/images.py", "runner/infer.py", "runner/inputs.py",
-               "runner/load.py", "runner/manifest.py", "runner/metrics.py", "runner/places.py",
-               "runner/profile.py", "runner/report.py", "runner/serve.py", "runner/serve_http.py",
+               "runner/cli.py", "runner/contents.py", "runner/errors.py", "runner/facts.py",
+               "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/load.py",
+               "runner/manifest.py", "runner/metrics.py", "runner/places.py", "runner/report.py",
                "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
-               "runner/tasks.py", "runner/tuning.py")
-RUNNER_CASCADE = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
-                  "runner/cascade_ocr.py", "runner/cascade_spec.py")
-RUNNER_FILES = RUNNER_CORE + RUNNER_CASCADE   # every file a bundle's runner may hold
+               "runner/tasks.py", "runner/tuned.py")
+HEAD_KINDS = ("classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
+RUNNER_HEADS = dict((kind, "runner/task_%s.py" % kind) for kind in HEAD_KINDS)
+EXTRAS = ("serve", "tune", "profile")
+RUNNER_EXTRAS = {"serve": ("runner/closing.py", "runner/serve.py", "runner/serve_body.py",
+                           "runner/serve_http.py"),
+                 "tune": ("runner/tuning.py",),
+                 "profile": ("runner/profile.py",)}
+EXTRA_OF = {"serving": "serve", "serve": "serve", "tuning": "tune", "profile": "profile"}
+CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
+                   "runner/cascade_ocr.py", "runner/cascade_spec.py")
+# the cascade reads boxes and text with the detect and ctc heads' own functions
+RUNNER_CASCADE = CASCADE_MODULES + (RUNNER_HEADS["ctc"], RUNNER_HEADS["detect"])
+RUNNER_FILES = tuple(sorted(set(RUNNER_CORE + tuple(RUNNER_HEADS.values()) + RUNNER_CASCADE +
+                                sum(RUNNER_EXTRAS.values(), ()))))   # every file a runner may hold
 
 
 # What any bundle's runner package holds, whichever edgepack built it: its entry modules. The
@@ -36,16 +49,33 @@ RUNNER_FILES = RUNNER_CORE + RUNNER_CASCADE   # every file a bundle's runner may
 RUNNER_ENTRY = ("run.py", "runner/__init__.py", "runner/cli.py", "runner/manifest.py")
 
 
-def runner_files(manifest):
-    """The runner files a bundle with *manifest* ships: the core, and the cascade's modules
-    when it runs its parts as one pipeline."""
-    return RUNNER_CORE + (RUNNER_CASCADE if manifest.get("pipeline") else ())
+def part_kinds(manifest):
+    """The task kinds of the manifest's parts that have a head (not raw, not unknown)."""
+    kinds = set()
+    for part in manifest.get("parts") or ():
+        task = part.get("task") if isinstance(part, dict) else None
+        kind = task.get("kind") if isinstance(task, dict) else None
+        if kind in RUNNER_HEADS:
+            kinds.add(kind)
+    return kinds
+
+
+def runner_files(manifest, extras=EXTRAS):
+    """The runner files a bundle with *manifest* ships, sorted: the core, the heads of its
+    parts' tasks, the *extras* asked for, and the cascade's modules when it has a pipeline."""
+    files = set(RUNNER_CORE)
+    files.update(RUNNER_HEADS[kind] for kind in part_kinds(manifest))
+    for extra in extras:
+        files.update(RUNNER_EXTRAS[extra])
+    if manifest.get("pipeline"):
+        files.update(RUNNER_CASCADE)
+    return tuple(sorted(files, key=lambda rel: (rel != RUNNER_FILE, rel)))
 
 
 def runner_needed(manifest):
     """The runner files a bundle's file table must list: the entry modules, and the cascade's
     when its manifest has a pipeline (bundles of every edgepack since the split shipped them)."""
-    return RUNNER_ENTRY + (RUNNER_CASCADE if manifest.get("pipeline") else ())
+    return RUNNER_ENTRY + (CASCADE_MODULES if manifest.get("pipeline") else ())
 
 
 def wants_pipeline(manifest, args):
@@ -66,6 +96,24 @@ def optional_module(name):
             raise
         raise BundleError("%s/%s.py: missing, and this bundle's manifest needs it (copy the "
                           "bundle again, or build it again)" % (RUNNER_DIR, name)) from None
+
+
+def shipped(manifest, rel):
+    """Whether the bundle's file table lists *rel* (a runner file), or its runner predates the
+    file table's listing of runner/ (then it shipped everything)."""
+    files = manifest.get("files") or {}
+    return rel in files or not any(f.startswith(RUNNER_DIR + "/") for f in files)
+
+
+def extra_module(name, manifest):
+    """The module *name* of one of the runner's extras (serve, tune, profile): a BundleError
+    (exit 2) saying how to get it when the bundle was built without it."""
+    extra = EXTRA_OF.get(name, name)
+    if not shipped(manifest, "%s/%s.py" % (RUNNER_DIR, name)):
+        raise BundleError("this bundle was built without `%s` (edgepack build --runner-extras); "
+                          "build it again with --runner-extras %s (the default)"
+                          % (extra, ",".join(EXTRAS)))
+    return optional_module(name)
 
 
 def runner_package(manifest, bundle=None):

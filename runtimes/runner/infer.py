@@ -14,7 +14,7 @@ from .images import IMAGE_SUFFIXES, image_size
 from .inputs import describe_outputs, image_batch, image_row, input_files, load_input_file, stack_images
 from .manifest import one_part, require_intact
 from .sessions import open_session
-from .tasks import add_image_boxes, part_result, public, summary, wants_task
+from .tasks import head, part_result, public, summary, wants_task
 
 
 def printable(path):
@@ -89,7 +89,7 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
     size = image_size(body) if body is not None and part.get("preprocess") and \
         result["kind"] == "detect" else None
     if size and min(size) > 0:   # the header's size is the decoded one (no EXIF turn)
-        add_image_boxes(result, part["preprocess"], size)
+        head("detect").add_image_boxes(result, part["preprocess"], size)
     if "_map" in result and arrays is not None:
         arrays["%s/task.map" % key] = result["_map"]
     return dict({"task": public(result), "summary": summary(part["task"], result)},

@@ -70,3 +70,16 @@ def cmd_profile(bundle, manifest, args, report):
         if entry is not None:
             entry["profile"] = profile_part(bundle, manifest, part, args, entry["graph"])
     return report
+
+
+def print_profile(part, prof, top=12):
+    """Per-op-type kernel time (onnxruntime's profiler), the costliest first."""
+    print("%s: per-op profile of %s under %s, %d runs: %.3f ms in kernels per call%s" % (
+        part, prof["graph"], prof["provider"], prof["runs"], prof["kernel_ms"],
+        ", Q/DQ %.3f ms" % prof["qdq_ms"] if prof["qdq_ms"] else ""))
+    for row in prof["ops"][:top]:
+        print("  %-28s %8.3f ms  %5.1f%%  x%d" % (row["op"], row["ms"], 100 * row["share"],
+                                                 row["nodes"]))
+    if len(prof["ops"]) > top:
+        rest = sum(r["ms"] for r in prof["ops"][top:])
+        print("  %-28s %8.3f ms" % ("(%d more op types)" % (len(prof["ops"]) - top), rest))

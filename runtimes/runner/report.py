@@ -4,6 +4,7 @@ answer the runner writes (--json, serve)."""
 import json
 import math
 
+from .contents import optional_module
 from .sessions import describe_session
 
 NON_FINITE_SHOWN = 20   # paths named in a report's "non_finite" field
@@ -71,38 +72,6 @@ def pipeline_line(entry):
         else ": ok, not shown (too few golden answers)"))
 
 
-def print_tuning(tuning):
-    print("tuning: %d settings tried on %d cores, %d runs each (p50, summed over parts):" % (
-        len(tuning["tried"]), tuning["cores"], tuning["runs"]))
-    print("  %-7s %-8s %-10s %-8s %9s  %s" % ("threads", "inter-op", "mode", "opt", "p50 ms",
-                                               "stage"))
-    fastest = min(t["p50_ms"] for t in tuning["tried"])
-    for t in tuning["tried"]:
-        conf = t["session"]
-        print("  %-7s %-8s %-10s %-8s %9.3f  %s%s" % (
-            conf["intra_op_threads"] or "auto", conf["inter_op_threads"] or "auto",
-            conf["execution_mode"], conf["graph_optimization_level"], t["p50_ms"], t["stage"],
-            "  <- fastest" if t["p50_ms"] == fastest else ""))
-    print("tuning %s %s: %s%s" % (
-        "kept the current settings," if tuning["chosen"] == tuning["current"] else "chose",
-        describe_session(tuning["chosen"]), tuning["reason"],
-        "; saved in %s" % tuning["saved"] if tuning.get("saved") else
-        "; nothing saved" if tuning.get("saved") is None else ""))
-
-
-def print_profile(part, prof, top=12):
-    """Per-op-type kernel time (onnxruntime's profiler), the costliest first."""
-    print("%s: per-op profile of %s under %s, %d runs: %.3f ms in kernels per call%s" % (
-        part, prof["graph"], prof["provider"], prof["runs"], prof["kernel_ms"],
-        ", Q/DQ %.3f ms" % prof["qdq_ms"] if prof["qdq_ms"] else ""))
-    for row in prof["ops"][:top]:
-        print("  %-28s %8.3f ms  %5.1f%%  x%d" % (row["op"], row["ms"], 100 * row["share"],
-                                                 row["nodes"]))
-    if len(prof["ops"]) > top:
-        rest = sum(r["ms"] for r in prof["ops"][top:])
-        print("  %-28s %8.3f ms" % ("(%d more op types)" % (len(prof["ops"]) - top), rest))
-
-
 def load_line(entry, report):
     """How the figure was taken and how busy the machine was, and 'noisy' when it was."""
     load = entry.get("load") or {}
@@ -155,8 +124,8 @@ def _print_check(report):
 
 def _print_bench(report):
     tuning = report.get("tuning")
-    if tuning:
-        print_tuning(tuning)
+    if tuning:   # bench --tune: only a bundle that ships tuning.py
+        optional_module("tuning").print_tuning(tuning)
     print("%s on %s (%s, %s cores), %d runs" % (
         report["bundle"], report["providers"][0], report["device"]["arch"],
         report["device"]["cores"], report["runs"]))
@@ -188,8 +157,8 @@ def _print_bench(report):
             print("%s with I/O binding on %s: p50 %.3f  p90 %.3f  p99 %.3f ms, %.1f/s" % (
                 part, bound["device"], lat["p50"], lat["p90"], lat["p99"],
                 bound["throughput_per_s"]))
-        if entry.get("profile"):
-            print_profile(part, entry["profile"])
+        if entry.get("profile"):   # bench --profile: only a bundle that ships profile.py
+            optional_module("profile").print_profile(part, entry["profile"])
         if entry.get("gpu_memory_mb") is not None:
             print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
     ceiling = report.get("roofline")

@@ -2,6 +2,7 @@
 warms the sessions, listens, and stops on a signal; serve_http.py answers the requests."""
 
 import errno
+import os
 import signal
 import sys
 import threading
@@ -12,7 +13,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .closing import MAX_BODY, REJECTERS, Gate
+from .closing import MAX_BODY, MAX_CONNECTIONS, MAX_PER_CLIENT, QUEUE_WAIT_S, REJECTERS, Gate
 from .contents import optional_module, wants_pipeline
 from .errors import BundleError, one_line
 from .manifest import load_golden, require_intact, select_parts
@@ -112,3 +113,37 @@ def cmd_serve(bundle, manifest, args):
         gate.stopping, manifest.get("name"), "every request in flight was answered" if not left
         else "%d request(s) still unanswered after --timeout %g s" % (left, args.timeout)))
     return None
+
+
+def add_options(p):
+    """`run.py serve`'s own options on its parser *p*."""
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0 for the network)")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    p.add_argument("--quiet", action="store_true", help="do not log requests")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a client may stay silent while sending its request "
+                        "(then 408 and the connection closes; default 30)")
+    p.add_argument("--max-concurrent", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
+                   help="requests run at once, once read whole; one more waits %g s, "
+                        "then gets 503 with Retry-After (default 2 x cores, at least 4: "
+                        "%%(default)d here)" % QUEUE_WAIT_S)
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                   help="open connections in all; one more gets 503 at once "
+                        "(default %(default)d)")
+    p.add_argument("--max-per-client", type=int, default=MAX_PER_CLIENT,
+                   help="open connections from one client address; one more gets 503 "
+                        "at once (default %(default)d)")
+
+
+def options_problem(args):
+    """What is wrong with serve's own options (argparse's error line), or ''."""
+    if not 0 <= args.port <= 65535:
+        return "--port must be from 0 to 65535 (0 picks a free one), got %d" % args.port
+    if not 0 < args.timeout <= 3600:
+        return "--timeout must be > 0 and at most 3600 seconds"
+    if not (1 <= args.max_concurrent <= 1024 and 1 <= args.max_per_client <= 100000 and
+            1 <= args.max_connections <= 100000):
+        return ("--max-concurrent must be from 1 to 1024, --max-connections and "
+                "--max-per-client from 1 to 100000")
+    return ""

@@ -23,8 +23,9 @@ from .closing import (
 )
 from .errors import BundleError, one_line
 from .infer import answer
-from .inputs import decode_body, image_batch, image_row, is_image_body, json_limit, stack_images
+from .inputs import image_batch, image_row, stack_images
 from .report import to_json
+from .serve_body import decode_body, is_image_body, json_limit
 
 GET_PATHS = ("/health", "/metadata")
 USAGE = "use POST /infer, GET /health, GET /metadata"

@@ -18,25 +18,9 @@ its mask there).
 
 import math
 
-try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
-    import numpy as np
-except ImportError:
-    np = None
-
+from .contents import optional_module
 from .errors import BundleError
-from .task_spec import FIGURES
-from .tasks import (
-    ctc_decode,
-    decode_boxes,
-    embedding,
-    matched_pairs,
-    multilabel_reads,
-    pick,
-    segment_map,
-    settings,
-    task_kind,
-    vad_probabilities,
-)
+from .task_spec import FIGURES, settings, task_kind
 
 # What a user would accept of each kind (shares at least, "cer" at most), on a held-out set
 # large enough to show it.
@@ -66,131 +50,12 @@ WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "frames": ("speech frames agree on", "frames"),
     "f1": ("labels on agree (F1) on", "labels on in the reference"),
 }
-LOOSE = 0.6   # a box above the score line in one model is looked for above 0.6 x it in the other
 
 
 def share(matched, n, **extra):
     entry = {"value": (float(matched) / n) if n else None, "n": int(n), "matched": int(matched)}
     entry.update(extra)
     return entry
-
-
-def match_count(ref, got, threshold=0.5):
-    """Greedy one-to-one matches of boxes *ref* against *got* (each (boxes, classes)), same
-    class and IoU >= *threshold*, the best-overlapping reference box first."""
-    (rb, rc), (gb, gc) = ref, got
-    return len(matched_pairs(rb, gb, threshold, (rc, gc)))
-
-
-def detect_figures(conf, reference, candidate):
-    def boxes(outputs):
-        firm = decode_boxes(conf, outputs)
-        loose = decode_boxes(conf, outputs, score=LOOSE * conf["score"])
-        return (firm[0], firm[2]), (loose[0], loose[2])
-    ref = [boxes(o) for o in reference]
-    got = [boxes(o) for o in candidate]
-    hit_r = sum(match_count(r[0], g[1]) for r, g in zip(ref, got))
-    hit_g = sum(match_count(g[0], r[1]) for r, g in zip(ref, got))
-    n_ref = sum(len(r[0][0]) for r in ref)
-    n_got = sum(len(g[0][0]) for g in got)
-    return {"recall": share(hit_r, n_ref, samples=len(ref)),
-            "precision": share(hit_g, n_got, samples=len(ref))}
-
-
-def nearest(vectors):
-    """Each row's nearest other row by cosine (rows are unit vectors)."""
-    sim = vectors @ vectors.T
-    np.fill_diagonal(sim, -np.inf)
-    return sim.argmax(axis=1)
-
-
-def embed_figures(conf, reference, candidate, feeds):
-    conf = dict(conf, normalize=True)
-    ref = np.stack([embedding(conf, o, f)[0] for o, f in zip(reference, feeds)])
-    got = np.stack([embedding(conf, o, f)[0] for o, f in zip(candidate, feeds)])
-    cosines = (ref * got).sum(axis=1)
-    n = len(ref)
-    same = int(np.sum(nearest(ref) == nearest(got))) if n >= 2 else 0
-    return {"retrieval1": share(same, n if n >= 2 else 0),
-            "cosine_min": {"value": float(cosines.min()) if n else None, "n": n}}
-
-
-def edit_distance(a, b):
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
-def ctc_figures(conf, reference, candidate):
-    ref = [ctc_decode(conf, o)[0] for o in reference]
-    got = [ctc_decode(conf, o)[0] for o in candidate]
-    equal = sum(r == g for r, g in zip(ref, got))
-    chars = sum(len(r) for r in ref)
-    errors = sum(edit_distance(r, g) for r, g in zip(ref, got))
-    return {"exact": share(equal, len(ref)),
-            "cer": {"value": (float(errors) / chars) if chars else (0.0 if not errors else None),
-                    "n": chars, "errors": errors, "samples": len(ref)}}
-
-
-def multilabel_figures(conf, reference, candidate):
-    """F1 of the candidate's labels on against the reference's, over every frame, label and
-    output read. Not the share of frames (or cells) that agree: most frames of a sparse
-    posteriorgram are silent, so a model that turns every label off would score high on that;
-    F1 counts only labels on, so all-off against a reference with labels on scores 0."""
-    hits = on_ref = on_got = 0
-    per = {}
-    for r, g in zip(reference, candidate):
-        for (name, threshold, a), (_, _, b) in zip(multilabel_reads(conf, r),
-                                                   multilabel_reads(conf, g)):
-            a, b = a >= threshold, b >= threshold
-            hit = int(np.sum(a & b)) if a.shape == b.shape else 0
-            counts = per.setdefault(name, [0, 0, 0])
-            for k, v in enumerate((hit, int(a.sum()), int(b.sum()))):
-                counts[k] += v
-            hits, on_ref, on_got = hits + hit, on_ref + int(a.sum()), on_got + int(b.sum())
-
-    def f1(hit, ref, got):
-        return 2.0 * hit / (ref + got) if ref + got else None
-    return {"f1": {"value": f1(hits, on_ref, on_got), "n": on_ref, "matched": hits,
-                   "candidate": on_got, "samples": len(reference),
-                   "outputs": dict((k, f1(*v)) for k, v in per.items())}}
-
-
-def segment_figures(conf, reference, candidate):
-    """IoU and pixel agreement of the maps. The share of pixels that agree says little where
-    one class is most of the image: on a text detector's map (3 % text) 99.9 % of pixels agreed
-    while the text regions moved enough to lose 11 % of the boxes. So the figure judged is the
-    IoU of the segmented pixels, pooled over the samples: for a one-channel map over its
-    threshold, of the pixels over it; for a class map, the mean over the classes either model
-    paints of each class's IoU. Its unit is the sample (the pixels of one image move
-    together)."""
-    matched = n = 0
-    inter, union = {}, {}
-    for r, g in zip(reference, candidate):
-        a, b = segment_map(conf, r), segment_map(conf, g)
-        if a.shape != b.shape:
-            b = np.full(a.shape, -1)
-        matched += int(np.sum(a == b))
-        n += a.size
-        classes = (1,) if _one_channel(conf, r) else sorted(set(np.unique(a)) | set(np.unique(b)) - {-1})
-        for c in classes:
-            inter[c] = inter.get(c, 0) + int(np.sum((a == c) & (b == c)))
-            union[c] = union.get(c, 0) + int(np.sum((a == c) | (b == c)))
-    painted = [c for c in union if union[c]]
-    iou = (float(np.mean([inter[c] / float(union[c]) for c in painted])) if painted else None)
-    return {"iou": {"value": iou, "n": len(reference), "classes": len(painted),
-                    "samples": len(reference)},
-            "pixels": share(matched, n, samples=len(reference))}
-
-
-def _one_channel(conf, outputs):
-    """Whether segment_map thresholds one channel (else it takes the argmax over classes)."""
-    x = np.asarray(pick(outputs, conf["output"]))
-    x = x[0] if x.ndim == 4 else x
-    return not (x.ndim == 3 and x.shape[0] > 1)
 
 
 def split_samples(stacked, names=None):
@@ -203,34 +68,16 @@ def split_samples(stacked, names=None):
 
 def figures(task, reference, candidate, feeds=None):
     """The figures of *task* ({name: {"value", "n", "matched"...}}) for *candidate* against
-    *reference*; a value is None when the samples hold nothing to measure (no boxes)."""
+    *reference*; a value is None when the samples hold nothing to measure (no boxes). Each
+    kind's are its head's (task_<kind>.py)."""
     if len(reference) != len(candidate):
         raise ValueError("%d reference samples, %d candidate samples: the same samples go "
                          "through both" % (len(reference), len(candidate)))
     conf = settings(task)
-    kind = conf["kind"]
-    feeds = list(feeds) if feeds is not None else [None] * len(reference)
-    if kind == "classify":
-        same = sum(int(np.argmax(pick(r, conf["output"]))) ==
-                   int(np.argmax(pick(g, conf["output"]))) for r, g in zip(reference, candidate))
-        return {"top1": share(same, len(reference))}
-    if kind == "detect":
-        return detect_figures(conf, reference, candidate)
-    if kind == "embed":
-        return embed_figures(conf, reference, candidate, feeds)
-    if kind == "ctc":
-        return ctc_figures(conf, reference, candidate)
-    if kind == "segment":
-        return segment_figures(conf, reference, candidate)
-    if kind == "vad":
-        ref = np.concatenate([vad_probabilities(conf, o) for o in reference] or [np.zeros(0)])
-        got = np.concatenate([vad_probabilities(conf, o) for o in candidate] or [np.zeros(0)])
-        flags_r, flags_g = ref >= conf["threshold"], got >= conf["threshold"]
-        return {"frames": share(int(np.sum(flags_r == flags_g)), len(ref),
-                                speech=int(flags_r.sum()), samples=len(reference))}
-    if kind == "multilabel":
-        return multilabel_figures(conf, reference, candidate)
-    return {}
+    if conf["kind"] == "raw":
+        return {}
+    head = optional_module("task_" + conf["kind"])
+    return head.figures(conf, list(reference), list(candidate), feeds)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,83 +15,14 @@ except ImportError:
 from .check import cmd_check
 from .errors import BundleError, one_line
 from .facts import device_info
-from .manifest import load_golden, manifest_digest, select_parts, session_value_problem
+from .manifest import load_golden, manifest_digest, select_parts
 from .metrics import timed
 from .sessions import TUNED, describe_session, full_session, open_session, session_settings
+from .tuned import TUNE_MARGIN, session_problem
 
-TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
 TUNE_LEVELS = ("basic", "extended", "all")
 TUNE_ROUNDS = 3      # the winner and the current settings, timed alternately
 MODES = ("sequential", "parallel")
-
-
-TUNED_FIELDS = {"manifest": str, "onnxruntime": str, "cores": int, "session": dict,
-                "tuned": str, "device": dict, "tried": list, "speedup": (int, float)}
-REQUIRED = ("manifest", "onnxruntime", "cores", "session")
-
-
-def session_problem(session, cores):
-    """What is wrong with a session's options on a device with *cores* cores, or '': thread
-    counts from 0 (onnxruntime's choice) to *cores*, known levels and modes, nothing else.
-    (4096 threads on 2 cores kept `check` busy for minutes.)"""
-    for key, value in sorted(session.items()):
-        problem = session_value_problem(key, value, max_threads=cores)
-        if problem:
-            return "session.%s %s" % (key, problem)
-    return ""
-
-
-def tuned_problem(data):
-    """What is wrong with a session.tuned.json's content, or '': its thread counts are bounded
-    by its own core count, which load_tuned then compares with this device's."""
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    for key in sorted(data):
-        if key not in TUNED_FIELDS:
-            return "unknown field %r" % str(key)[:40]
-    for key, kind in sorted(TUNED_FIELDS.items()):
-        value = data.get(key)
-        if value is None and key not in REQUIRED:
-            continue
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return "%r is missing or not a %s" % (key, getattr(kind, "__name__", "number"))
-    if not data["manifest"].startswith("sha256:") or len(data["manifest"]) != 71:
-        return "'manifest' is not a sha256: digest"
-    if not 1 <= data["cores"] <= 65536:
-        return "'cores' must be a core count, got %r" % data["cores"]
-    return session_problem(data["session"], data["cores"])
-
-
-def load_tuned(bundle, manifest):
-    """This device's tuned session options ({"session": ...}), or None: there are none, or they
-    were measured for another version of the bundle, another onnxruntime or another core count
-    (a note says so, and the manifest's options apply)."""
-    import onnxruntime as ort
-
-    path = os.path.join(bundle, TUNED)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        problem = tuned_problem(data)
-    except (OSError, ValueError) as exc:
-        problem = one_line(exc)
-    if problem:
-        raise BundleError("%s: %s; delete it, or run `run.py bench --tune` again to rewrite it"
-                          % (TUNED, problem))
-    stale = []
-    if data["manifest"] != manifest_digest(bundle):
-        stale.append("another version of this bundle")
-    if data["onnxruntime"] != ort.__version__:
-        stale.append("onnxruntime %s (this is %s)" % (data["onnxruntime"], ort.__version__))
-    if data["cores"] != os.cpu_count():
-        stale.append("%d cores (this device has %s)" % (data["cores"], os.cpu_count()))
-    if stale:
-        sys.stderr.write("edgepack: %s was tuned for %s; ignored, the manifest's session options "
-                         "apply (run `run.py bench --tune` again)\n" % (TUNED, " and ".join(stale)))
-        return None
-    return data
 
 
 def tune_threads(cores):
@@ -261,3 +192,22 @@ def save_tuned(bundle, manifest, tuning):
                           "writable, or pass --no-save" % (path, exc.strerror or one_line(exc))
                           ) from None
     return TUNED
+
+
+def print_tuning(tuning):
+    print("tuning: %d settings tried on %d cores, %d runs each (p50, summed over parts):" % (
+        len(tuning["tried"]), tuning["cores"], tuning["runs"]))
+    print("  %-7s %-8s %-10s %-8s %9s  %s" % ("threads", "inter-op", "mode", "opt", "p50 ms",
+                                               "stage"))
+    fastest = min(t["p50_ms"] for t in tuning["tried"])
+    for t in tuning["tried"]:
+        conf = t["session"]
+        print("  %-7s %-8s %-10s %-8s %9.3f  %s%s" % (
+            conf["intra_op_threads"] or "auto", conf["inter_op_threads"] or "auto",
+            conf["execution_mode"], conf["graph_optimization_level"], t["p50_ms"], t["stage"],
+            "  <- fastest" if t["p50_ms"] == fastest else ""))
+    print("tuning %s %s: %s%s" % (
+        "kept the current settings," if tuning["chosen"] == tuning["current"] else "chose",
+        describe_session(tuning["chosen"]), tuning["reason"],
+        "; saved in %s" % tuning["saved"] if tuning.get("saved") else
+        "; nothing saved" if tuning.get("saved") is None else ""))
