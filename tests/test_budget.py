@@ -349,7 +349,7 @@ def test_a_preset_that_pays_but_misses_is_named_as_the_reason(sensitive, tmp_pat
 
     (tmp_path / "d").mkdir()
     result = decide(root / "fp32.onnx", tmp_path / "d", timer=timer,
-                    target=load_target("x86_64-cpu"), family="default", overrides={},
+                    target=load_target("x86_64-cpu"), family="default", request={},
                     calib=calib, held=held, budget=AccuracyBudget(min_cosine=0.99999999))
     reason = result.record["reason"]
     assert reason.startswith("FP32: the INT8 that pays misses the budget: INT8 preset runs "

@@ -70,7 +70,7 @@ def test_too_few_held_out_samples_are_rotated_so_every_sample_judges(tmp_path):
     model = mlp(tmp_path / "m.onnx")
     (tmp_path / "s").mkdir()
     decision = decide(model, tmp_path / "s", target=load_target("x86_64-cpu"),
-                      family="default", overrides={}, calib=samples(5)[:3],
+                      family="default", request={}, calib=samples(5)[:3],
                       held=samples(5)[3:], budget=AccuracyBudget(min_cosine=0.95),
                       timer=fixed_timer)
     record = decision.record
@@ -88,10 +88,10 @@ def test_int8_the_samples_cannot_prove_does_not_ship_unless_forced(tmp_path):
                   held=samples(4, seed=2), timer=fixed_timer,
                   budget=AccuracyBudget(min_cosine=0.95, task={"kind": "classify"}))
     (tmp_path / "auto").mkdir()
-    auto = decide(model, tmp_path / "auto", overrides={}, **kwargs).record
+    auto = decide(model, tmp_path / "auto", request={}, **kwargs).record
     assert auto["chosen"] == "FP32"
     assert "INT8 not proven" in auto["reason"] and "100 needed" in auto["reason"]
     assert auto["evidence"]["method"] == "k-fold" and auto["evidence"]["samples"] == 20
     (tmp_path / "forced").mkdir()
-    forced = decide(model, tmp_path / "forced", overrides={"precision": "int8"}, **kwargs).record
+    forced = decide(model, tmp_path / "forced", request={"precision": "int8"}, **kwargs).record
     assert forced["chosen"] != "FP32"

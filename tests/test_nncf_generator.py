@@ -87,7 +87,7 @@ def test_nncf_failure_is_a_quantization_error_not_a_traceback(tmp_path):
 def test_the_decision_builds_nncf_beside_onnxruntime_and_says_so_without_it(tmp_path,
                                                                             monkeypatch):
     model = mlp(tmp_path / "m.onnx")
-    kwargs = dict(target=load_target("x86_64-cpu"), family="default", overrides={},
+    kwargs = dict(target=load_target("x86_64-cpu"), family="default", request={},
                   calib=samples(24), held=samples(8, seed=2), timer=fixed_timer,
                   budget=AccuracyBudget(min_cosine=0.95))
     (tmp_path / "with").mkdir()
@@ -110,7 +110,7 @@ def test_when_nncf_misses_both_range_estimators_are_measured_and_the_better_one_
         tmp_path):
     model = mlp(tmp_path / "m.onnx")
     record = decide(model, tmp_path, target=load_target("x86_64-cpu"), family="default",
-                    overrides={}, calib=samples(24), held=samples(8, seed=2), timer=fixed_timer,
+                    request={}, calib=samples(24), held=samples(8, seed=2), timer=fixed_timer,
                     budget=AccuracyBudget(min_cosine=0.99999)).record   # (INT8 cannot keep it)
     made = {c["label"]: c for c in record["candidates"] if "NNCF" in c["label"]}
     default, wide = made["INT8 NNCF"], made["INT8 NNCF, min-max ranges"]
@@ -125,7 +125,7 @@ def test_a_search_that_used_its_whole_limit_still_leaves_nncf_its_own_window(tmp
     model = mlp(tmp_path / "m.onnx")
     lines: list[str] = []
     record = decide(model, tmp_path, target=load_target("x86_64-cpu"), family="default",
-                    overrides={"search_seconds": 0.01}, calib=samples(24),
+                    request={"search_seconds": 0.01}, calib=samples(24),
                     held=samples(8, seed=2), timer=fixed_timer, log=lines.append,
                     budget=AccuracyBudget(min_cosine=0.99999)).record
     assert any("at its 0 s limit" in line for line in lines)   # onnxruntime's search stopped

@@ -145,3 +145,23 @@ def test_sort_topologically_orders_producers_first_and_sees_subgraph_reads():
     ordered = [n.name for n in model.graph.node]
     sort_topologically(model.graph)   # already sorted: unchanged
     assert [n.name for n in model.graph.node] == ordered
+
+
+def test_a_quant_request_is_typed_and_refuses_an_unknown_option(cnn_onnx, tmp_path):
+    """Issue 35: the build's quantization options are one typed QuantRequest: a part's choices
+    go over the build's, the search pins what was chosen, and a misspelt key from a library
+    caller is refused by name before anything is built (a mapping used to reach the preset as
+    a TypeError)."""
+    from packager.build.job import build
+    from packager.errors import SpecError
+    from packager.quantization.request import QuantRequest
+
+    build_wide = QuantRequest.of({"precision": "auto", "per_channel": False, "exclude": ["a"]})
+    part = QuantRequest(precision="int8").over(build_wide)
+    assert (part.precision, part.per_channel, part.exclude) == ("int8", False, ("a",))
+    assert part.config_fields() == {"per_channel": False, "exclude": ("a",)}
+    assert part.pinned() == {"per_channel", "exclude"}
+    assert QuantRequest.of(None) == QuantRequest() and QuantRequest().given() == {}
+    with pytest.raises(SpecError, match="'presicion' is not a quantization option"):
+        build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", quant={"presicion": "int8"})
+    assert not (tmp_path / "b").exists()

@@ -107,7 +107,7 @@ def test_search_stops_when_even_the_most_int8_variant_cannot_pay(tmp_path):
 
     model = keras_gemm(tmp_path / "k.onnx")
     target = load_target("x86_64-cpu")
-    kwargs = dict(target=target, family="default", overrides={}, calib=samples(16),
+    kwargs = dict(target=target, family="default", request={}, calib=samples(16),
                   held=samples(8), budget=AccuracyBudget(min_cosine=0.999999))
     (tmp_path / "slow").mkdir()
     slow = decide(model, tmp_path / "slow", timer=_timer(0.99), **kwargs)

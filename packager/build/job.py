@@ -18,6 +18,7 @@ from ..bundle.assemble import BundleResult, Tuner, archive_path, bundle
 from ..errors import SpecError
 from ..progress import Log, Progress
 from ..quantization.calibration import check_golden, check_holdout, list_sources
+from ..quantization.request import QuantRequest
 from ..source.eager_timing import eager_line
 from ..source.specs import TensorSpec
 from ..targets import Target, load_target
@@ -29,6 +30,8 @@ from .part_shapes import check_task_early
 from .plan import DEFAULT_EXPORT, ExportOptions, PartRequest, input_paths, plan_parts, size_of
 from .records import BuildContext
 
+QUANT = QuantRequest()   # the target's preset as it is
+
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -39,12 +42,12 @@ class BuildResult:
 
 def build(model: Path | str, output: Path, *, target: Target | str,
           calib: Path | None = None, preprocess: dict[str, Any] | None = None,
-          inputs: Sequence[TensorSpec] = (), quant: Mapping[str, Any] = {},
+          inputs: Sequence[TensorSpec] = (), quant: QuantRequest | Mapping[str, Any] = QUANT,
           holdout: float = 0.2, golden: int = 8, labels: Sequence[str] | None = None,
           name: str | None = None, force: bool = False,
           consts: Mapping[str, Any] = {},
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
-          part_quant: Mapping[str, Mapping[str, Any]] = {},
+          part_quant: Mapping[str, QuantRequest | Mapping[str, Any]] = {},
           part_preprocess: Mapping[str, dict[str, Any]] = {}, pipeline: dict | None = None,
           judge: Callable[[Path], dict[str, Any]] | None = None,
           export_options: ExportOptions = DEFAULT_EXPORT, min_cosine: float | None = None,
@@ -65,8 +68,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     per-part quantization overrides in *part_quant*; *pipeline* is the manifest's section that
     runs them as a cascade (cascade/build.py), and *judge* measures it end to end on the
     staged bundle.
-    *quant* overrides fields of the target's quantization preset (precision, mode, format,
-    activation_type, weight_type, per_channel, reduce_range, calibration_method, exclude).
+    *quant* (a QuantRequest, or a mapping of its fields) overrides fields of the target's
+    quantization preset (precision, mode, format, activation_type, weight_type, per_channel,
+    reduce_range, calibration_method, exclude) and bounds the search (search_seconds).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
     device.remote_timing.remote_timer on a device) and ships the fastest that keeps *min_cosine*
     (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
@@ -89,8 +93,9 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
         check_writable(output, need_bytes=3 * sum(size_of(p) for p in sources) + 10_000_000)
         requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess,
-                              quant=quant, labels=labels, parts=parts, part_calib=part_calib,
-                              part_quant=part_quant, export_options=export_options,
+                              quant=QuantRequest.of(quant), labels=labels, parts=parts,
+                              part_calib=part_calib, export_options=export_options,
+                              part_quant={k: QuantRequest.of(v) for k, v in part_quant.items()},
                               part_preprocess=part_preprocess)
         requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
         check_requests(requests, tasks, keep, target)

@@ -51,7 +51,7 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
                          why_not=why_not, folder=tmp, name=req.name, log=ctx.log)
     fp32 = choice.path
     ctx.clock.lap("fp32 graph")
-    check_exclude(req.quant.get("exclude") or (), shaped.simplified.graph,
+    check_exclude(req.quant.exclude, shaped.simplified.graph,
                   loaded.path if loaded.module is None
                   else f"the export of {loaded.module.description}")
     outputs = run_model(fp32, data.held)   # once: the decision measures against them too
@@ -60,7 +60,7 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     check_labelled(labelled, ctx.log)   # a model fed wrongly stops here, before any search
     fusion = None
     if ctx.fuse and plan.family == "transformer" and not frozen.consts and \
-            not req.quant.get("exclude") and \
+            not req.quant.exclude and \
             all(p.name == "CPUExecutionProvider" for p in target.providers):
         fused, fusion = fuse_model(shaped.fixed, loaded.path, target, data.held, outputs,
                                    tmp / f"{req.name}.fused.onnx", ctx.log, unfused=fp32,
@@ -109,7 +109,7 @@ def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference
     folder = tmp / f"{req.name}.search"
     folder.mkdir()
     decision = decide(ref.path, folder, target=target, family=plan.family,
-                      overrides=dict(req.quant), calib=data.calib if data.real else [],
+                      request=req.quant, calib=data.calib if data.real else [],
                       held=data.held, budget=ref.guard, labels=ref.labels_held,
                       timer=ctx.timer, log=ctx.log, progress=ctx.progress,
                       fp32_outputs=ref.outputs, steps=ctx.steps,

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..quantization.calibration import is_image_source, list_sources
+from ..quantization.request import QuantRequest
 from ..source.export import DEFAULT_TOLERANCE
 from ..source.specs import TensorSpec
 from ..source.torchload import LoadedModel, is_torch_source, load_source, select_submodule
@@ -23,7 +24,7 @@ class PartRequest:
     inputs: tuple[TensorSpec, ...] = ()
     calib: Path | None = None
     preprocess: dict[str, Any] | None = None
-    quant: Mapping[str, Any] = field(default_factory=dict)
+    quant: QuantRequest = field(default_factory=QuantRequest)
     labels: Sequence[str] | None = None
     consts: Mapping[str, Any] = field(default_factory=dict)   # inputs frozen to values
     task: Mapping[str, Any] | None = None   # its declared task (tasks/declare.py); None: raw
@@ -71,9 +72,9 @@ def size_of(path: Path) -> int:
 
 
 def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path | None,
-               preprocess: dict[str, Any] | None, quant: Mapping[str, Any],
+               preprocess: dict[str, Any] | None, quant: QuantRequest,
                labels: Sequence[str] | None, parts: Mapping[str, str],
-               part_calib: Mapping[str, Path], part_quant: Mapping[str, Mapping[str, Any]],
+               part_calib: Mapping[str, Path], part_quant: Mapping[str, QuantRequest],
                export_options: ExportOptions,
                part_preprocess: Mapping[str, dict[str, Any]] = {}) -> list[PartRequest]:
     """Turn the build arguments into one request per part, checking they fit together."""
@@ -107,14 +108,14 @@ def plan_parts(model: Path | str, *, inputs: Sequence[TensorSpec], calib: Path |
         requests.append(PartRequest(part, loaded, tuple(s for s in inputs if s.part == part),
                                     data, part_preprocess.get(part,
                                                               preprocess if images else None),
-                                    {**quant, **part_quant.get(part, {})},
+                                    part_quant.get(part, QuantRequest()).over(quant),
                                     labels if len(parts) == 1 else None))
     return requests
 
 
 def _check_parts(model: Path | str, inputs: Sequence[TensorSpec], calib: Path | None,
                  parts: Mapping[str, str], part_calib: Mapping[str, Path],
-                 part_quant: Mapping[str, Mapping[str, Any]]) -> None:
+                 part_quant: Mapping[str, QuantRequest]) -> None:
     """SpecError where the per-part options do not fit the declared parts."""
     prefixed = [s for s in inputs if s.part]
     # .onnx parts come from a pipeline file (cascade/build.py), which is the model given

@@ -54,7 +54,7 @@ def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,
     preset = target.preset_for(family)
     if family != "default" and family in target.family_quantization:
         ctx.log(f"{family} model: using the target's {family} preset")
-    requested = requested_precision(req.quant.get("precision"), preset)
+    requested = requested_precision(req.quant.precision, preset)
     # only a forced static INT8 cannot do without calibration data (auto falls back to dynamic)
-    needs_calib = requested == "int8" and req.quant.get("mode", preset.mode) == "static"
+    needs_calib = requested == "int8" and (req.quant.mode or preset.mode) == "static"
     return PartPlan(task, family, requested, needs_calib)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..build.job import BuildResult, build
 from ..errors import BudgetMissed
+from ..quantization.request import QuantRequest
 from .face_calib import batched_inputs, face_calibration
 from .host import crop_calibration, photos
 from .judge import end_to_end
@@ -101,7 +102,7 @@ def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callabl
                    inputs=batched_inputs(spec),
                    part_calib={s.part: made.get(s.part) or s.calib for s in spec.stages},
                    part_preprocess={s.part: s.preprocess for s in spec.stages},
-                   part_quant={s.part: {"precision": s.precision} for s in spec.stages
+                   part_quant={s.part: QuantRequest(precision=s.precision) for s in spec.stages
                                if s.precision},
                    tasks={s.part: s.task for s in spec.stages if s.task},
                    pipeline=spec.section(), judge=judge, log=log, **options)

@@ -161,6 +161,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
         edgepack build --pipeline ocr.toml -o out/ocr
     """
     from ..build.job import ExportOptions, build
+    from ..quantization.request import QuantRequest
     from ..source.specs import parse_assignments, parse_consts, parse_input
     from ..tasks.declare import keep_of, parse_tasks
 
@@ -189,7 +190,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
     part_names = list(parse_assignments(parts, "--part")) or ["model"]
     declared = parse_tasks(tasks, part_names)
     kept = keep_of(keep, None) if keep else None
-    common = dict(target=target, quant=quant_overrides(kw), holdout=holdout, golden=golden,
+    common = dict(target=target, quant=QuantRequest.of(quant_overrides(kw)), holdout=holdout, golden=golden,
                   timer=_device_timer(time_on, ssh_config, device_python, target),
                   force=force, log=log, progress=progress_bar("calibration"), fuse=fuse,
                   tune=_tuner(tune, time_on, ssh_config, device_python, target),
@@ -208,7 +209,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
                   preprocess=preprocess_option(preprocess),
                   inputs=[parse_input(v) for v in inputs],
                   parts=parse_assignments(parts, "--part"),
-                  part_quant={k: {"precision": v} for k, v in precisions.items()},
+                  part_quant={k: QuantRequest(precision=v) for k, v in precisions.items()},
                   labels=read_labels(labels), tasks=declared, **common)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,

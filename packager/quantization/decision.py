@@ -9,7 +9,7 @@ model onnxruntime runs always gets a bundle, never slower or less accurate than 
 
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from . import kfold
 from .budget import AccuracyBudget
 from .kfold import Evidence
 from .quantize import QuantConfig, quantize_file
+from .request import QuantRequest
 from .search import MIN_GAIN, Candidate, Search, dynamic_ops
 
 SAME_SPEED = 1.03  # candidates this close in p50 count as equally fast: fewer Q/DQ boundaries win
@@ -92,27 +93,25 @@ def requested_precision(asked: str | None, preset: Any) -> str:
 
 
 def decide(fp32: Path, folder: Path, *, target: Target, family: str,
-           overrides: dict[str, Any], calib: Sequence[Sample], held: Sequence[Sample],
+           request: QuantRequest | Mapping[str, Any], calib: Sequence[Sample],
+           held: Sequence[Sample],
            budget: AccuracyBudget, labels: Sequence[Any] | None = None, timer: Any = None,
            log: Log = lambda _: None, progress=None,
            fp32_outputs: dict[str, Any] | None = None,
            steps: Progress | None = None,
            engine_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
-    """Build the candidates for *fp32*, measure them, and pick the one to ship. *overrides*:
-    the user's quantization options ('precision' forces one: missing the budget is then an
-    error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
+    """Build the candidates for *fp32*, measure them, and pick the one to ship. *request*: the
+    user's quantization options (QuantRequest: its precision forces one, missing the budget is
+    then an error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
     known. *steps*: each candidate and timing block shown. *engine_pays*
     (build/engine_choice.py): whether INT8 pays under another provider (OpenVINO) where it
     does not on the CPU provider; then the search goes on for a variant within budget."""
     steps = steps or OFF
     started = time.perf_counter()
-    overrides = dict(overrides)
-    seconds = overrides.pop("search_seconds", None)   # the search's limit, not a config field
+    request = QuantRequest.of(request)
     preset = target.preset_for(family)
-    requested = requested_precision(overrides.get("precision"), preset)
-    pinned = {k for k, v in overrides.items() if v not in (None, ()) and k != "precision"}
-    base = QuantConfig.from_preset(preset, **{k: v for k, v in overrides.items()
-                                              if k != "precision"})
+    requested = requested_precision(request.precision, preset)
+    base = QuantConfig.from_preset(preset, **request.config_fields())
     forced = requested if requested != "auto" else None
     if fp32_outputs is None:
         fp32_outputs = run_model(fp32, held)
@@ -134,9 +133,9 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, engine_pays, log)
     search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
                     progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
-                    seconds=seconds)
+                    seconds=request.search_seconds)
     pays.search = search
-    base = _search_int8(search, base, pinned, overrides, forced, preset, target, family,
+    base = _search_int8(search, base, request, forced, preset, target, family,
                         bool(calib), engine_pays, log)
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
@@ -233,15 +232,16 @@ class Pays:
         return why
 
 
-def _search_int8(search: Search, base: QuantConfig, pinned: set[str],
-                 overrides: dict[str, Any], forced: str | None, preset: Any, target: Target,
-                 family: str, static_ok: bool, engine_pays: Any, log: Log) -> QuantConfig:
+def _search_int8(search: Search, base: QuantConfig, request: QuantRequest, forced: str | None,
+                 preset: Any, target: Target, family: str, static_ok: bool, engine_pays: Any,
+                 log: Log) -> QuantConfig:
     """The INT8 variants: onnxruntime's search from the preset, dynamic INT8 where static
     found nothing, the target's static preset beside a family's dynamic one, and NNCF's.
     Returns the base config they started from (dynamic where there is no calibration data)."""
     if base.mode == "static" and not static_ok:
         base = replace(base, mode="dynamic")   # no calibration data: dynamic ranges only
         log("search: no calibration data, so INT8 candidates are dynamic")
+    pinned = request.pinned()
     search.run(replace(base, precision="int8"), pinned)
     fast = dynamic_ops(search.graph)   # dynamic INT8 of a Conv is slower than float
     if not forced and base.mode == "static" and "mode" not in pinned and not search.found() \
@@ -256,8 +256,7 @@ def _search_int8(search: Search, base: QuantConfig, pinned: set[str],
         # a family preset chose dynamic (transformers): the target's static preset is still
         # measured, since which wins depends on the model and the onnxruntime version
         search.variant("INT8 static (target's default preset)", QuantConfig.from_preset(
-            target.quantization, **{k: v for k, v in overrides.items() if k != "precision"},
-            precision="int8"))
+            target.quantization, **request.config_fields(), precision="int8"))
     # NNCF's graphs are made for OpenVINO: tried where the target lists it (not where a GPU
     # preset asks for TensorRT's symmetric S8 and float biases), and where INT8 may pay
     if target.faster and not any(p.name in GPU_PROVIDERS for p in target.providers) and \
