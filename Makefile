@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # onnxruntime-openvino replaces the onnxruntime package, so it gets a venv of its own: build
-# times the OpenVINO execution provider there (packager/engines.py) when it exists.
+# times the OpenVINO execution provider there (packager/ort_builds.py) when it exists.
 OV_VENV := .venv-openvino
 OV_STAMP := $(OV_VENV)/.installed
 openvino: $(OV_STAMP)

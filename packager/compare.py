@@ -7,8 +7,8 @@ its dynamic INT8 (what `build` ships for them). Warm latency is timed in one pro
 in blocks (timing.py), together with the roofline graphs a bundle ships (bundle/roofline.py:
 MatMuls of several shapes, QLinearMatMul, Conv and QLinearConv of the model's heaviest convs):
 the best rate of each kind is the ceiling each row's GOP/s is a share of. Where a Python with
-onnxruntime-openvino exists (engines.py), the ORT FP32 graph and the INT8 QDQ U8S8 graph also
-run under its OpenVINO execution provider (compare_engines.py), timed in blocks with that
+onnxruntime-openvino exists (ort_builds.py), the ORT FP32 graph and the INT8 QDQ U8S8 graph also
+run under its OpenVINO execution provider (compare_openvino.py), timed in blocks with that
 Python's own CPU provider. Cold start (import + load + first call) is measured apart, in fresh
 processes.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from .bundle.roofline import MATMUL_SHAPES
 from .compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, VARIANTS, compare_batch
 from .compare_bundle import refuse_as_model, shipped_graph
-from .compare_engines import OPENVINO_ROWS, OV_CPU
+from .compare_openvino import OPENVINO_ROWS, OV_CPU
 from .errors import PackagerError
 from .graph.inspection import graph_inputs, io_specs
 from .graph.modelio import load_model
@@ -239,7 +239,7 @@ def _ceiling_lines(result: dict[str, Any]) -> list[str]:
     ceilings = [c for c in result.get("roofline", ()) if c.get("ops_per_call")]
     if ceilings:
         kind = ceilings[0]["int8_kind"]
-        engines = sorted({g["engine"] for c in ceilings for g in c.get("graphs", ())})
+        runtimes = sorted({g["runtime"] for c in ceilings for g in c.get("graphs", ())})
         lines += ["", "GOP/s: operations per call (2 x the multiply-adds of Conv, Gemm, MatMul, "
                   "counted on the FP32 graph: " + ", ".join(
                       f"{_figure(c['ops_per_call'] / 1e9)} GOP at batch {c['batch']}"
@@ -249,7 +249,7 @@ def _ceiling_lines(result: dict[str, Any]) -> list[str]:
                   f"{kind} MatMulInteger, QLinearMatMul and QDQ MatMul; two 3x3 convs and the "
                   "model's three heaviest at its batch, as FP32 Conv, QLinearConv and QDQ Conv), "
                   "timed under "
-                  f"{' and '.join(engines)} beside the rows (INT8 rows against the best integer "
+                  f"{' and '.join(runtimes)} beside the rows (INT8 rows against the best integer "
                   "graph, FP32 and FP16 against the best FP32 one): " + "; ".join(
                       f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f} GOP/s ({c['fp32_best']}), "
                       f"integer {c['int8_gops']:.0f} GOP/s ({c['int8_best']})"

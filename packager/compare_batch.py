@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .bundle.assemble import write_roofline
-from .compare_engines import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
+from .compare_openvino import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
 from .errors import PackagerError
 from .graph.inspection import estimate_flops, model_family
@@ -74,16 +74,16 @@ def compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
     """The rows of one batch size, and the ceiling timed with them."""
     g = _batch_graphs(tmp, source, loaded, specs, batch, calib_set, held, target, wanted, log,
                       steps, phase, shipped)
-    engines, outputs, reference = _engines(g, loaded, threads, steps)
+    rows, outputs, reference = _timed_rows(g, loaded, threads, steps)
     steps.finish()
     scale = max(1, batch)
     # the ceiling first in every round, timed in the same blocks and threads as the variants
     # (its convs at this batch, so it grows with the batch as the rows do)
     graph_times: dict[str, list[float]] = {}
-    engines = {**_roofline_engines(g.roof, g.roofline, threads, graph_times), **engines}
-    log(f"compare: timing {len(engines) - len(ROOFLINE)} engines and the MatMul ceiling, "
+    rows = {**_roofline_rows(g.roof, g.roofline, threads, graph_times), **rows}
+    log(f"compare: timing {len(rows) - len(ROOFLINE)} rows and the MatMul ceiling, "
         f"batch {batch}")
-    medians = time_blocks(engines, rounds=rounds, block=max(3, block // scale), steps=steps,
+    medians = time_blocks(rows, rounds=rounds, block=max(3, block // scale), steps=steps,
                           phase=f"{phase} timing")
     openvino = openvino_rows(g.wanted, g.raw, g.paths.get("INT8 QDQ U8S8"), g.roof, g.roofline,
                              g.feeds, [o.name for o in session(g.raw, threads).get_outputs()],
@@ -196,14 +196,14 @@ def _quantized_graphs(g: BatchGraphs, tmp: Path, batch: int, calib_b, target: Ta
             g.errors[name] = exc.message
 
 
-def _engines(g: BatchGraphs, loaded: LoadedModel | None, threads: int, steps: Progress
+def _timed_rows(g: BatchGraphs, loaded: LoadedModel | None, threads: int, steps: Progress
              ) -> tuple[dict[str, Callable[[], Any]], dict[str, list], list]:
     """(a call per row to time, each row's outputs on the feeds, the reference outputs: eager
     PyTorch's for a PyTorch source, else ORT FP32's)."""
-    engines: dict[str, Callable[[], Any]] = {}
+    rows: dict[str, Callable[[], Any]] = {}
     outputs: dict[str, list[list[np.ndarray]]] = {}
     if loaded is not None:
-        reference = _torch_engines(g, loaded, threads, steps, engines, outputs)
+        reference = _torch_rows(g, loaded, threads, steps, rows, outputs)
     else:
         steps.step("reference outputs")
     for name, path in g.paths.items():
@@ -214,18 +214,18 @@ def _engines(g: BatchGraphs, loaded: LoadedModel | None, threads: int, steps: Pr
             own = [{k: v for k, v in f.items() if k in {i.name for i in sess.get_inputs()}}
                    for f in g.feeds]   # (a bundle's graph may hold an input frozen)
             outputs[name] = [sess.run(None, f) for f in own]
-            engines[name] = (lambda s=sess, f=own[0]: s.run(None, f))
+            rows[name] = (lambda s=sess, f=own[0]: s.run(None, f))
         except Exception as exc:
             g.errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
     if loaded is None:
         reference = outputs.get(ORT_FP32) or [session(g.raw, threads).run(None, f)
                                               for f in g.feeds]
-    return engines, outputs, reference
+    return rows, outputs, reference
 
 
-def _torch_engines(g: BatchGraphs, loaded: LoadedModel, threads: int, steps: Progress,
-                   engines: dict[str, Callable[[], Any]], outputs: dict[str, list]) -> list:
-    """Eager PyTorch and torch.compile as rows (into *engines*, *outputs*); eager's outputs,
+def _torch_rows(g: BatchGraphs, loaded: LoadedModel, threads: int, steps: Progress,
+                   rows: dict[str, Callable[[], Any]], outputs: dict[str, list]) -> list:
+    """Eager PyTorch and torch.compile as rows (into *rows*, *outputs*); eager's outputs,
     the reference every row is judged against."""
     import torch
 
@@ -242,11 +242,11 @@ def _torch_engines(g: BatchGraphs, loaded: LoadedModel, threads: int, steps: Pro
     reference = torch_out(module)
     if EAGER in g.wanted:
         outputs[EAGER] = reference
-        engines[EAGER] = lambda: _no_grad(module, tensors[0])
+        rows[EAGER] = lambda: _no_grad(module, tensors[0])
     if COMPILED in g.wanted:
         try:
             # Inductor's pool of compile workers otherwise keeps the CPU busy in the
-            # background while the other engines are timed (22 ms instead of 0.2 ms for
+            # background while the other rows are timed (22 ms instead of 0.2 ms for
             # eager on a 2-core machine).
             import torch._inductor.config as inductor
 
@@ -256,7 +256,7 @@ def _torch_engines(g: BatchGraphs, loaded: LoadedModel, threads: int, steps: Pro
             compiled = torch.compile(module)
             outputs[COMPILED] = torch_out(compiled)
             g.prepare[COMPILED] = time.perf_counter() - start
-            engines[COMPILED] = lambda: _no_grad(compiled, tensors[0])
+            rows[COMPILED] = lambda: _no_grad(compiled, tensors[0])
         except Exception as exc:   # no C++ compiler, unsupported op, ...
             g.errors[COMPILED] = (f"{type(exc).__name__}: "
                                   f"{str(exc).strip().splitlines()[0][:160]}")
@@ -313,9 +313,9 @@ def _fuse_graph(fixed, simple: Path, raw: Path, target: Target, batch: int, held
     return None if fused is None else {**record, "path": fused}
 
 
-def _roofline_engines(tmp: Path, spec: dict[str, Any], threads: int,
+def _roofline_rows(tmp: Path, spec: dict[str, Any], threads: int,
                       record: dict[str, list[float]]) -> dict[str, Callable]:
-    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one engine a
+    """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one row a
     kind, each call running every graph of that kind twice and recording the second (warm) run's
     ms in *record* by graph file."""
     from ._runtimes.runner.bench import roofline_feed, roofline_graphs
@@ -339,11 +339,11 @@ def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
     here (*times*, ms per run) and under the OpenVINO provider (*openvino*: GOP/s)."""
     from ._runtimes.runner.bench import roofline_graphs
 
-    rates = [(dict(g, engine="ORT CPU"), g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
+    rates = [(dict(g, runtime="ORT CPU"), g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
              for g in roofline_graphs(spec) if times.get(g["file"])]
-    rates += [(dict(g, engine="OpenVINO"), gops) for g, gops in openvino]
+    rates += [(dict(g, runtime="OpenVINO"), gops) for g, gops in openvino]
     found: dict[str, Any] = {"int8_kind": spec["int8_kind"], "graphs": [
-        {"kind": g["kind"], "op": g["op"], "shape": g["shape"], "engine": g["engine"],
+        {"kind": g["kind"], "op": g["op"], "shape": g["shape"], "runtime": g["runtime"],
          "gops": gops} for g, gops in rates]}
     for kind in ROOFLINE:
         best = max(((gops, g) for g, gops in rates if g["kind"] == kind), key=lambda t: t[0],
@@ -351,7 +351,7 @@ def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
         if best is not None:
             found[f"{kind}_gops"] = best[0]
             found[f"{kind}_best"] = (f"{best[1]['op']} {'x'.join(map(str, best[1]['shape']))}"
-                                     f" ({best[1]['engine']})")
+                                     f" ({best[1]['runtime']})")
     return found
 
 

@@ -4,7 +4,7 @@ On a terminal, `compare: batch 8 (2/2) timing: step 14/45 (round 2/5, FP16) · a
 is redrawn in place and cleared when the phase ends. Off a terminal it writes nothing (CI logs keep
 their log lines only); the CLI passes no reporter at all under --json. The time left is the
 elapsed time per completed unit of work times the units left, where a step's units are its
-weight (a timing block of a slow engine weighs more than one of a fast engine).
+weight (a timing block of a slow contender weighs more than one of a fast one).
 """
 
 import shutil

@@ -22,7 +22,7 @@ INT8_TYPES = ("uint8", "int8")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")   # what the quantizer calibrates by
 METHODS = CALIBRATION_METHODS + ("auto",)   # a target may leave the choice to the search
 OPT_LEVELS = tuple(SESSION_LEVELS)   # the runner's: disabled, basic, extended, all
-FASTER = ("OpenVINOExecutionProvider",)   # providers packager/engines.py can time here
+FASTER = ("OpenVINOExecutionProvider",)   # providers packager/ort_builds.py can time here
 FAMILIES = ("transformer",)   # model families a profile can give their own preset
 
 
@@ -34,7 +34,7 @@ class Provider:
     # graph itself). Under CUDA a QDQ graph runs 2x slower than FP32 (a Memcpy per weight).
     instead_of_int8: str | None = None
     # "always": the bundle lists it; "faster": the build times the candidates under it too
-    # (packager/engines.py runs it) and the bundle lists it, first, only where it measured faster
+    # (packager/ort_builds.py runs it) and the bundle lists it, first, only where it measured faster
     when: str = "always"
 
 

@@ -1,6 +1,6 @@
-"""Latency measurement that is fair between engines sharing one noisy machine.
+"""Latency measurement that is fair between contenders (graphs, providers) on one noisy machine.
 
-Engines run interleaved in blocks: every round gives each engine a few untimed calls (its thread
+Contenders run interleaved in blocks: every round gives each contender a few untimed calls (its thread
 pool and caches warm up after the switch) and then a block of timed calls. Alternating single
 calls between PyTorch and ONNX Runtime makes their thread pools fight; measured here, it
 inflated PyTorch's latency up to 4x.
@@ -45,14 +45,14 @@ def tally() -> Iterator[Tally]:
         _tallies.remove(counter)
 
 
-def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
+def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
                 switch_warmup: int = 3, warmup: int = 5, steps: Progress | None = None,
                 phase: str = "timing", settle: float | None = None
                 ) -> dict[str, dict[str, float]]:
-    """p50/p90/mean (ms) per engine over rounds x block timed calls, interleaved in blocks.
+    """p50/p90/mean (ms) per contender over rounds x block timed calls, interleaved in blocks.
 
-    *steps* reports each block (round x engine), weighted by the engine's warm-up time per call.
-    An engine more than twice the fastest's warm-up time per call gets a shorter block (3 calls
+    *steps* reports each block (round x contender), weighted by the contender's warm-up time per call.
+    A contender more than twice the fastest's warm-up time per call gets a shorter block (3 calls
     at least), and with *settle* it leaves the rounds once a round confirms it (hopeless): its
     p50 still counts, and a losing graph no longer sets the stage's length.
     *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
@@ -62,19 +62,19 @@ def time_blocks(engines: Mapping[str, Callable[[], Any]], *, rounds: int = 5, bl
     began = time.perf_counter()
     before = snapshot()
     steps = steps or OFF
-    times: dict[str, list[float]] = {name: [] for name in engines}
-    medians: dict[str, list[float]] = {name: [] for name in engines}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    medians: dict[str, list[float]] = {name: [] for name in contenders}
     cost = {}
-    for name, fn in engines.items():
+    for name, fn in contenders.items():
         start = time.perf_counter()
         for _ in range(warmup):
             fn()
         cost[name] = (time.perf_counter() - start) / max(warmup, 1)
-    # an engine SLOW (2x) slower than the fastest in warm-up: a shorter block (time_models.blocks)
-    calls = blocks(cost, block) if warmup else dict.fromkeys(engines, block)
+    # a contender SLOW (2x) slower than the fastest in warm-up: a shorter block (time_models.blocks)
+    calls = blocks(cost, block) if warmup else dict.fromkeys(contenders, block)
     steps.start(phase, [(cost[name] or 1e-6) * calls[name] / block
-                        for _ in range(rounds) for name in engines])
-    racing = dict(engines)   # an engine hopeless after a round (time_models.hopeless) stops
+                        for _ in range(rounds) for name in contenders])
+    racing = dict(contenders)   # a contender hopeless after a round (time_models.hopeless) stops
     done = 0
     for r in range(rounds):
         for name, fn in racing.items():
@@ -141,7 +141,7 @@ def machine_line(info: dict[str, Any]) -> str:
 
 
 def session(path: Path, threads: int, level: str = "ORT_ENABLE_ALL"):
-    """A CPU session for timing next to other engines.
+    """A CPU session for timing next to other contenders.
 
     Intra-op spinning is off: with it on, the idle sessions' spinning threads stalled PyTorch
     calls by up to 40 ms (p90) on a 2-core machine; it costs ORT ~0.01 ms per call there.

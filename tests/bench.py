@@ -1,7 +1,7 @@
 """make bench: `edgepack compare` for a ResNet-18-class CNN, a MobileNetV2-class CNN (224x224)
 and a MiniLM-L6-class sentence encoder (128 tokens); prints the tables and writes BENCHMARKS.md.
 
-Every engine runs in one process per model, interleaved in blocks (packager/timing.py), at batch
+Every row runs in one process per model, interleaved in blocks (packager/timing.py), at batch
 1 and 8, with the target's threads, together with the roofline graphs (bundle/roofline.py): the
 best of them per kind is the ceiling each ONNX Runtime row's GOP/s is a share of. Where a Python
 with onnxruntime-openvino exists (`make openvino`; $EDGEPACK_OPENVINO_PYTHON), the OpenVINO rows
@@ -244,11 +244,11 @@ def main():
                "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else
                "no VNNI: u8s8 products go through AVX2's 16-bit vpmaddubsw path"
                if "avx2" in flags else "no AVX2")
-    from packager import engines
+    from packager import ort_builds
 
-    python = engines.openvino_python()
+    python = ort_builds.openvino_python()
     openvino = (f"OpenVINO rows: onnxruntime-openvino in {python}." if python else
-                f"No OpenVINO rows: {engines.why_no_openvino()}.")
+                f"No OpenVINO rows: {ort_builds.why_no_openvino()}.")
     text = f"""# Benchmarks
 
 Written by `make bench` (tests/bench.py, which runs `edgepack compare` on each model). Every

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from packager.build.job import build
 
 # Builds in the tests do not measure the OpenVINO provider, whether or not this machine has a
-# Python with it (the bundles the suite checks must not depend on that); tests/test_engines.py
+# Python with it (the bundles the suite checks must not depend on that); tests/test_openvino.py
 # turns it on where it asks for it.
 OPENVINO_PYTHON = os.environ.get("EDGEPACK_OPENVINO_PYTHON")
 os.environ["EDGEPACK_OPENVINO_PYTHON"] = ""

@@ -25,7 +25,7 @@ activation ranges and, on the detector, float Sigmoid/Softmax by op type). The d
 gets both generators with its decode kept float, as `build` does (graph_facts.post_processing).
 Accuracy: cosine (min, mean) of the outputs against FP32 and top-1 agreement on 16 held-out
 images, on the CPU provider and under OpenVINO; latency: p50 with 2 threads on onnxruntime's
-CPU provider (this venv) and under the OpenVINO EP (.venv-openvino, through packager.engines).
+CPU provider (this venv) and under the OpenVINO EP (.venv-openvino, through packager.ort_builds).
 Then a few facts about NNCF's ONNX backend (ignored scope by op type, SmoothQuant, accuracy
 control) are checked on the trained models and printed.
 
@@ -446,7 +446,7 @@ def q_nodes(path: Path) -> int:
 def _timings(python: Path, rows, feed: Sample, chain) -> tuple[dict[str, float], dict[str, str]]:
     """p50 ms per graph, timed interleaved in blocks (runtimes/time_models.py), and the provider
     that really ran each."""
-    from packager.engines import time_plan
+    from packager.ort_builds import time_plan
 
     timings, providers, _ = time_plan(python, [(k, p, chain) for k, p in rows], feed, THREADS,
                                       rounds=5, block=15, every=True)
@@ -509,9 +509,9 @@ def quantize_all(name: str, fp32: Path, task: str, calib: Sequence[Sample], fold
 
 def evaluate(name: str, task: str, paths: dict[str, Path], seconds: dict[str, float],
              held: Sequence[Sample]) -> list[dict]:
-    """Agreement with FP32 (CPU EP, and under OpenVINO) and p50 latency under each engine."""
-    from packager.engines import cpu_chain, openvino_chain, openvino_python, outputs_plan
+    """Agreement with FP32 (CPU EP, and under OpenVINO) and p50 latency under each provider."""
     from packager.graph.execute import run_model
+    from packager.ort_builds import cpu_chain, openvino_chain, openvino_python, outputs_plan
 
     ref = run_model(paths["FP32"], held)["y"]
     ov = openvino_python()
@@ -714,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import nncf
     import onnxruntime
 
-    from packager.engines import openvino_python, why_no_openvino
+    from packager.ort_builds import openvino_python, why_no_openvino
 
     folder = args.out or Path(tempfile.mkdtemp(prefix="nncf-measure-"))
     folder.mkdir(parents=True, exist_ok=True)

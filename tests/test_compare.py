@@ -14,7 +14,7 @@ from conftest import PREP
 from packager.build.job import build
 from packager.compare import compare, markdown
 from packager.compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, ORT_FP32, ORT_FUSED, VARIANTS
-from packager.compare_engines import OPENVINO_ROWS
+from packager.compare_openvino import OPENVINO_ROWS
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"
@@ -270,15 +270,15 @@ def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
 
 def test_compare_gains_openvino_rows_timed_beside_its_own_ort(cnn_onnx, monkeypatch):
     from conftest import OPENVINO_PYTHON
-    from packager import engines
-    from packager.compare_engines import OPENVINO_ROWS, OV_CPU, OV_FP32, OV_INT8
+    from packager import ort_builds
+    from packager.compare_openvino import OPENVINO_ROWS, OV_CPU, OV_FP32, OV_INT8
 
     local = Path(__file__).resolve().parent.parent / ".venv-openvino" / "bin" / "python"
     found = [p for p in (OPENVINO_PYTHON, str(local))
-             if p and Path(p).is_file() and engines._has_openvino(p)]
+             if p and Path(p).is_file() and ort_builds._has_openvino(p)]
     if not found:
         pytest.skip("no Python with onnxruntime-openvino (run `make openvino`)")
-    monkeypatch.setenv(engines.ENV, found[0])   # conftest turns it off for the other tests
+    monkeypatch.setenv(ort_builds.ENV, found[0])   # conftest turns it off for the other tests
     variants = [ORT_FP32, *OPENVINO_ROWS]
     result = compare(cnn_onnx, batches=(1,), rounds=2, block=4, cold=False, variants=variants)
     rows = {r["variant"]: r for r in result["rows"]}
@@ -293,13 +293,13 @@ def test_compare_gains_openvino_rows_timed_beside_its_own_ort(cnn_onnx, monkeypa
         assert row["cosine_min"] > (0.9999 if name == OV_FP32 else 0.98)
         assert 0 < row["ceiling_share"] <= 1.0 and row["ceiling"] == (
             "int8" if name == OV_INT8 else "fp32")
-    assert any(g["engine"] == "OpenVINO" for g in result["roofline"][0]["graphs"])
+    assert any(g["runtime"] == "OpenVINO" for g in result["roofline"][0]["graphs"])
     assert rows[OV_INT8]["size_mb"] < rows[OV_FP32]["size_mb"]
     assert "under its OpenVINO execution provider" in markdown(result)
 
 
 def test_compare_without_an_openvino_python_says_so_in_one_line(cnn_onnx, monkeypatch):
-    from packager.compare_engines import OPENVINO_ROWS
+    from packager.compare_openvino import OPENVINO_ROWS
 
     monkeypatch.setenv("EDGEPACK_OPENVINO_PYTHON", "")   # the documented way to turn it off
     result = compare(cnn_onnx, batches=(1,), rounds=1, block=3, cold=False,

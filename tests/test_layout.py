@@ -15,7 +15,7 @@ PACKAGE = ROOT / "packager"
 # (a bundle holds quantized graphs, a device runs bundles); the jobs string the stages together.
 LAYERS = [
     ("floor", {"errors", "textfile", "progress", "timing", "targets", "atomic", "hashing",
-               "engines",
+               "ort_builds",
                "_runtimes", "_targets"}),
     ("graph", {"graph"}),
     ("source", {"source"}),
@@ -23,7 +23,7 @@ LAYERS = [
     ("quantization", {"quantization"}),
     ("bundle", {"bundle"}),
     ("device", {"device"}),
-    ("jobs", {"build", "compare", "compare_batch", "compare_engines", "compare_samples",
+    ("jobs", {"build", "compare", "compare_batch", "compare_openvino", "compare_samples",
               "compare_bundle", "demo", "chart",
               "cascade"}),
     ("cli", {"cli"}),

@@ -1,5 +1,5 @@
 """NNCF as a second INT8 candidate generator (quantization/nncf_generator.py): real nncf.quantize
-on small real models, its place in the decision and in the engine choice, and the build without
+on small real models, its place in the decision and in the provider choice, and the build without
 it."""
 
 import sys
@@ -11,7 +11,7 @@ import onnx
 import pytest
 from test_kfold import fixed_timer, mlp, samples
 
-from packager.build.engine_choice import _graphs
+from packager.build.provider_choice import _graphs
 from packager.errors import QuantizationError
 from packager.graph.execute import run_model
 from packager.quantization import nncf_generator
@@ -135,7 +135,7 @@ def test_a_search_that_used_its_whole_limit_still_leaves_nncf_its_own_window(tmp
                line.startswith("search: NNCF's min-max ranges not tried") for line in lines)
 
 
-def test_the_engine_choice_tries_the_best_graph_of_each_generator(tmp_path):
+def test_the_provider_choice_tries_the_best_graph_of_each_generator(tmp_path):
     def cand(label, config, int8, passed=True):
         c = Candidate(label, config, tmp_path / f"{label}.onnx",
                       accuracy={"budget": {"passed": passed}, "cosine_min": 0.99},

@@ -52,7 +52,7 @@ def test_clock_text():
 def test_time_left_weighs_the_steps_done_and_left():
     clock, tty = Clock(), FakeTTY()
     steps = Progress("compare", stream=tty, clock=clock, width=200)
-    steps.start("timing", [1, 3, 1, 3])   # rounds x (fast engine, engine 3x slower)
+    steps.start("timing", [1, 3, 1, 3])   # rounds x (fast contender, one 3x slower)
     steps.step("round 1/2, ORT FP32")
     assert steps.text() == "compare: timing: step 1/4 (round 1/2, ORT FP32)"   # nothing done
     clock.now += 2   # the fast block took 2 s: 2 s per unit, 3 + 1 + 3 units left
@@ -159,7 +159,7 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
 
     cmd = [sys.executable, "-m", "packager", "compare", str(cnn_onnx), "--batch", "1",
            "--rounds", "2", "--block", "3", "--no-cold", "--variant", "ORT FP32"]
-    logs = ["compare: batch 1", "compare: timing 1 engines and the MatMul ceiling, batch 1"]
+    logs = ["compare: batch 1", "compare: timing 1 rows and the MatMul ceiling, batch 1"]
     _, drawn = run_with_tty_stderr(cmd, tmp_path / "out.txt")
     assert "compare: batch 1 (1/1) build: step 1/3 (fix shapes)" in drawn
     # ORT FP32 and the two roofline MatMuls, two rounds each
@@ -171,7 +171,7 @@ def test_cli_compare_draws_progress_on_a_terminal_and_none_under_json(cnn_onnx, 
     assert [line for line in screen(drawn) if line] == logs
 
 
-def test_a_clearly_slower_engine_gets_a_shorter_block_and_still_a_p50():
+def test_a_clearly_slower_contender_gets_a_shorter_block_and_still_a_p50():
     import time
 
     from packager.timing import blocks, time_blocks
@@ -183,7 +183,7 @@ def test_a_clearly_slower_engine_gets_a_shorter_block_and_still_a_p50():
                         rounds=2, block=12, warmup=2, switch_warmup=0)
     assert times["fast"]["calls"] == 2 * 12 and 3 * 2 <= times["slow"]["calls"] < 12 * 2
     assert times["slow"]["p50"] > 5 * times["fast"]["p50"]
-    # with settle, a hopeless engine leaves after one round and the race ends; close ones stay
+    # with settle, a hopeless contender leaves after one round and the race ends; close ones stay
     from packager.timing import SETTLE, hopeless
     assert hopeless({"a": 1.0, "b": 3.0, "c": 1.5}, {"a": [1.0], "b": [2.5], "c": [2.5]}) == {"b"}
     assert not hopeless({"a": 1.0, "b": 3.0}, {"a": [1.0], "b": [1.9]})   # the round says close

@@ -7,7 +7,7 @@ cosine of their outputs, and their latency at the target's threads (interleaved 
 bundle as shipped (its model, or a provider's own graph, under the provider chain its manifest
 lists), the original under onnxruntime's CPU provider, and the original under the OpenVINO
 provider, all three in one process and the same blocks of the Python with onnxruntime-openvino
-(packager/engines.py) where there is one, else the first two in this process. A build
+(packager/ort_builds.py) where there is one, else the first two in this process. A build
 that fails is recorded (exit code, error line, the traceback of an unexpected error) and the run
 goes on. Results are kept per model in the cache; ZOO.md at the repository root gathers them.
 
@@ -35,7 +35,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 import zoo  # noqa: E402
 from zoo import CACHE, THREADS, Session, ZooModel, cosine  # noqa: E402
 
-from packager import engines  # noqa: E402
+from packager import ort_builds  # noqa: E402
 
 EDGEPACK = Path(sys.executable).parent / "edgepack"
 BUILD_TIMEOUT = 3600
@@ -160,9 +160,9 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
            "bundle_inputs": [f"{i['name']}:{'x'.join(map(str, i['shape']))}:{i.get('dtype')}"
                              for i in part["inputs"]],
            "has_precision_fields": bool(precision) and "decision" in precision,
-           # what OpenVINO devices run where the engine choice picked it
-           "engine_graph": ((decision.get("engine") or {}).get("graph")
-                            if (decision.get("engine") or {}).get("chosen") else None)}
+           # what OpenVINO devices run where the provider choice picked it
+           "provider_graph": ((decision.get("provider_choice") or {}).get("graph")
+                            if (decision.get("provider_choice") or {}).get("chosen") else None)}
     bundle_session = Session(out / part["model"]["file"])
     orig = torch_original(model) if model.factory else Session(model.model_path(), model.shapes())
     bundle = aligned(bundle_session, orig)
@@ -184,8 +184,8 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
         + (f" ({silent} near-zero outputs left out)" if silent else ""))
     shipped, graph = shipped_graph(manifest, part)
     res["shipped_provider"] = shipped
-    python = engines.openvino_python()
-    if shipped == engines.OPENVINO and python is not None:
+    python = ort_builds.openvino_python()
+    if shipped == ort_builds.OPENVINO and python is not None:
         res.update(openvino_check(model, python, out / graph, bundle_session, orig, prepared.eval,
                                   log))
         # shipped for OpenVINO: it passes only if it passes there too
@@ -197,10 +197,10 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
         times = time_blocks({"bundle": lambda: bundle(sample), "original": lambda: orig(sample)},
                             rounds=5, block=10, switch_warmup=3, warmup=3)
         res.update(bundle_p50_ms=times["bundle"]["p50"], original_p50_ms=times["original"]["p50"],
-                   openvino_p50_ms=None, timed_provider=engines.CPU,
+                   openvino_p50_ms=None, timed_provider=ort_builds.CPU,
                    timed_in=f"onnxruntime {ort_version()} (this Python)",
                    openvino_note=("the original is PyTorch (no ONNX original to run under "
-                                  "OpenVINO)" if model.factory else engines.why_no_openvino()))
+                                  "OpenVINO)" if model.factory else ort_builds.why_no_openvino()))
     res["ratio"] = round(res["bundle_p50_ms"] / res["original_p50_ms"], 3)
     if res.get("openvino_p50_ms"):
         res["ratio_openvino"] = round(res["bundle_p50_ms"] / res["openvino_p50_ms"], 3)
@@ -221,7 +221,7 @@ def ort_version() -> str:
 def shipped_graph(manifest: dict, part: dict) -> tuple[str, str]:
     """The provider the bundle ships first and the graph file it serves with (a graph entry
     whose "providers" lists it, else the part's model)."""
-    shipped = (manifest.get("providers") or [{"name": engines.CPU}])[0]["name"]
+    shipped = (manifest.get("providers") or [{"name": ort_builds.CPU}])[0]["name"]
     graph = next((g["file"] for g in part.get("graphs", []) if shipped in g.get("providers", ())),
                  part["model"]["file"])
     return shipped, graph
@@ -230,7 +230,7 @@ def shipped_graph(manifest: dict, part: dict) -> tuple[str, str]:
 def shipped_chain(manifest: dict) -> list[tuple[str, dict]]:
     """The manifest's providers in order ((name, options)), the CPU last."""
     chain = [(p["name"], dict(p.get("options") or {})) for p in manifest.get("providers") or []]
-    return [*[c for c in chain if c[0] != engines.CPU], (engines.CPU, {})]
+    return [*[c for c in chain if c[0] != ort_builds.CPU], (ort_builds.CPU, {})]
 
 
 def original_file(model: ZooModel, folder: Path) -> Path:
@@ -269,15 +269,15 @@ def time_three(model: ZooModel, python: Path, out: Path, manifest: dict, graph: 
     with tempfile.TemporaryDirectory(prefix="zoo-original-") as tmp:
         original = original_file(model, Path(tmp))
         rows = [("bundle", out / graph, shipped_chain(manifest)),
-                ("original", original, engines.cpu_chain()),
-                ("openvino", original, engines.openvino_chain())]
+                ("original", original, ort_builds.cpu_chain()),
+                ("openvino", original, ort_builds.openvino_chain())]
         feed = {**orig.feed(sample), **bundle.feed(sample)}
-        times, providers, device = engines.time_plan(python, rows, feed, THREADS, rounds=5,
+        times, providers, device = ort_builds.time_plan(python, rows, feed, THREADS, rounds=5,
                                                      block=10, every=True)
     return {"bundle_p50_ms": times["bundle"]["p50"], "original_p50_ms": times["original"]["p50"],
             "openvino_p50_ms": (times["openvino"]["p50"] if providers["openvino"] ==
-                                engines.OPENVINO else None),
-            "openvino_note": (None if providers["openvino"] == engines.OPENVINO else
+                                ort_builds.OPENVINO else None),
+            "openvino_note": (None if providers["openvino"] == ort_builds.OPENVINO else
                               f"the OpenVINO provider did not start ({providers['openvino']} ran)"),
             "timed_provider": providers["bundle"],
             "timed_in": f"onnxruntime {device['onnxruntime']} ({python})"}
@@ -289,7 +289,7 @@ def openvino_check(model: ZooModel, python: Path, graph: Path, bundle: Session, 
     outputs on every evaluation sample, computed in *python*). A check that feeds a model's
     outputs back (stateful) asks for samples computed here, and is not repeated there."""
     feeds = [bundle.feed(s) for s in samples]
-    outputs, providers = engines.outputs_plan(python, [("bundle", graph, engines.openvino_chain())],
+    outputs, providers = ort_builds.outputs_plan(python, [("bundle", graph, ort_builds.openvino_chain())],
                                               feeds, THREADS)
     by_id = {id(s): i for i, s in enumerate(samples)}
 
@@ -336,10 +336,10 @@ def int8_by_generator(decision: dict) -> dict:
     """The best INT8 each generator made (onnxruntime's search; NNCF's default with the head's
     post-processing float; NNCF with its most damaging nodes float), from the build's own
     record: cosine and task figures on the held-out samples (CPU provider), and the cosine
-    under OpenVINO where the engine choice ran that graph."""
+    under OpenVINO where the provider choice ran that graph."""
     made = [c for c in decision.get("candidates", []) if not c.get("error")
             and str(c.get("precision", "")).startswith("INT8") and c.get("cosine_min") is not None]
-    tried = {t["label"]: t for t in (decision.get("engine") or {}).get("tried", [])}
+    tried = {t["label"]: t for t in (decision.get("provider_choice") or {}).get("tried", [])}
 
     def best(keep) -> dict | None:
         pool = [c for c in made if keep("by NNCF" in c["precision"], c["label"])]
@@ -373,11 +373,11 @@ def _int8_cell(entry: dict | None) -> str:
 
 
 def int8_table(rows: list[dict]) -> list[str]:
-    lines = ["## INT8 by generator and engine", "",
+    lines = ["## INT8 by generator and provider", "",
              "The best INT8 graph each generator made in the build (cosine min and task figures "
              "on the build's held-out samples under the CPU provider, or by k-fold rotation where "
              "the held-out split was thin; `OpenVINO:` the same graph under the OpenVINO provider "
-             "where the engine choice ran it, with its p50). onnxruntime: edgepack's search over "
+             "where the provider choice ran it, with its p50). onnxruntime: edgepack's search over "
              "onnxruntime's quantize_static; NNCF default: `nncf.quantize` 3.4 with its default "
              "preset and fast bias correction, the head's post-processing kept float; NNCF "
              "search: the same with its most damaging nodes kept float (the search's bisection).",
@@ -460,8 +460,8 @@ def write_report(rows: list[dict]) -> Path:
                + ("" if own["check"].get("shown") else " (too few golden samples to show it)")
                if own.get("check") else ""))
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
-        if r.get("engine_graph") and not r["engine_graph"].startswith(decision):
-            decision = f"{decision} (CPU provider); {r['engine_graph']} under OpenVINO"
+        if r.get("provider_graph") and not r["provider_graph"].startswith(decision):
+            decision = f"{decision} (CPU provider); {r['provider_graph']} under OpenVINO"
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
                      f"{_cell(check)} | {_cell(product)} | {cos} | "

@@ -8,7 +8,7 @@
     load.py      load/export the source; freeze constant inputs
     shape.py     static shapes, simplification, the part's task and precision plan
     data.py      the part's samples, loaded once: calibration and held-out sets
-    measure.py   the FP32 reference, the precision decision, the engines' graphs, the speed
-and the build-only helpers: part_shapes, fp32_graph, label_check, engine_choice,
+    measure.py   the FP32 reference, the precision decision, the providers' graphs, the speed
+and the build-only helpers: part_shapes, fp32_graph, label_check, provider_choice,
 provider_graphs.
 """

@@ -173,8 +173,8 @@ def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer
                      same_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The bundle's graph against the original, timed in the same blocks (the build's last
     line, speed_line). When the bundle ships *choice*'s FP32 graph, the blocks that chose it
-    timed the original too: those figures are reused; so are *same_run*'s (the engine choice
-    timed this graph and the original on the CPU provider in one run: engine_choice)."""
+    timed the original too: those figures are reused; so are *same_run*'s (the provider choice
+    timed this graph and the original on the CPU provider in one run: provider_choice)."""
     if original is None or time_graphs is None:
         return {"measured": False, "why": why_not or "no original graph to time"}
     if same_run:

@@ -1,5 +1,5 @@
 """build(): the build job for one target, a straight list of stages: check the request, build
-each part (part.py), choose the engine the bundle lists first, write the bundle, say the speed.
+each part (part.py), choose the provider the bundle lists first, write the bundle, say the speed.
 
 A bundle holds one model or several parts (`--part NAME=ATTR_OR_FACTORY`); each part goes
 through export (PyTorch sources), fix shapes, simplify, quantize and measure on its own.
@@ -23,11 +23,11 @@ from ..source.eager_timing import eager_line
 from ..source.specs import TensorSpec
 from ..targets import Target, load_target
 from ..timing import Stages
-from .engine_choice import check_wanted, with_engine
 from .fp32_graph import speed_line
 from .part import PartResult, build_part
 from .part_shapes import check_task_early
 from .plan import DEFAULT_EXPORT, ExportOptions, PartRequest, input_paths, plan_parts, size_of
+from .provider_choice import check_wanted, with_provider
 from .records import BuildContext
 
 QUANT = QuantRequest()   # the target's preset as it is
@@ -78,7 +78,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *offline* ships each part also optimised offline by this onnxruntime where that loads
     faster (CPU targets; see offline.py). *openvino*: "auto" lists the target's faster provider
     (OpenVINO on x86) first where it measures faster here, "yes" wherever its graph keeps the
-    budget, "no" never (build/engine_choice.py).
+    budget, "no" never (build/provider_choice.py).
     *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
     judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
     (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
@@ -112,7 +112,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 payload, result = build_part(req, target, Path(tmp), ctx)
                 payloads.append(payload)
                 results.append(result)
-            target, payloads = with_engine(target, results, payloads, log)
+            target, payloads = with_provider(target, results, payloads, log)
             check_consts_used(consts, results)
             out = bundle(payloads, output, target=target, name=name, force=force, inputs=sources,
                          tune=tune, offline=offline, pipeline=pipeline, judge=judge,
@@ -193,12 +193,12 @@ def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
             log(f"speed{of}: {speed_line(precision['vs_original'])}")
         if precision.get("vs_eager"):
             log(f"speed{of}: {eager_line(precision['vs_eager'])}")
-        engine = precision.get("decision", {}).get("engine", {})
-        if engine.get("chosen") and engine.get("original_p50_ms"):
-            log(f"speed{of} under {engine['provider'].replace('ExecutionProvider', '')}: bundle "
-                f"{engine['p50_ms']:.3f} ms p50 against the original's "
-                f"{engine['original_p50_ms']:.3f} ms on the CPU provider: "
-                f"{engine['original_p50_ms'] / engine['p50_ms']:.2f}x its speed (one run, "
-                f"onnxruntime {engine.get('measured_on', {}).get('onnxruntime', '?')})")
+        choice = precision.get("decision", {}).get("provider_choice", {})
+        if choice.get("chosen") and choice.get("original_p50_ms"):
+            log(f"speed{of} under {choice['provider'].replace('ExecutionProvider', '')}: bundle "
+                f"{choice['p50_ms']:.3f} ms p50 against the original's "
+                f"{choice['original_p50_ms']:.3f} ms on the CPU provider: "
+                f"{choice['original_p50_ms'] / choice['p50_ms']:.2f}x its speed (one run, "
+                f"onnxruntime {choice.get('measured_on', {}).get('onnxruntime', '?')})")
     log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
         "take it as --expect-digest)")

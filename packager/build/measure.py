@@ -1,5 +1,5 @@
 """The part measured: the FP32 reference and how candidates are judged against it, the
-precision decision, the graphs each engine runs, and the precision record with the speed
+precision decision, the graphs each provider runs, and the precision record with the speed
 against the original (and eager PyTorch)."""
 
 from pathlib import Path
@@ -21,19 +21,19 @@ from ..source.eager_timing import against_eager
 from ..targets import Target
 from ..tasks.fit import check_decoder_fits, input_size
 from ..tasks.part import say_suggestion
-from .engine_choice import choose_engine, engine_graph, engine_pays
 from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
 from .label_check import check_labelled, labelled_top1
 from .plan import PartRequest
+from .provider_choice import choose_provider, provider_graph, provider_pays
 from .provider_graphs import provider_graphs
 from .records import (
     BuildContext,
-    Engines,
     Frozen,
     Loaded,
     PartData,
     PartPlan,
     Precision,
+    ProviderPick,
     Reference,
     Shaped,
 )
@@ -113,7 +113,7 @@ def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference
                       held=data.held, budget=ref.guard, labels=ref.labels_held,
                       timer=ctx.timer, log=ctx.log, progress=ctx.progress,
                       fp32_outputs=ref.outputs, steps=ctx.steps,
-                      engine_pays=engine_pays(target, ref.path, data.held, timer=ctx.timer,
+                      provider_pays=provider_pays(target, ref.path, data.held, timer=ctx.timer,
                                               log=ctx.log, wanted=ctx.openvino))
     ctx.clock.lap("search")
     ctx.log(f"accuracy vs {'the model as given' if decision.config.mode == 'given' else 'FP32'}"
@@ -126,19 +126,19 @@ def accuracy_of(decision: Decision, data: PartData) -> dict:
     return {**decision.candidate.accuracy, "data": data.kind}
 
 
-def engines_part(req: PartRequest, data: PartData, ref: Reference, decision: Decision,
-                 target: Target, tmp: Path, ctx: BuildContext) -> Engines:
+def providers_part(req: PartRequest, data: PartData, ref: Reference, decision: Decision,
+                 target: Target, tmp: Path, ctx: BuildContext) -> ProviderPick:
     """The graphs other providers run (FP16 for CUDA beside INT8 for TensorRT; OpenVINO's own
     where it measured faster)."""
     graphs = provider_graphs(target, decision.config, ref.path, tmp / f"{req.name}.search",
                              data.held, ref.guard, ref.labels_held, ref.outputs, ctx.log,
                              decision.candidates)
-    engine = choose_engine(decision, target, ref.path, data.held, ref.guard, ref.labels_held,
+    choice = choose_provider(decision, target, ref.path, data.held, ref.guard, ref.labels_held,
                            ref.outputs, timer=ctx.timer, log=ctx.log, wanted=ctx.openvino,
                            original=ref.choice.original)
-    graphs += engine_graph(engine, decision)
-    ctx.clock.lap("engines")
-    return Engines(tuple(graphs), engine)
+    graphs += provider_graph(choice, decision)
+    ctx.clock.lap("providers")
+    return ProviderPick(tuple(graphs), choice)
 
 
 def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartData,
@@ -148,7 +148,7 @@ def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartD
     for a PyTorch source, against eager PyTorch at the same threads."""
     config, candidate = decision.config, decision.candidate.path
     calibrated = config.precision == "int8" and config.mode == "static"
-    same_run = (decision.record.get("engine") or {}).pop("vs_original", None)
+    same_run = (decision.record.get("provider_choice") or {}).pop("vs_original", None)
     vs_original = against_original(candidate, ref.choice.original, ref.time_graphs,
                                    ref.why_not or ref.no_original, ref.choice, same_run)
     eager = None

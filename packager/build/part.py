@@ -11,7 +11,7 @@ from ..targets import Target
 from ..tasks.part import recorded_task
 from .data import part_data
 from .load import freeze_part, load_part
-from .measure import accuracy_of, decide_part, engines_part, precision_record, reference
+from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
 from .records import BuildContext
 from .shape import plan_part, shape_part
@@ -30,14 +30,14 @@ class PartResult:
     calibration_samples: int
     export: dict[str, Any] | None
     consts: tuple[str, ...] = ()
-    engine: Any = None   # engine_choice.EngineChoice: a faster provider listed first
+    provider_choice: Any = None   # provider_choice.ProviderChoice: a faster one listed first
 
     def headline(self) -> str:
         """What ships: the precision, and the faster provider's graph where the build chose one."""
-        if self.engine is None:
+        if self.provider_choice is None:
             return self.config.describe()
-        name = self.engine.provider.name.replace("ExecutionProvider", "")
-        fast, cpu = self.engine.candidate.config.describe(), self.config.describe()
+        name = self.provider_choice.provider.name.replace("ExecutionProvider", "")
+        fast, cpu = self.provider_choice.candidate.config.describe(), self.config.describe()
         if fast == cpu:
             return f"{cpu}, under {name} where the device has it, else the CPU provider"
         return f"{fast} under {name}; {cpu} on the CPU provider where {name} is not installed"
@@ -53,7 +53,7 @@ class PartResult:
 def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
                ) -> tuple[PartPayload, PartResult]:
     """Load (or export), freeze, shape, plan, load the data, measure, decide, and the graphs
-    each engine runs: what the bundle holds for the part, and what the build says of it."""
+    each provider runs: what the bundle holds for the part, and what the build says of it."""
     started = dict(ctx.clock.seconds)
     loaded = load_part(req, target, tmp, ctx)
     ctx.clock.lap("load/export")
@@ -63,17 +63,17 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     data, shaped = part_data(req, loaded, frozen, shaped, plan, ctx)
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
-    engines = engines_part(req, data, ref, decision, target, tmp, ctx)
+    picked = providers_part(req, data, ref, decision, target, tmp, ctx)
     precision = precision_record(loaded, frozen, plan, data, ref, decision, target, ctx, started)
     config, accuracy = decision.config, accuracy_of(decision, data)
     # a model quantized already has no FP32 to judge against: the device reproduces it
     payload = PartPayload(req.name, decision.candidate.path,
                           None if config.mode == "given" else ref.path,
                           data.held[:ctx.golden], precision.to_manifest(), accuracy,
-                          req.preprocess, req.labels, frozen.source, list(engines.graphs),
+                          req.preprocess, req.labels, frozen.source, list(picked.graphs),
                           recorded_task(plan.task, ctx.keep))
     result = PartResult(req.name, frozen.nodes, len(shaped.simplified.graph.node),
                         shaped.simplifier, shaped.fallback, plan.family, accuracy, config,
                         precision.calibration_samples, loaded.export,
-                        (*frozen.consts, *frozen.argued), engines.choice)
+                        (*frozen.consts, *frozen.argued), picked.choice)
     return payload, result

@@ -126,9 +126,9 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class Engines:
+class ProviderPick:
     """The graphs the bundle carries beside the CPU provider's, and the faster provider's
-    choice (engine_choice.EngineChoice), if any."""
+    choice (provider_choice.ProviderChoice), if any."""
 
     graphs: tuple[Any, ...]
     choice: Any

@@ -232,9 +232,9 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
               help="only these variants (repeatable; default: all)")
 @click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--block", type=click.IntRange(min=1), default=20, show_default=True,
-              help="timed calls per engine per round (fewer for larger batches)")
+              help="timed calls per row per round (fewer for larger batches)")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="intra-op threads for every engine")
+              help="intra-op threads for every row")
 @click.option("--cold/--no-cold", default=True, show_default=True,
               help="also time import + load + first call in fresh processes")
 @click.option("--chart", type=click.Path(path_type=Path), help="write a PNG bar chart here")

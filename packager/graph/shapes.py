@@ -108,11 +108,11 @@ def _session(model: onnx.ModelProto) -> Any:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def symbolic_engine() -> Any:
+def symbolic_inference() -> Any:
     """onnxruntime's SymbolicShapeInference, loaded from its file on its own: importing it as
     onnxruntime.tools.symbolic_shape_infer runs onnxruntime/tools/__init__.py, which imports
     torch wherever torch is installed (2.1 s of every .onnx build, for PyTorch export helpers
-    the shape engine does not use). It imports only numpy, onnx, sympy and packaging."""
+    its shape inference does not use). It imports only numpy, onnx, sympy and packaging."""
     import importlib.util
     import sys
 
@@ -136,15 +136,15 @@ def symbolic_engine() -> Any:
 
 
 def infer_static(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Run shape inference (ONNX Runtime's symbolic engine, then ONNX's) and return the model."""
+    """Run shape inference (ONNX Runtime's symbolic shape inference, then ONNX's) and return the model."""
     try:
-        SymbolicShapeInference = symbolic_engine()
+        SymbolicShapeInference = symbolic_inference()
         with scratch_cwd():   # an incomplete inference saves sym_shape_infer_temp.onnx there
             inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False,
                                                            guess_output_rank=False)
         if inferred is not None:
             return inferred
-    except Exception:  # the symbolic engine lacks some ops; ONNX's own inference is the fallback
+    except Exception:  # symbolic inference lacks some ops; ONNX's own inference is the fallback
         pass
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)

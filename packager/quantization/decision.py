@@ -99,12 +99,12 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            log: Log = lambda _: None, progress=None,
            fp32_outputs: dict[str, Any] | None = None,
            steps: Progress | None = None,
-           engine_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
+           provider_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship. *request*: the
     user's quantization options (QuantRequest: its precision forces one, missing the budget is
     then an error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
-    known. *steps*: each candidate and timing block shown. *engine_pays*
-    (build/engine_choice.py): whether INT8 pays under another provider (OpenVINO) where it
+    known. *steps*: each candidate and timing block shown. *provider_pays*
+    (build/provider_choice.py): whether INT8 pays under another provider (OpenVINO) where it
     does not on the CPU provider; then the search goes on for a variant within budget."""
     steps = steps or OFF
     started = time.perf_counter()
@@ -130,13 +130,13 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                        budget, held, started, {}, log)
     why_not = timing_place(target, timer)
     threads = int(target.session.get("intra_op_threads", 0))
-    pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, engine_pays, log)
+    pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, provider_pays, log)
     search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
                     progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
                     seconds=request.search_seconds)
     pays.search = search
     base = _search_int8(search, base, request, forced, preset, target, family,
-                        bool(calib), engine_pays, log)
+                        bool(calib), provider_pays, log)
     candidates += search.candidates
     if not forced and any(p.name in GPU_PROVIDERS for p in target.providers):
         search.show("FP16")
@@ -192,10 +192,10 @@ class Pays:
     to float will not make them faster, and the reason says why INT8 stays out)."""
 
     def __init__(self, forced, why_not, held, reference, fp32, threads, timer, steps,
-                 engine_pays, log):
+                 provider_pays, log):
         self.forced, self.why_not, self.held, self.reference = forced, why_not, held, reference
         self.fp32, self.threads, self.timer, self.steps = fp32, threads, timer, steps
-        self.engine_pays, self.log = engine_pays, log
+        self.provider_pays, self.log = provider_pays, log
         self.search: Search | None = None   # set once the search exists (it asks this)
         self.measured: dict[str, Any] = {}
 
@@ -210,7 +210,7 @@ class Pays:
         fastest = min(timed, key=lambda c: c.p50_ms)
         if reference.p50_ms / fastest.p50_ms >= MIN_GAIN:
             return ""
-        elsewhere = self.engine_pays(structural) if self.engine_pays is not None else ""
+        elsewhere = self.provider_pays(structural) if self.provider_pays is not None else ""
         if elsewhere:
             self.log(f"search: INT8 does not pay on the CPU provider, but {elsewhere}: "
                      "searching on")
@@ -233,7 +233,7 @@ class Pays:
 
 
 def _search_int8(search: Search, base: QuantConfig, request: QuantRequest, forced: str | None,
-                 preset: Any, target: Target, family: str, static_ok: bool, engine_pays: Any,
+                 preset: Any, target: Target, family: str, static_ok: bool, provider_pays: Any,
                  log: Log) -> QuantConfig:
     """The INT8 variants: onnxruntime's search from the preset, dynamic INT8 where static
     found nothing, the target's static preset beside a family's dynamic one, and NNCF's.
@@ -260,7 +260,7 @@ def _search_int8(search: Search, base: QuantConfig, request: QuantRequest, force
     # NNCF's graphs are made for OpenVINO: tried where the target lists it (not where a GPU
     # preset asks for TensorRT's symmetric S8 and float biases), and where INT8 may pay
     if target.faster and not any(p.name in GPU_PROVIDERS for p in target.providers) and \
-            not (search.futile and engine_pays is None):
+            not (search.futile and provider_pays is None):
         nncf_variant(search, base, family, log)
     return base
 
@@ -342,7 +342,7 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
     own Q/DQ placement, ranges and bias correction; the head's post-processing stays float as
     in the preset. Built after the search, whatever it found: on the CPU provider it is often
     slower than onnxruntime's INT8, under OpenVINO often the fastest graph within budget, and
-    the engine choice times it there."""
+    the provider choice times it there."""
     from .graph_facts import post_processing
     from .nncf_generator import unavailable
 

@@ -8,7 +8,7 @@ the biases that quantized weights shift (fast bias correction) and, for transfor
 activation outliers into the weights (SmoothQuant). On the zoo's PP-LCNet (orientation) its
 default kept cosine 0.96 where onnxruntime's best variant reached 0.83, and its graph ran 1.71x
 FP32 under OpenVINO where onnxruntime's ran 1.00x (measured here; on the CPU provider both are
-slower than FP32: which graph is best depends on the engine, and the build times each under
+slower than FP32: which graph is best depends on the provider, and the build times each under
 each).
 
 NNCF is an optional, pinned extra (`pip install 'edgepack[nncf]'`, `make install` installs it):

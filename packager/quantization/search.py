@@ -442,7 +442,7 @@ class Search:
                until: float | None = None) -> Candidate | None:
         """Keep the k worst nodes of *start* (default: the most accurate variant) FP32; find
         the smallest k. *timed*: probes that miss are timed on the CPU provider to stop when
-        more float cannot pay (not for a graph made for another engine). *until*: no probe
+        more float cannot pay (not for a graph made for another provider). *until*: no probe
         starts after it (seconds into the search; default BISECT_SHARE x its limit)."""
         until = self.limit * BISECT_SHARE if until is None else until
         start = start or self.best()
@@ -510,7 +510,7 @@ def _accuracy_key(cand: Candidate) -> tuple[bool, float, float]:
 
 def best_of_each_generator(ranked: Sequence[Candidate]) -> list[Candidate]:
     """The first of *ranked* from each generator (onnxruntime's, NNCF's), in *ranked*'s order:
-    the engines differ on which generator's graph is best."""
+    the providers differ on which generator's graph is best."""
     firsts: dict[str, Candidate] = {}
     for cand in ranked:
         firsts.setdefault(cand.config.generator, cand)

@@ -41,7 +41,7 @@ TIMEOUT_S = 600
 Row = tuple[str, Path, Sequence[tuple[str, Mapping[str, Any]]]]
 
 
-class EngineError(PackagerError):
+class OrtBuildError(PackagerError):
     """The other onnxruntime could not run the models (its Python failed or timed out)."""
 
 
@@ -96,10 +96,10 @@ def _call(python: Path, args: list[str], what: str, timeout: float) -> dict[str,
         proc = subprocess.run([str(python), _script(), *args], capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise EngineError(f"{python}: {what} took over {timeout:.0f} s",
+        raise OrtBuildError(f"{python}: {what} took over {timeout:.0f} s",
                           f"unset {ENV} to build without OpenVINO") from None
     except OSError as exc:
-        raise EngineError(f"{python}: {what} could not start ({exc.strerror})",
+        raise OrtBuildError(f"{python}: {what} could not start ({exc.strerror})",
                           f"set {ENV} to a working Python") from None
     lines = proc.stdout.strip().splitlines()
     try:
@@ -108,7 +108,7 @@ def _call(python: Path, args: list[str], what: str, timeout: float) -> dict[str,
         return json.loads(lines[-1])
     except ValueError:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        raise EngineError(f"{python}: {what} failed ({last})",
+        raise OrtBuildError(f"{python}: {what} failed ({last})",
                           f"check its onnxruntime, or unset {ENV}") from None
 
 
@@ -124,7 +124,7 @@ def time_plan(python: Path, rows: Sequence[Row], feed: Mapping[str, np.ndarray],
               ) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, Any]]:
     """Time every row interleaved in blocks in *python*: ({key: {p50, p90}}, {key: provider
     that really ran}, the device). The rounds stop once the order is clear, unless *every*."""
-    with tempfile.TemporaryDirectory(prefix="edgepack-engine-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edgepack-ort-") as tmp:
         folder = Path(tmp)
         np.savez(folder / "feed.npz", **feed)
         plan = _write_plan(folder, rows)
@@ -139,7 +139,7 @@ def outputs_plan(python: Path, rows: Sequence[Row], samples: Sequence[Mapping[st
                  ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
     """Each row's outputs on *samples*, stacked per output name as graph.execute.run_model's,
     and the provider that really ran each."""
-    with tempfile.TemporaryDirectory(prefix="edgepack-engine-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edgepack-ort-") as tmp:
         folder = Path(tmp)
         np.savez(folder / "samples.npz", **{f"{i}/{k}": np.asarray(v)
                                             for i, s in enumerate(samples) for k, v in s.items()})

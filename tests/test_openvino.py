@@ -1,4 +1,4 @@
-"""The OpenVINO execution provider as a build candidate (packager/engines.py, engine_choice.py).
+"""The OpenVINO execution provider as a build candidate (packager/ort_builds.py, provider_choice.py).
 
 Real parts: onnxruntime-openvino in a Python of its own (`make openvino`: .venv-openvino), the
 same bundle checked by that Python (OpenVINO runs) and by the test venv's plain onnxruntime (the
@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import OPENVINO_PYTHON, PREP, run_py
-from packager import engines
+from packager import ort_builds
 from packager.build.job import build
 from packager.cli import main
 from packager.device.deploy import optional_providers_missing, preflight_needs
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _python() -> Path | None:
     for candidate in (OPENVINO_PYTHON, str(ROOT / ".venv-openvino" / "bin" / "python")):
-        if candidate and Path(candidate).is_file() and engines._has_openvino(candidate):
+        if candidate and Path(candidate).is_file() and ort_builds._has_openvino(candidate):
             return Path(candidate)
     return None
 
@@ -45,7 +45,7 @@ def openvino(monkeypatch) -> Path:
         if os.environ.get("EDGEPACK_REQUIRE_OPENVINO") == "1":
             pytest.fail(f"required here (EDGEPACK_REQUIRE_OPENVINO=1): {reason}")
         pytest.skip(reason)
-    monkeypatch.setenv(engines.ENV, str(OV))
+    monkeypatch.setenv(ort_builds.ENV, str(OV))
     return OV
 
 
@@ -71,12 +71,12 @@ def test_one_graph_timed_under_both_providers_in_one_run(openvino, cnn_onnx, tmp
     fixed = tmp_path / "cnn.onnx"
     save_model(fix_shapes_proto(load_model(cnn_onnx), {"image": [1, 3, 32, 32]}), fixed)
     feed = {"image": np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)}
-    rows = [("cpu", fixed, engines.cpu_chain()), ("ov", fixed, engines.openvino_chain())]
-    times, ran, device = engines.time_plan(openvino, rows, feed, 2, 2, 3)
+    rows = [("cpu", fixed, ort_builds.cpu_chain()), ("ov", fixed, ort_builds.openvino_chain())]
+    times, ran, device = ort_builds.time_plan(openvino, rows, feed, 2, 2, 3)
     assert ran == {"cpu": "CPUExecutionProvider", "ov": "OpenVINOExecutionProvider"}
     assert all(0 < times[k]["p50"] <= times[k]["p90"] for k in ("cpu", "ov"))
     assert device["onnxruntime"]
-    outputs, ran = engines.outputs_plan(openvino, rows, [feed, feed, feed], 2)
+    outputs, ran = ort_builds.outputs_plan(openvino, rows, [feed, feed, feed], 2)
     assert outputs["ov"]["scores"].shape == (3, 1, 10)
     # FP32 under OpenVINO computes what the CPU provider does, to float rounding
     np.testing.assert_allclose(outputs["ov"]["scores"], outputs["cpu"]["scores"], atol=1e-4)
@@ -99,20 +99,20 @@ def test_openvino_yes_ships_it_first_and_plain_onnxruntime_falls_back(openvino, 
     assert manifest["providers"][0]["when"] == "faster"
     assert manifest["target"]["runtime_package"] == "onnxruntime-openvino"
     assert (out / "requirements.txt").read_text().startswith("onnxruntime-openvino>=")
-    engine = manifest["parts"][0]["precision"]["decision"]["engine"]
-    assert engine["chosen"] and engine["reason"].startswith("--openvino yes: OpenVINO runs")
-    assert engine["cpu_p50_ms"] > 0 and engine["p50_ms"] > 0
-    assert all(t["meets_budget"] for t in engine["tried"] if t["label"] == engine["graph"])
+    choice = manifest["parts"][0]["precision"]["decision"]["provider_choice"]
+    assert choice["chosen"] and choice["reason"].startswith("--openvino yes: OpenVINO runs")
+    assert choice["cpu_p50_ms"] > 0 and choice["p50_ms"] > 0
+    assert all(t["meets_budget"] for t in choice["tried"] if t["label"] == choice["graph"])
     headline = result.parts[0].headline()   # one precision, or which runs where
     assert headline.endswith(", under OpenVINO where the device has it, else the CPU provider") \
         or " under OpenVINO; " in headline and "on the CPU provider where OpenVINO is not " \
         "installed" in headline, headline
-    assert any(line.startswith("engine: --openvino yes: OpenVINO runs") for line in logs)
-    assert engine["original_p50_ms"] > 0   # the user's file, timed in the same run
+    assert any(line.startswith("provider: --openvino yes: OpenVINO runs") for line in logs)
+    assert choice["original_p50_ms"] > 0   # the user's file, timed in the same run
     # ... and that run's CPU-provider rows are the build's speed line: not timed a second time
     vs = manifest["parts"][0]["precision"]["vs_original"]
-    assert "vs_original" not in engine and vs["original_p50_ms"] == engine["original_p50_ms"]
-    assert vs["bundle_p50_ms"] == engine["cpu_p50_ms"] and vs["bundle_p10_p90_ms"]
+    assert "vs_original" not in choice and vs["original_p50_ms"] == choice["original_p50_ms"]
+    assert vs["bundle_p50_ms"] == choice["cpu_p50_ms"] and vs["bundle_p10_p90_ms"]
     ran = subprocess.run([str(openvino), "-c", "import onnxruntime; print(onnxruntime.__version__)"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert vs["measured_on"]["onnxruntime"] == ran   # the Python that timed them, not this one
@@ -139,17 +139,17 @@ def test_openvino_auto_record_and_bundle_agree(openvino, cnn_onnx, image_dir, tm
     out = tmp_path / "cnn"
     build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP)
     manifest = json.loads((out / "manifest.json").read_text())
-    engine = manifest["parts"][0]["precision"]["decision"]["engine"]
-    assert engine["provider"] == "OpenVINOExecutionProvider"
-    assert engine["tried"] and all("cosine_min" in t for t in engine["tried"])
+    choice = manifest["parts"][0]["precision"]["decision"]["provider_choice"]
+    assert choice["provider"] == "OpenVINOExecutionProvider"
+    assert choice["tried"] and all("cosine_min" in t for t in choice["tried"])
     # OpenVINO builds its own graph from whatever it gets: the user's file is a candidate too
-    assert "FP32, the original graph" in [t["label"] for t in engine["tried"]]
+    assert "FP32, the original graph" in [t["label"] for t in choice["tried"]]
     first = manifest["providers"][0]["name"]
-    assert first == ("OpenVINOExecutionProvider" if engine["chosen"] else "CPUExecutionProvider")
-    if engine["chosen"]:
-        assert engine["gain"] >= 1.05 and engine["p50_ms"] < engine["cpu_p50_ms"]
+    assert first == ("OpenVINOExecutionProvider" if choice["chosen"] else "CPUExecutionProvider")
+    if choice["chosen"]:
+        assert choice["gain"] >= 1.05 and choice["p50_ms"] < choice["cpu_p50_ms"]
     else:
-        assert "not 5% faster" in engine["reason"]
+        assert "not 5% faster" in choice["reason"]
 
 
 def test_openvino_no_and_no_python(cnn_onnx, image_dir, tmp_path, monkeypatch):
@@ -157,15 +157,15 @@ def test_openvino_no_and_no_python(cnn_onnx, image_dir, tmp_path, monkeypatch):
     build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP, openvino="no")
     manifest = json.loads((out / "manifest.json").read_text())
     assert [p["name"] for p in manifest["providers"]] == ["CPUExecutionProvider"]
-    assert manifest["parts"][0]["precision"]["decision"]["engine"]["reason"] == "--openvino no"
+    assert manifest["parts"][0]["precision"]["decision"]["provider_choice"]["reason"] == "--openvino no"
     # auto without a Python that has it: measured nothing, says why, ships the CPU provider
-    monkeypatch.setenv(engines.ENV, str(tmp_path / "no-such-python"))
+    monkeypatch.setenv(ort_builds.ENV, str(tmp_path / "no-such-python"))
     out2 = tmp_path / "cnn2"
     build(cnn_onnx, out2, target="x86_64-cpu", calib=image_dir, preprocess=PREP)
-    engine = json.loads((out2 / "manifest.json").read_text())["parts"][0]["precision"][
-        "decision"]["engine"]
-    assert not engine["chosen"] and "has no onnxruntime with the OpenVINO provider" in \
-        engine["reason"]
+    choice = json.loads((out2 / "manifest.json").read_text())["parts"][0]["precision"][
+        "decision"]["provider_choice"]
+    assert not choice["chosen"] and "has no onnxruntime with the OpenVINO provider" in \
+        choice["reason"]
     # yes without it: a one-line error, exit 2, nothing written
     out3 = tmp_path / "cnn3"
     res = CliRunner().invoke(main, ["build", str(cnn_onnx), "--target", "x86_64-cpu",

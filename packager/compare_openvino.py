@@ -1,5 +1,5 @@
-"""compare's rows for the engine users would pick instead on x86: OpenVINO, through
-onnxruntime-openvino's execution provider in a Python of its own (engines.py).
+"""compare's rows for the runtime users would pick instead on x86: OpenVINO, through
+onnxruntime-openvino's execution provider in a Python of its own (ort_builds.py).
 
 The ORT FP32 graph runs there under the OpenVINO provider ("OpenVINO FP32") and under that
 onnxruntime's own CPU provider (the row the OpenVINO rows' "vs ORT FP32" is taken against, timed
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import engines
+from . import ort_builds
 
 OV_CPU, OV_FP32, OV_INT8 = ("ORT FP32 (OpenVINO's onnxruntime)", "OpenVINO FP32",
                             "OpenVINO INT8 (QDQ)")
@@ -44,12 +44,12 @@ def openvino_rows(wanted: Sequence[str], raw: Path, qdq: Path | None, tmp: Path,
     todo = [name for name in OPENVINO_ROWS if name in wanted]
     if not todo:
         return found
-    python = engines.openvino_python()
+    python = ort_builds.openvino_python()
     if python is None:
-        found["note"] = f"OpenVINO rows skipped: {engines.why_no_openvino()}."
+        found["note"] = f"OpenVINO rows skipped: {ort_builds.why_no_openvino()}."
         return found
-    graphs = {OV_CPU: (raw, engines.cpu_chain()), OV_FP32: (raw, engines.openvino_chain()),
-              OV_INT8: (qdq, engines.openvino_chain())}
+    graphs = {OV_CPU: (raw, ort_builds.cpu_chain()), OV_FP32: (raw, ort_builds.openvino_chain()),
+              OV_INT8: (qdq, ort_builds.openvino_chain())}
     if qdq is None and OV_INT8 in todo:
         found["errors"][OV_INT8] = "the INT8 QDQ U8S8 graph could not be built"
         todo.remove(OV_INT8)
@@ -57,10 +57,10 @@ def openvino_rows(wanted: Sequence[str], raw: Path, qdq: Path | None, tmp: Path,
     rows = [(name, *graphs[name]) for name in (OV_CPU, *todo) if name in graphs]
     rows = list(dict((r[0], r) for r in rows).values())
     try:
-        medians, providers, device = engines.time_plan(python, rows, feeds[0], threads, rounds,
+        medians, providers, device = ort_builds.time_plan(python, rows, feeds[0], threads, rounds,
                                                        block, every=True)
-        outputs, _ = engines.outputs_plan(python, rows, feeds, threads)
-    except engines.EngineError as exc:
+        outputs, _ = ort_builds.outputs_plan(python, rows, feeds, threads)
+    except ort_builds.OrtBuildError as exc:
         found["note"] = f"OpenVINO rows failed: {exc.message}."
         return found
     for name, _, _ in rows:
@@ -82,12 +82,12 @@ def _openvino_roofline(python: Path, tmp: Path, spec: Mapping[str, Any],
 
     graphs = roofline_graphs(spec)
     cmd = [str(python), "-c", ROOFLINE_SCRIPT, str(Path(runner.__file__).parent.parent),
-           str(tmp), json.dumps(graphs), str(threads), json.dumps(engines.openvino_chain())]
+           str(tmp), json.dumps(graphs), str(threads), json.dumps(ort_builds.openvino_chain())]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=engines.TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ort_builds.TIMEOUT_S)
         rates = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return []   # no OpenVINO ceiling: the CPU provider's stands, and the note says so
     by_file = {g["file"]: g for g in graphs}
     return [(by_file[f], gops) for f, gops, provider in rates
-            if provider == engines.OPENVINO and f in by_file]
+            if provider == ort_builds.OPENVINO and f in by_file]

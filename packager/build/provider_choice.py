@@ -1,9 +1,9 @@
-"""A faster engine as a candidate: the OpenVINO execution provider on x86.
+"""A faster execution provider as a candidate: OpenVINO on x86.
 
 A target lists such a provider with `when = "faster"` (targets/x86_64-cpu.toml). After the
 precision decision has picked the CPU provider's graph, the graphs it measured within budget
 (FP32 and INT8) run once more under that provider, in a Python whose onnxruntime has it
-(packager/engines.py): their accuracy on the held-out samples, then their latency, interleaved in
+(packager/ort_builds.py): their accuracy on the held-out samples, then their latency, interleaved in
 the same blocks as the CPU provider's choice. The provider is shipped, first in the bundle's list,
 only when its fastest graph within budget is MIN_GAIN faster than the CPU provider's choice in
 that same run; the CPU provider keeps its own graph as the fallback, so a device without the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import engines
+from .. import ort_builds
 from .._runtimes.runner.load import load_facts, noise, snapshot
 from ..errors import SpecError
 from ..graph.execute import Sample
@@ -33,7 +33,7 @@ WANTED = ("auto", "yes", "no")
 
 
 @dataclass(frozen=True)
-class EngineChoice:
+class ProviderChoice:
     """The provider to list first, and the graph it runs (the decision's own graph, or another
     candidate: then shipped beside it as that provider's graph)."""
 
@@ -50,7 +50,7 @@ def _label(provider: Provider) -> str:
 
 def check_wanted(target: Target, wanted: str, timer: Any = None) -> None:
     """SpecError unless --openvino *wanted* can be done for *target* on this host: called by
-    build before anything slow runs, and again where the engine is chosen."""
+    build before anything slow runs, and again where the provider is chosen."""
     if wanted not in WANTED:
         raise SpecError(f"--openvino {wanted}: not one of {', '.join(WANTED)}",
                         "use auto (measure), yes or no")
@@ -59,23 +59,23 @@ def check_wanted(target: Target, wanted: str, timer: Any = None) -> None:
     if not target.faster:
         raise SpecError(f"--openvino yes: {target.name} lists no provider the build can "
                         "choose for speed", "use it with x86_64-cpu, or drop it")
-    if timer is not None or target.arch != platform.machine() or engines.openvino_python() is None:
+    if timer is not None or target.arch != platform.machine() or ort_builds.openvino_python() is None:
         raise SpecError(f"--openvino yes: cannot run {_label(target.faster[0])} here to measure "
                         "its accuracy (" + ("timed on the device" if timer is not None else
                                             f"{target.name} is {target.arch}, this host "
                                             f"{platform.machine()}"
                                             if target.arch != platform.machine() else
-                                            engines.why_no_openvino()) + ")",
+                                            ort_builds.why_no_openvino()) + ")",
                         "drop --openvino yes, or run `make openvino` (or set "
                         "EDGEPACK_OPENVINO_PYTHON)")
 
 
-def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence[Sample],
+def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequence[Sample],
                   budget: AccuracyBudget, labels: Sequence[Any] | None,
                   fp32_outputs: dict[str, Any], *, timer: Any = None,
                   log: Log = lambda _: None, wanted: str = "auto",
-                  original: Path | None = None) -> EngineChoice | None:
-    """The faster provider and its graph, or None; the decision's record gets an "engine"
+                  original: Path | None = None) -> ProviderChoice | None:
+    """The faster provider and its graph, or None; the decision's record gets a "provider_choice"
     entry either way (what was tried, the figures, why). *wanted*: auto (measure), yes (list
     it when a graph keeps the budget under it), no. *original*: the user's graph, timed on
     the CPU provider in the same run."""
@@ -83,17 +83,17 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     if not target.faster:
         return None
     if wanted == "no":
-        decision.record["engine"] = {"provider": target.faster[0].name, "chosen": False,
+        decision.record["provider_choice"] = {"provider": target.faster[0].name, "chosen": False,
                                      "reason": "--openvino no"}
         return None
     provider = target.faster[0]
     name = _label(provider)
     record: dict[str, Any] = {"provider": provider.name, "chosen": False}
-    decision.record["engine"] = record
+    decision.record["provider_choice"] = record
 
     def skip(why: str) -> None:
         record["reason"] = why
-        log(f"engine: {name} not measured: {why}")
+        log(f"provider: {name} not measured: {why}")
 
     python, why = _where(target, timer, held, name)
     if why:
@@ -101,12 +101,12 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     chosen = decision.candidate
     graphs = _tried_graphs(decision, original)
     threads = int(target.session.get("intra_op_threads", 0))
-    chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
+    chain = [(provider.name, dict(provider.options)), (ort_builds.CPU, {})]
     keys = {f"g{i}": c for i, c in enumerate(graphs)}
     try:
-        outputs, ran = engines.outputs_plan(python, [(k, c.path, chain)
+        outputs, ran = ort_builds.outputs_plan(python, [(k, c.path, chain)
                                                      for k, c in keys.items()], held, threads)
-    except engines.EngineError as exc:
+    except ort_builds.OrtBuildError as exc:
         return skip(exc.message)
     within, tried = _judged(keys, outputs, ran, provider, budget, fp32, held, labels,
                             fp32_outputs)
@@ -114,14 +114,14 @@ def choose_engine(decision: Decision, target: Target, fp32: Path, held: Sequence
     if not within:
         return skip(f"no graph kept the budget under {name}")
     rounds, block = plan_timing(fp32, held[0], threads)
-    rows = [("cpu", chosen.path, engines.cpu_chain())] + [
+    rows = [("cpu", chosen.path, ort_builds.cpu_chain())] + [
         (k, within[k][0].path, chain) for k in within]
     if original is not None:
-        rows.append(("original", original, engines.cpu_chain()))
+        rows.append(("original", original, ort_builds.cpu_chain()))
     before = snapshot()   # (the timing subprocess's CPU counts as this build's own)
     try:
-        times, ran, device = engines.time_plan(python, rows, held[0], threads, rounds, block)
-    except engines.EngineError as exc:
+        times, ran, device = ort_builds.time_plan(python, rows, held[0], threads, rounds, block)
+    except ort_builds.OrtBuildError as exc:
         return skip(exc.message)
     load = load_facts(before, wait=False)
     noisy = noise(load, times["cpu"])
@@ -158,8 +158,8 @@ def _where(target: Target, timer: Any, held: Sequence[Sample], name: str
         return None, f"{target.name} is {target.arch} and this host {platform.machine()}"
     if len(held) < 2:
         return None, "too few held-out samples to measure its accuracy"
-    python = engines.openvino_python()
-    return (python, "") if python is not None else (None, engines.why_no_openvino())
+    python = ort_builds.openvino_python()
+    return (python, "") if python is not None else (None, ort_builds.why_no_openvino())
 
 
 def _tried_graphs(decision: Decision, original: Path | None) -> list[Candidate]:
@@ -198,7 +198,7 @@ def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, 
 def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: dict[str, Any],
              gain: float, noisy: str, wanted: str, chosen: Candidate, best_ms: float,
              cpu_ms: float, device: dict[str, Any], times: dict[str, Any], log: Log
-             ) -> EngineChoice | None:
+             ) -> ProviderChoice | None:
     """The provider listed first when its fastest graph within budget is MIN_GAIN faster than
     the CPU provider's (NOISY_GAIN on a busy machine; always with --openvino yes)."""
     name = _label(provider)
@@ -206,13 +206,13 @@ def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: d
         record["reason"] = (f"{name} ran {cand.label} at {gain:.2f}x the CPU provider's "
                             f"{chosen.label} on a busy machine ({noisy}): within its noise "
                             f"(needs {NOISY_GAIN:.2f}x there), so the CPU provider ships")
-        log(f"engine: {record['reason']}")
+        log(f"provider: {record['reason']}")
         return None
     if gain < MIN_GAIN and wanted != "yes":
         record["reason"] = (f"{name}'s fastest graph within budget ({cand.label}, {best_ms:.3f} "
                             f"ms p50) is not {100 * (MIN_GAIN - 1):.0f}% faster than the CPU "
                             f"provider's {chosen.label} ({cpu_ms:.3f} ms) in the same run")
-        log(f"engine: {record['reason']}")
+        log(f"provider: {record['reason']}")
         return None
     record.update(chosen=True, gain=round(gain, 3), reason=(
         ("--openvino yes: " if wanted == "yes" else "")
@@ -221,16 +221,16 @@ def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: d
         f"{device.get('onnxruntime', '?')}"
         + (f"; the original on the CPU provider {times['original']['p50']:.3f} ms, "
            f"{times['original']['p50'] / best_ms:.2f}x" if "original" in times else "")
-        + f") at cosine {acc['cosine_min']:.4f}; devices without {engines.OPENVINO_PACKAGE} run "
+        + f") at cosine {acc['cosine_min']:.4f}; devices without {ort_builds.OPENVINO_PACKAGE} run "
         "the CPU provider"))
-    log(f"engine: {record['reason']}")
-    return EngineChoice(provider, cand, acc, engines.OPENVINO_PACKAGE, engines.OPENVINO_INSTALL)
+    log(f"provider: {record['reason']}")
+    return ProviderChoice(provider, cand, acc, ort_builds.OPENVINO_PACKAGE, ort_builds.OPENVINO_INSTALL)
 
 
 def _graphs(decision: Decision) -> list[Candidate]:
     """The decision's choice, FP32, and the most quantized INT8 graph within budget on the CPU
     provider from each generator (onnxruntime's, NNCF's; at most 4: every graph is evaluated
-    and timed in the engine's run, and the next most quantized ones are near copies: MiniLM's
+    and timed in the provider's run, and the next most quantized ones are near copies: MiniLM's
     13 and 14 nodes FP32). The budget is measured again under the other provider."""
     cands = list(decision.candidates)
     reference = cands[0]
@@ -245,60 +245,60 @@ def _graphs(decision: Decision) -> list[Candidate]:
     return found
 
 
-def engine_graph(engine: EngineChoice | None, decision: Decision) -> tuple[ProviderGraph, ...]:
+def provider_graph(choice: ProviderChoice | None, decision: Decision) -> tuple[ProviderGraph, ...]:
     """The chosen provider's own graph, when it is not the one the CPU provider runs."""
-    if engine is None or engine.candidate.path == decision.candidate.path:
+    if choice is None or choice.candidate.path == decision.candidate.path:
         return ()
-    precision = engine.candidate.config.precision
-    return (ProviderGraph(precision, engine.candidate.path, (engine.provider.name,),
-                          engine.accuracy, why=f"{_label(engine.provider)} runs it faster than "
+    precision = choice.candidate.config.precision
+    return (ProviderGraph(precision, choice.candidate.path, (choice.provider.name,),
+                          choice.accuracy, why=f"{_label(choice.provider)} runs it faster than "
                           f"the {decision.candidate.label} graph the CPU provider runs"),)
 
 
-def with_engine(target: Target, results: Sequence[Any], payloads: Sequence[Any],
+def with_provider(target: Target, results: Sequence[Any], payloads: Sequence[Any],
                 log: Log) -> tuple[Target, list[Any]]:
     """The target the bundle is written for: the faster provider first when every part chose
     it; else without it, and no part ships a graph for it (*results*: PartResult, *payloads*:
     PartPayload, one per part)."""
-    chosen = [r.engine for r in results]
+    chosen = [r.provider_choice for r in results]
     if chosen and all(chosen):
-        engine = chosen[0]
-        return target.with_provider(engine.provider, engine.package, engine.install), \
+        first = chosen[0]
+        return target.with_provider(first.provider, first.package, first.install), \
             list(payloads)
     names = {e.provider.name for e in chosen if e is not None}
     if names:
-        log(f"engine: {', '.join(sorted(names))} not listed: only some parts run faster under "
+        log(f"provider: {', '.join(sorted(names))} not listed: only some parts run faster under "
             "it")
     return target, [replace(p, graphs=tuple(g for g in p.graphs
                                             if not set(g.providers) & names)) for p in payloads]
 
 
-def engine_pays(target: Target, fp32: Path, held: Sequence[Sample], *, timer: Any = None,
+def provider_pays(target: Target, fp32: Path, held: Sequence[Sample], *, timer: Any = None,
                 wanted: str = "auto", log: Log = lambda _: None
                 ) -> Callable[[list[Candidate]], str] | None:
     """For the INT8 search, where INT8 does not pay on the CPU provider: a function of the
     variants that returns how much faster the fastest of them runs under the faster provider
     than FP32 does under either provider ('' unless MIN_GAIN), timed in one run. None where the
-    provider cannot be measured here (choose_engine says why)."""
+    provider cannot be measured here (choose_provider says why)."""
     if (not target.faster or wanted == "no" or timer is not None
             or target.arch != platform.machine() or len(held) < 2):
         return None
-    python = engines.openvino_python()
+    python = ort_builds.openvino_python()
     if python is None:
         return None
     provider = target.faster[0]
     name = _label(provider)
-    chain = [(provider.name, dict(provider.options)), (engines.CPU, {})]
+    chain = [(provider.name, dict(provider.options)), (ort_builds.CPU, {})]
     threads = int(target.session.get("intra_op_threads", 0))
 
     def pays(variants: list[Candidate]) -> str:
         rounds, block = plan_timing(fp32, held[0], threads)
-        rows = [("cpu", fp32, engines.cpu_chain()), ("fp32", fp32, chain)] + [
+        rows = [("cpu", fp32, ort_builds.cpu_chain()), ("fp32", fp32, chain)] + [
             (f"v{i}", c.path, chain) for i, c in enumerate(variants)]
         try:
-            times, ran, _ = engines.time_plan(python, rows, held[0], threads, rounds, block)
-        except engines.EngineError as exc:
-            log(f"engine: {name} not measured: {exc.message}")
+            times, ran, _ = ort_builds.time_plan(python, rows, held[0], threads, rounds, block)
+        except ort_builds.OrtBuildError as exc:
+            log(f"provider: {name} not measured: {exc.message}")
             return ""
         if ran.get("fp32") != provider.name:
             return ""
