@@ -165,3 +165,15 @@ def test_a_quant_request_is_typed_and_refuses_an_unknown_option(cnn_onnx, tmp_pa
     with pytest.raises(SpecError, match="'presicion' is not a quantization option"):
         build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", quant={"presicion": "int8"})
     assert not (tmp_path / "b").exists()
+
+
+def test_the_precision_record_says_its_own_speed_lines(built):
+    """Issue 35: the typed precision record has its manifest section and its log lines; the
+    build's closing lines are the same lines, read back from the published manifest."""
+    from packager.build.records import speed_lines
+
+    section = built.bundle.manifest["parts"][0]["precision"]
+    lines = speed_lines(section)
+    assert lines and lines[0].startswith("speed: bundle ") and "x its speed" in lines[0]
+    assert speed_lines(section, " of model")[0].startswith("speed of model: bundle ")
+    assert speed_lines({}) == []

@@ -19,16 +19,14 @@ from ..errors import SpecError
 from ..progress import Log, Progress
 from ..quantization.calibration import check_golden, check_holdout, list_sources
 from ..quantization.request import QuantRequest
-from ..source.eager_timing import eager_line
 from ..source.specs import TensorSpec
 from ..targets import Target, load_target
 from ..timing import Stages
-from .fp32_graph import speed_line
 from .part import PartResult, build_part
 from .part_shapes import check_task_early
 from .plan import DEFAULT_EXPORT, ExportOptions, PartRequest, input_paths, plan_parts, size_of
 from .provider_choice import check_wanted, with_provider
-from .records import BuildContext
+from .records import BuildContext, speed_lines
 
 QUANT = QuantRequest()   # the target's preset as it is
 
@@ -187,18 +185,7 @@ def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
             f"session {describe_session(tuning['chosen'])}: {tuning['reason']}")
     log(f"stages: {clock.line()}")
     for part in out.manifest["parts"]:
-        of = f" of {part['name']}" if several else ""
-        precision = part.get("precision", {})
-        if precision.get("vs_original"):
-            log(f"speed{of}: {speed_line(precision['vs_original'])}")
-        if precision.get("vs_eager"):
-            log(f"speed{of}: {eager_line(precision['vs_eager'])}")
-        choice = precision.get("decision", {}).get("provider_choice", {})
-        if choice.get("chosen") and choice.get("original_p50_ms"):
-            log(f"speed{of} under {choice['provider'].replace('ExecutionProvider', '')}: bundle "
-                f"{choice['p50_ms']:.3f} ms p50 against the original's "
-                f"{choice['original_p50_ms']:.3f} ms on the CPU provider: "
-                f"{choice['original_p50_ms'] / choice['p50_ms']:.2f}x its speed (one run, "
-                f"onnxruntime {choice.get('measured_on', {}).get('onnxruntime', '?')})")
+        for line in speed_lines(part.get("precision", {}), f" of {part['name']}" if several else ""):
+            log(line)
     log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
         "take it as --expect-digest)")

@@ -12,9 +12,10 @@ from ..graph.execute import Sample
 from ..progress import Log, Progress
 from ..quantization.budget import AccuracyBudget
 from ..quantization.quantize import QuantConfig
+from ..source.eager_timing import eager_line
 from ..source.torchload import LoadedModel
 from ..timing import Stages
-from .fp32_graph import GraphChoice
+from .fp32_graph import GraphChoice, speed_line
 from .plan import ExportOptions
 
 
@@ -164,3 +165,22 @@ class Precision:
             out["vs_eager"] = self.vs_eager
         out["stage_seconds"] = self.stage_seconds
         return out
+
+
+def speed_lines(section: Mapping[str, Any], of: str = "") -> list[str]:
+    """The speed lines of a manifest's `precision` *section* (Precision.to_manifest's, or a
+    published bundle's: the build says them once tuning and the bundle are written)."""
+    lines = []
+    if section.get("vs_original"):
+        lines.append(f"speed{of}: {speed_line(section['vs_original'])}")
+    if section.get("vs_eager"):
+        lines.append(f"speed{of}: {eager_line(section['vs_eager'])}")
+    choice = (section.get("decision") or {}).get("provider_choice") or {}
+    if choice.get("chosen") and choice.get("original_p50_ms"):
+        lines.append(
+            f"speed{of} under {choice['provider'].replace('ExecutionProvider', '')}: bundle "
+            f"{choice['p50_ms']:.3f} ms p50 against the original's "
+            f"{choice['original_p50_ms']:.3f} ms on the CPU provider: "
+            f"{choice['original_p50_ms'] / choice['p50_ms']:.2f}x its speed (one run, "
+            f"onnxruntime {choice.get('measured_on', {}).get('onnxruntime', '?')})")
+    return lines
