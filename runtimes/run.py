@@ -36,17 +36,17 @@ RUNNER = "runner"
 # imported in place of one. OPTIONAL_MODULES ship only in a bundle that uses them (contents.py).
 RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "cascade_judge.py",
                   "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
-                  "contents.py", "errors.py", "facts.py", "images.py", "infer.py", "inputs.py",
-                  "load.py", "manifest.py", "metrics.py", "places.py", "profile.py", "report.py",
-                  "serve.py", "serve_body.py", "serve_http.py", "sessions.py", "task_classify.py",
-                  "task_ctc.py", "task_detect.py", "task_embed.py", "task_figures.py",
-                  "task_multilabel.py", "task_segment.py", "task_spec.py", "task_vad.py",
-                  "tasks.py", "tuned.py", "tuning.py")
+                  "contents.py", "errors.py", "facts.py", "gpu_facts.py", "images.py", "infer.py",
+                  "inputs.py", "load.py", "manifest.py", "metrics.py", "places.py", "profile.py",
+                  "report.py", "serve.py", "serve_body.py", "serve_http.py", "sessions.py",
+                  "task_classify.py", "task_ctc.py", "task_detect.py", "task_embed.py",
+                  "task_figures.py", "task_multilabel.py", "task_segment.py", "task_spec.py",
+                  "task_vad.py", "tasks.py", "tuned.py", "tuning.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
-                    "cascade_spec.py", "closing.py", "profile.py", "serve.py", "serve_body.py",
-                    "serve_http.py", "task_classify.py", "task_ctc.py", "task_detect.py",
-                    "task_embed.py", "task_multilabel.py", "task_segment.py", "task_vad.py",
-                    "tuning.py")
+                    "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "profile.py",
+                    "serve.py", "serve_body.py", "serve_http.py", "task_classify.py",
+                    "task_ctc.py", "task_detect.py", "task_embed.py", "task_multilabel.py",
+                    "task_segment.py", "task_vad.py", "tuning.py")
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 
 

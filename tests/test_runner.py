@@ -54,12 +54,18 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
     assert sizes["run.py"] <= 100, sizes
     assert max(sizes.values()) <= 500, sizes
     shipped = {"run.py", *(f"runner/{p.name}" for p in RUNNER_PACKAGE)}
-    every_head = [{"kind": kind} for kind in RUNNER_HEADS]
-    assert set(RUNNER_FILES) == shipped == set(runner_sources(every_head, {"kind": "ocr"}))
-    assert set(runner_sources(extras=())) == set(RUNNER_CORE)
+    everything = {"parts": [{"task": {"kind": kind}} for kind in RUNNER_HEADS],
+                  "pipeline": {"kind": "ocr"},
+                  "providers": [{"name": "TensorrtExecutionProvider"}]}
+    assert set(RUNNER_FILES) == shipped == set(runner_sources(everything))
+    assert set(runner_sources({}, extras=())) == set(RUNNER_CORE)
     extras = {rel for group in RUNNER_EXTRAS.values() for rel in group}
-    assert set(runner_sources([{"kind": "classify"}, None, {"kind": "raw"}])) == \
-        set(RUNNER_CORE) | extras | {RUNNER_HEADS["classify"]}
+    classifier = {"parts": [{"task": {"kind": "classify"}, "preprocess": {"size": [8, 8]}},
+                            {"task": None}, {"task": {"kind": "raw"}}],
+                  "providers": [{"name": "OpenVINOExecutionProvider"},
+                                {"name": "CPUExecutionProvider"}]}
+    assert set(runner_sources(classifier)) == \
+        set(RUNNER_CORE) | extras | {RUNNER_HEADS["classify"], "runner/images.py"}
     # run.py's own lists of the package's modules (checked before any of them is imported)
     tree = ast.parse(RUNNER.read_text())
     lists = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
@@ -68,7 +74,7 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
     assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == shipped - set(RUNNER_CORE)
     # the core ships in every bundle: it may not grow past what it is (docs/runner.md)
     core = sum(len((RUNTIMES / rel).read_text().splitlines()) for rel in RUNNER_CORE)
-    assert core <= 3680, core
+    assert core <= 3310, core
 
 
 def imported_by(bundle: Path, *argv: str) -> set[str]:
@@ -400,7 +406,7 @@ def test_reproduction_not_checked_says_so(built, tmp_path, case, reason):
 
 
 def test_gpu_fact_helpers_read_versions_and_loaded_libraries():
-    from packager._runtimes.runner import facts as r
+    from packager._runtimes.runner import gpu_facts as r
 
     assert r._version(12040, 1000) == "12.4" and r._version(13000, 1000) == "13.0"
     assert r._version(90100, 10000) == "9.1.0"       # cuDNN 9, TensorRT 10 (100300)

@@ -54,17 +54,15 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def runner_sources(tasks: Sequence[Mapping[str, Any] | None] = (),
-                   pipeline: Mapping[str, Any] | None = None,
-                   extras: Sequence[str] = EXTRAS) -> dict[str, Path]:
-    """The runner's files a bundle holds (run.py, runner/...), by their source here: the core,
-    the heads of its parts' *tasks*, its *extras* (serve, tune, profile), and the cascade's
-    modules only for a bundle with a *pipeline* section (contents.py)."""
+def runner_sources(manifest: Mapping[str, Any], extras: Sequence[str] = EXTRAS
+                   ) -> dict[str, Path]:
+    """The runner's files a bundle with *manifest* holds (run.py, runner/...), by their source
+    here: the core, and what its parts, providers and pipeline use, with its *extras* (serve,
+    tune, profile; contents.runner_files)."""
     from .. import _runtimes
     from .._runtimes.runner.contents import runner_files
 
     here = Path(_runtimes.__file__).parent
-    manifest = {"parts": [{"task": task} for task in tasks], "pipeline": pipeline or {}}
     return {rel: here / rel for rel in runner_files(manifest, extras)}
 
 
@@ -390,7 +388,9 @@ def _judged(tmp: Path, manifest: Manifest, judge: Callable[[Path], dict[str, Any
 def _write_runner(tmp: Path, parts: Sequence["PartPayload"], target: Target,
                   pipeline: dict[str, Any] | None, extras: Sequence[str]) -> None:
     """The runner's files the bundle uses, and its requirements.txt."""
-    for rel, source in runner_sources([p.task for p in parts], pipeline, extras).items():
+    uses = {"parts": [{"task": p.task, "preprocess": p.preprocess} for p in parts],
+            "pipeline": pipeline or {}, "providers": [{"name": p.name} for p in target.providers]}
+    for rel, source in runner_sources(uses, extras).items():
         (tmp / rel).parent.mkdir(exist_ok=True)
         shutil.copyfile(source, tmp / rel)
     reqs = [f"{target.runtime_package}>={target.min_onnxruntime}", "numpy"]

@@ -8,9 +8,9 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .contents import extra_module
+from .contents import extra_module, optional_module
 from .errors import BundleError, one_line
-from .facts import device_info, gpu_facts, gpu_memory_mb, peak_rss_mb
+from .facts import device_info, peak_rss_mb
 from .load import load_facts, noise, snapshot
 from .manifest import load_golden, require_intact, select_parts
 from .metrics import io_binding_call, latency_stats, timed
@@ -51,8 +51,8 @@ def bench_part(bundle, manifest, part, args):
         bound = timed(io_binding_call(session, feed, names, device), args.warmup, args.runs)
         result["io_binding"] = {"device": device, "latency_ms": latency_stats(bound),
                                 "throughput_per_s": float(1000.0 * batch / np.mean(bound))}
-    if opened["provider"] != CPU:
-        result["gpu_memory_mb"] = gpu_memory_mb()
+    if opened["provider"] in GPU_PROVIDERS:   # (gpu_facts.py: shipped with a GPU provider)
+        result["gpu_memory_mb"] = optional_module("gpu_facts").gpu_memory_mb()
     counted = part.get("operations")
     ops = counted.get("per_call") if isinstance(counted, dict) else None
     if isinstance(ops, (int, float)) and ops > 0:
@@ -241,6 +241,7 @@ def cmd_bench(bundle, manifest, args):
         "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
         "device": device_info(),
-        "gpu": gpu_facts() if first["providers"][0] in GPU_PROVIDERS else None,
+        "gpu": optional_module("gpu_facts").gpu_facts()
+        if first["providers"][0] in GPU_PROVIDERS else None,
         "onnxruntime": __import__("onnxruntime").__version__,
     }

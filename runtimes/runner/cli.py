@@ -25,8 +25,8 @@ from .errors import (
     ProviderMissing,
     one_line,
 )
-from .images import MAX_PIXELS
 from .infer import cmd_infer
+from .inputs import MAX_PIXELS
 from .manifest import load_manifest
 from .report import print_human, to_json
 from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED

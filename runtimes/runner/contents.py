@@ -5,6 +5,8 @@ the modules a bundle ships only when it uses them, loaded on demand.
     RUNNER_HEADS         {task kind: its head}: shipped when a part has a task of that kind
     RUNNER_EXTRAS        {extra: its modules}: serve, tune (bench --tune), profile (bench
                          --profile); a build ships EXTRAS unless told fewer (--runner-extras)
+    RUNNER_IMAGES        image decoding: only a bundle with a part that takes images
+    RUNNER_GPU           the GPU's facts: only a bundle whose providers include a GPU one
     RUNNER_CASCADE       the cascade's modules: only a bundle with a `pipeline` ships them
     runner_files(m, e)   what a bundle with manifest *m* and extras *e* ships (the build's list)
     runner_needed(m)     what its file table must list, whichever edgepack built it
@@ -23,10 +25,14 @@ RUNNER_DIR = "runner"
 # name the same (run.py checks runner/ before it imports any of it).
 RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
                "runner/cli.py", "runner/contents.py", "runner/errors.py", "runner/facts.py",
-               "runner/images.py", "runner/infer.py", "runner/inputs.py", "runner/load.py",
+               "runner/infer.py", "runner/inputs.py", "runner/load.py",
                "runner/manifest.py", "runner/metrics.py", "runner/places.py", "runner/report.py",
                "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
                "runner/tasks.py", "runner/tuned.py")
+TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # sessions.py and the packager read these
+RUNNER_GPU = ("runner/gpu_facts.py",)
+RUNNER_IMAGES = ("runner/images.py",)
 HEAD_KINDS = ("classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
 RUNNER_HEADS = dict((kind, "runner/task_%s.py" % kind) for kind in HEAD_KINDS)
 EXTRAS = ("serve", "tune", "profile")
@@ -37,9 +43,10 @@ RUNNER_EXTRAS = {"serve": ("runner/closing.py", "runner/serve.py", "runner/serve
 EXTRA_OF = {"serving": "serve", "serve": "serve", "tuning": "tune", "profile": "profile"}
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                    "runner/cascade_ocr.py", "runner/cascade_spec.py")
-# the cascade reads boxes and text with the detect and ctc heads' own functions
-RUNNER_CASCADE = CASCADE_MODULES + (RUNNER_HEADS["ctc"], RUNNER_HEADS["detect"])
+# the cascade decodes photos, and reads boxes and text with the detect and ctc heads' functions
+RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + (RUNNER_HEADS["ctc"], RUNNER_HEADS["detect"])
 RUNNER_FILES = tuple(sorted(set(RUNNER_CORE + tuple(RUNNER_HEADS.values()) + RUNNER_CASCADE +
+                                RUNNER_GPU + RUNNER_IMAGES +
                                 sum(RUNNER_EXTRAS.values(), ()))))   # every file a runner may hold
 
 
@@ -60,10 +67,19 @@ def part_kinds(manifest):
     return kinds
 
 
+def uses_gpu(manifest):
+    """Whether the manifest's providers include a GPU one (CUDA, TensorRT)."""
+    return any(isinstance(p, dict) and p.get("name") in GPU_PROVIDERS
+               for p in manifest.get("providers") or ())
+
+
 def runner_files(manifest, extras=EXTRAS):
     """The runner files a bundle with *manifest* ships, sorted: the core, the heads of its
-    parts' tasks, the *extras* asked for, and the cascade's modules when it has a pipeline."""
-    files = set(RUNNER_CORE)
+    parts' tasks, the GPU's facts where a GPU provider is listed, image decoding where a part
+    takes images, the *extras* asked for, and the cascade's modules when it has a pipeline."""
+    files = set(RUNNER_CORE) | (set(RUNNER_GPU) if uses_gpu(manifest) else set())
+    if any(isinstance(p, dict) and p.get("preprocess") for p in manifest.get("parts") or ()):
+        files.update(RUNNER_IMAGES)
     files.update(RUNNER_HEADS[kind] for kind in part_kinds(manifest))
     for extra in extras:
         files.update(RUNNER_EXTRAS[extra])

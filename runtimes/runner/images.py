@@ -1,4 +1,5 @@
 """Image inputs: read an image's size from its header, decode it (OpenCV), preprocess it.
+Shipped only in a bundle with a part that takes images (a `preprocess` section) or a pipeline.
 
 The packager calls these same functions for calibration, so host and device preprocess alike.
 """
@@ -11,11 +12,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError, TooLarge
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-# A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
-MAX_PIXELS = 50 * 1000 * 1000
+from .inputs import IMAGE_SUFFIXES, MAX_PIXELS  # noqa: F401 (the packager reads them here too)
 
 # The preprocessing vocabulary, defined once (the packager's preprocessing.py imports it).
 RESIZE = ("stretch", "letterbox", "center-crop")

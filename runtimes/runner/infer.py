@@ -10,8 +10,15 @@ except ImportError:
 
 from .contents import optional_module, wants_pipeline
 from .errors import BundleError, one_line
-from .images import IMAGE_SUFFIXES, image_size
-from .inputs import describe_outputs, image_batch, image_row, input_files, load_input_file, stack_images
+from .inputs import (
+    IMAGE_SUFFIXES,
+    describe_outputs,
+    image_batch,
+    image_row,
+    input_files,
+    load_input_file,
+    stack_images,
+)
 from .manifest import one_part, require_intact
 from .sessions import open_session
 from .tasks import head, part_result, public, summary, wants_task
@@ -86,7 +93,7 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
         return dict({"outputs": describe_outputs(names, outputs, part.get("labels"), top)},
                     **({"notes": notes} if notes else {}))
     result = part_result(part, names, outputs, feed)
-    size = image_size(body) if body is not None and part.get("preprocess") and \
+    size = optional_module("images").image_size(body) if body is not None and part.get("preprocess") and \
         result["kind"] == "detect" else None
     if size and min(size) > 0:   # the header's size is the decoded one (no EXIF turn)
         head("detect").add_image_boxes(result, part["preprocess"], size)

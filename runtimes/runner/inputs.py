@@ -12,10 +12,13 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .contents import optional_module
 from .errors import BundleError, TooLarge, one_line
-from .images import IMAGE_SUFFIXES, MAX_PIXELS, decode_image, preprocess
 from .metrics import looks_like_scores
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+# A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
+MAX_PIXELS = 50 * 1000 * 1000
 MAX_UNPACKED = 256 * 1024 * 1024   # bytes an .npz may inflate to
 MAX_NPZ_MEMBERS = 256              # arrays in one .npz (100,000 took 16 s of CPU to list)
 SHOWN_KEYS = 10                    # names echoed in a message about a body's keys
@@ -88,8 +91,9 @@ def image_feed(data, part, source, max_pixels=MAX_PIXELS):
     if not spec:
         raise BundleError("%s: %s has no image preprocessing; send .npy/.npz/JSON tensors"
                           % (source, part["name"]))
-    image = decode_image(data, spec, source, max_pixels)
-    return {part["inputs"][0]["name"]: preprocess(image, spec)}
+    images = optional_module("images")   # shipped with a part that has preprocessing
+    image = images.decode_image(data, spec, source, max_pixels)
+    return {part["inputs"][0]["name"]: images.preprocess(image, spec)}
 
 
 def single_input(arr, part, source):

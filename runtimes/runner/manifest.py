@@ -14,7 +14,6 @@ except ImportError:
 
 from .contents import RUNNER_DIR, RUNNER_FILE, optional_module, runner_needed, runner_package
 from .errors import BundleError, one_line
-from .images import preprocess_problem
 from .places import provider_path_problems, regular_file
 from .task_spec import task_problem
 
@@ -224,7 +223,8 @@ def _check_part(m, i, part):
     for key in ("preprocess", "precision", "accuracy"):
         m.table(part, key, nullable=key == "preprocess")
         m.pop()
-    problem = preprocess_problem(part["preprocess"]) if part.get("preprocess") else ""
+    problem = optional_module("images").preprocess_problem(part["preprocess"]) \
+        if part.get("preprocess") else ""
     if problem:
         raise BundleError("%s: parts[%d].%s; rebuild the bundle with edgepack"
                           % (MANIFEST, i, problem))

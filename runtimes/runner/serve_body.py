@@ -11,8 +11,8 @@ except ImportError:
     np = None
 
 from .errors import BundleError, TooLarge, one_line
-from .images import MAX_PIXELS
 from .inputs import (
+    MAX_PIXELS,
     MAX_UNPACKED,
     check_feed,
     image_feed,

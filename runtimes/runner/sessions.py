@@ -14,8 +14,8 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
+from .contents import GPU_PROVIDERS, TENSORRT, optional_module  # noqa: F401 (read here too)
 from .errors import BundleError, ProviderMissing
-from .facts import gpu_name, tensorrt_version
 from .places import names_a_place, provider_path_problems
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -89,7 +89,8 @@ def trt_cache_key(part, trt_version, gpu):
 
 def trt_cache_dir(bundle, part, graph):
     """cache/trt/<key>/ for *part*'s *graph* (not created here)."""
-    key = trt_cache_key(dict(part, model=graph), tensorrt_version(), gpu_name())
+    gpu = optional_module("gpu_facts")   # shipped where a GPU provider is listed
+    key = trt_cache_key(dict(part, model=graph), gpu.tensorrt_version(), gpu.gpu_name())
     return os.path.join(bundle, "cache", "trt", key)
 
 
@@ -99,12 +100,11 @@ def write_cache_key(path, part, graph):
     if not os.path.exists(target):
         with open(target, "w") as f:
             json.dump({"model_sha256": graph["sha256"], "inputs": part["inputs"],
-                       "tensorrt": tensorrt_version(), "gpu": gpu_name()}, f, indent=2)
+                       "tensorrt": optional_module("gpu_facts").tensorrt_version(),
+                       "gpu": optional_module("gpu_facts").gpu_name()}, f, indent=2)
 
 
 CPU = "CPUExecutionProvider"
-TENSORRT = "TensorrtExecutionProvider"
-GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # the packager reads these too
 
 
 def graph_for(part, provider):
@@ -279,7 +279,7 @@ def _provider_places(bundle, part, name, options):
         os.makedirs(folder)
     cache = options.get("trt_engine_cache_path") if name == TENSORRT else None
     if cache and not glob.glob(os.path.join(cache, "*.engine")) and \
-            tensorrt_version() != "unknown":   # (libnvinfer is there: it will be tried)
+            optional_module("gpu_facts").tensorrt_version() != "unknown":   # (libnvinfer: tried)
         sys.stderr.write(
             "edgepack: building the TensorRT engine for %s: first run with this model, "
             "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
