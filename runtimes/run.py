@@ -32,21 +32,18 @@ sys.path[:] = [p for p in sys.path
                if os.path.realpath(p or os.curdir) != os.path.realpath(HERE)]
 
 RUNNER = "runner"
-# runner/ holds these only (contents.py's RUNNER_FILES): a .so, .pyc or other .py there could be
-# imported in place of one. OPTIONAL_MODULES ship only in a bundle that uses them (contents.py).
-RUNNER_MODULES = ("__init__.py", "bench.py", "cascade.py", "cascade_face.py", "cascade_judge.py",
-                  "cascade_ocr.py", "cascade_spec.py", "check.py", "cli.py", "closing.py",
-                  "contents.py", "errors.py", "facts.py", "gpu_facts.py", "images.py", "infer.py",
-                  "inputs.py", "load.py", "manifest.py", "metrics.py", "places.py", "profile.py",
-                  "report.py", "serve.py", "serve_body.py", "serve_http.py", "sessions.py",
-                  "task_classify.py", "task_ctc.py", "task_detect.py", "task_embed.py",
-                  "task_figures.py", "task_multilabel.py", "task_segment.py", "task_spec.py",
-                  "task_vad.py", "tasks.py", "tuned.py", "tuning.py")
+# runner/ holds these only (contents.py's files): a .so, .pyc or other .py there could be imported
+# in place of one. The core ships in every bundle, OPTIONAL_MODULES where it uses them.
+CORE_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "contents.py", "errors.py",
+                "facts.py", "infer.py", "inputs.py", "load.py", "manifest.py", "metrics.py",
+                "places.py", "report.py", "sessions.py", "tuned.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
                     "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "profile.py",
                     "serve.py", "serve_body.py", "serve_http.py", "task_classify.py",
-                    "task_ctc.py", "task_detect.py", "task_embed.py", "task_multilabel.py",
-                    "task_segment.py", "task_vad.py", "tuning.py")
+                    "task_ctc.py", "task_detect.py", "task_embed.py", "task_figures.py",
+                    "task_multilabel.py", "task_segment.py", "task_spec.py", "task_vad.py",
+                    "tasks.py", "tuning.py")
+RUNNER_MODULES = CORE_MODULES + OPTIONAL_MODULES
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 
 
@@ -85,8 +82,8 @@ def main():
     for name in names:
         if name not in RUNNER_MODULES:
             return refuse("%s: not part of the runner; remove it (or copy the bundle again)" % name)
-    for name in RUNNER_MODULES:
-        if name not in OPTIONAL_MODULES and not os.path.isfile(os.path.join(folder, name)):
+    for name in CORE_MODULES:
+        if not os.path.isfile(os.path.join(folder, name)):
             return refuse("%s: missing; copy the bundle again" % name)
     spec = importlib.util.spec_from_file_location(
         RUNNER, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])

@@ -197,17 +197,17 @@ def raw_http(url: str, data: bytes, *, half_close: bool = False, timeout: float 
 
 
 def ship_heads(bundle: Path, manifest: dict) -> dict:
-    """*manifest* (a dict, written by the caller) with its parts' task heads copied into
+    """*manifest* (a dict, written by the caller) with its parts' tasks and heads copied into
     *bundle*'s runner/ and listed in its file table, as a build that declared those tasks ships
     them (a test that edits a part's task in a built bundle)."""
     import hashlib
     import shutil
 
-    from packager._runtimes.runner.contents import RUNNER_HEADS, part_kinds
+    from packager._runtimes.runner.contents import RUNNER_HEADS, RUNNER_TASKS, has_tasks, part_kinds
 
     here = Path(__file__).parent.parent / "runtimes"
-    for kind in part_kinds(manifest):
-        rel = RUNNER_HEADS[kind]
+    wanted = [RUNNER_HEADS[kind] for kind in part_kinds(manifest)]
+    for rel in wanted + (list(RUNNER_TASKS) if has_tasks(manifest) else []):
         shutil.copyfile(here / rel, bundle / rel)
         manifest["files"][rel] = hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
     return manifest

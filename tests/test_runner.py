@@ -47,6 +47,7 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
         RUNNER_EXTRAS,
         RUNNER_FILES,
         RUNNER_HEADS,
+        RUNNER_TASKS,
     )
     from packager.bundle.assemble import runner_sources
 
@@ -65,16 +66,18 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
                   "providers": [{"name": "OpenVINOExecutionProvider"},
                                 {"name": "CPUExecutionProvider"}]}
     assert set(runner_sources(classifier)) == \
-        set(RUNNER_CORE) | extras | {RUNNER_HEADS["classify"], "runner/images.py"}
+        set(RUNNER_CORE) | extras | {RUNNER_HEADS["classify"], "runner/images.py"} | \
+        set(RUNNER_TASKS)
     # run.py's own lists of the package's modules (checked before any of them is imported)
     tree = ast.parse(RUNNER.read_text())
     lists = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
-             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "").endswith("MODULES")}
-    assert {f"runner/{m}" for m in lists["RUNNER_MODULES"]} == shipped - {"run.py"}
+             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in
+             ("CORE_MODULES", "OPTIONAL_MODULES")}
+    assert {f"runner/{m}" for m in lists["CORE_MODULES"]} == set(RUNNER_CORE) - {"run.py"}
     assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == shipped - set(RUNNER_CORE)
     # the core ships in every bundle: it may not grow past what it is (docs/runner.md)
     core = sum(len((RUNTIMES / rel).read_text().splitlines()) for rel in RUNNER_CORE)
-    assert core <= 3310, core
+    assert core <= 2690, core
 
 
 def imported_by(bundle: Path, *argv: str) -> set[str]:
@@ -190,6 +193,8 @@ def test_a_bundle_without_a_pipeline_ships_no_cascade_code(built, tmp_path):
 
     runner = built.bundle.directory / "runner"
     assert not list(runner.glob("cascade*")), sorted(p.name for p in runner.iterdir())
+    # a raw-tensor part: no task's checks, heads or judgement either; its images decode
+    assert not list(runner.glob("task*")) and (runner / "images.py").is_file()
     assert not [rel for rel in built.bundle.manifest["files"] if "cascade" in rel]
     r = run_py(built.bundle.directory, "check")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -3,12 +3,10 @@ pipeline bundle's cascade judged on its golden photos."""
 
 import platform
 
-from .contents import optional_module
+from .contents import optional_module, task_kind
 from .manifest import integrity_problems, load_golden, read_npz, select_parts
 from .metrics import compare
 from .sessions import full_session, open_session, run_samples, session_origin, session_settings
-from .task_figures import figures, judge, split_samples
-from .task_spec import task_kind
 
 
 def cmd_check(bundle, manifest, args):
@@ -111,9 +109,10 @@ def task_verdict(task, reference, got, inputs):
     reference's, judged by what the task keeps (the manifest records it, as the host held it):
     a disagreement fails; a set of golden samples too small to show the figure is said."""
     names = list(reference)
-    found = figures(task, split_samples(reference, names), split_samples(got, names),
-                    feeds=split_samples(inputs))
-    return dict(judge(task, found), kind=task_kind(task))
+    tf = optional_module("task_figures")   # shipped with a part that has a task
+    found = tf.figures(task, tf.split_samples(reference, names), tf.split_samples(got, names),
+                       feeds=tf.split_samples(inputs))
+    return dict(tf.judge(task, found), kind=task_kind(task))
 
 
 def target_note(manifest, running, arch=None):

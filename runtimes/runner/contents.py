@@ -2,6 +2,7 @@
 the modules a bundle ships only when it uses them, loaded on demand.
 
     RUNNER_CORE          run.py and the modules every bundle ships (load, check, run, bench)
+    RUNNER_TASKS         tasks' checks, figures and judgement: when a part has a task
     RUNNER_HEADS         {task kind: its head}: shipped when a part has a task of that kind
     RUNNER_EXTRAS        {extra: its modules}: serve, tune (bench --tune), profile (bench
                          --profile); a build ships EXTRAS unless told fewer (--runner-extras)
@@ -27,12 +28,12 @@ RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.
                "runner/cli.py", "runner/contents.py", "runner/errors.py", "runner/facts.py",
                "runner/infer.py", "runner/inputs.py", "runner/load.py",
                "runner/manifest.py", "runner/metrics.py", "runner/places.py", "runner/report.py",
-               "runner/sessions.py", "runner/task_figures.py", "runner/task_spec.py",
-               "runner/tasks.py", "runner/tuned.py")
+               "runner/sessions.py", "runner/tuned.py")
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # sessions.py and the packager read these
 RUNNER_GPU = ("runner/gpu_facts.py",)
 RUNNER_IMAGES = ("runner/images.py",)
+RUNNER_TASKS = ("runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py")
 HEAD_KINDS = ("classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
 RUNNER_HEADS = dict((kind, "runner/task_%s.py" % kind) for kind in HEAD_KINDS)
 EXTRAS = ("serve", "tune", "profile")
@@ -44,9 +45,10 @@ EXTRA_OF = {"serving": "serve", "serve": "serve", "tuning": "tune", "profile": "
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                    "runner/cascade_ocr.py", "runner/cascade_spec.py")
 # the cascade decodes photos, and reads boxes and text with the detect and ctc heads' functions
-RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + (RUNNER_HEADS["ctc"], RUNNER_HEADS["detect"])
+RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + RUNNER_TASKS + (RUNNER_HEADS["ctc"],
+                                                                   RUNNER_HEADS["detect"])
 RUNNER_FILES = tuple(sorted(set(RUNNER_CORE + tuple(RUNNER_HEADS.values()) + RUNNER_CASCADE +
-                                RUNNER_GPU + RUNNER_IMAGES +
+                                RUNNER_GPU + RUNNER_IMAGES + RUNNER_TASKS +
                                 sum(RUNNER_EXTRAS.values(), ()))))   # every file a runner may hold
 
 
@@ -56,15 +58,24 @@ RUNNER_FILES = tuple(sorted(set(RUNNER_CORE + tuple(RUNNER_HEADS.values()) + RUN
 RUNNER_ENTRY = ("run.py", "runner/__init__.py", "runner/cli.py", "runner/manifest.py")
 
 
+def task_kind(task):
+    """The task's kind: 'raw' when there is none."""
+    if not task:
+        return "raw"
+    return task.get("kind", "raw") if isinstance(task, dict) else "raw"
+
+
 def part_kinds(manifest):
     """The task kinds of the manifest's parts that have a head (not raw, not unknown)."""
-    kinds = set()
-    for part in manifest.get("parts") or ():
-        task = part.get("task") if isinstance(part, dict) else None
-        kind = task.get("kind") if isinstance(task, dict) else None
-        if kind in RUNNER_HEADS:
-            kinds.add(kind)
-    return kinds
+    return set(kind for kind in (task_kind(part.get("task")) for part in
+                                 manifest.get("parts") or () if isinstance(part, dict))
+               if kind in RUNNER_HEADS)
+
+
+def has_tasks(manifest):
+    """Whether a part of the manifest has a task (then its checks and judgement ship)."""
+    return any(isinstance(part, dict) and part.get("task") is not None
+               for part in manifest.get("parts") or ())
 
 
 def uses_gpu(manifest):
@@ -80,6 +91,8 @@ def runner_files(manifest, extras=EXTRAS):
     files = set(RUNNER_CORE) | (set(RUNNER_GPU) if uses_gpu(manifest) else set())
     if any(isinstance(p, dict) and p.get("preprocess") for p in manifest.get("parts") or ()):
         files.update(RUNNER_IMAGES)
+    if has_tasks(manifest):
+        files.update(RUNNER_TASKS)
     files.update(RUNNER_HEADS[kind] for kind in part_kinds(manifest))
     for extra in extras:
         files.update(RUNNER_EXTRAS[extra])

@@ -8,7 +8,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .contents import optional_module, wants_pipeline
+from .contents import optional_module, task_kind, wants_pipeline
 from .errors import BundleError, one_line
 from .inputs import (
     IMAGE_SUFFIXES,
@@ -21,7 +21,6 @@ from .inputs import (
 )
 from .manifest import one_part, require_intact
 from .sessions import open_session
-from .tasks import head, part_result, public, summary, wants_task
 
 
 def printable(path):
@@ -89,17 +88,18 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
     go to *arrays* as KEY/task.map. When *body* (the input's bytes) is an image, a detector's
     boxes are also given in its pixels."""
     notes = non_finite_notes(names, outputs)
-    if not wants_task(part, raw):
+    if raw or task_kind(part.get("task")) == "raw":
         return dict({"outputs": describe_outputs(names, outputs, part.get("labels"), top)},
                     **({"notes": notes} if notes else {}))
-    result = part_result(part, names, outputs, feed)
+    tasks = optional_module("tasks")   # shipped with a part that has a task
+    result = tasks.part_result(part, names, outputs, feed)
     size = optional_module("images").image_size(body) if body is not None and part.get("preprocess") and \
         result["kind"] == "detect" else None
     if size and min(size) > 0:   # the header's size is the decoded one (no EXIF turn)
-        head("detect").add_image_boxes(result, part["preprocess"], size)
+        tasks.head("detect").add_image_boxes(result, part["preprocess"], size)
     if "_map" in result and arrays is not None:
         arrays["%s/task.map" % key] = result["_map"]
-    return dict({"task": public(result), "summary": summary(part["task"], result)},
+    return dict({"task": tasks.public(result), "summary": tasks.summary(part["task"], result)},
                 **({"notes": notes} if notes else {}))
 
 

@@ -1,6 +1,8 @@
 """A part's task: its kinds, parameters and defaults, and the check of a task object against the
 model's outputs (names, and shapes where known), naming the key that is wrong."""
 
+from .contents import task_kind  # noqa: F401 (this module's API too)
+
 KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
 DECODERS = ("yolov8", "yolov5", "centernet")
 POOLINGS = ("none", "mean", "cls")
@@ -28,13 +30,6 @@ FIGURES = {
     "vad": ("frames",),
     "multilabel": ("f1",),
 }
-
-
-def task_kind(task):
-    """The task's kind: 'raw' when there is none."""
-    if not task:
-        return "raw"
-    return task.get("kind", "raw") if isinstance(task, dict) else "raw"
 
 
 def settings(task):

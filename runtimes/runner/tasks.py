@@ -114,11 +114,6 @@ def apply(task, outputs, feed=None, labels=None):
     return head(conf["kind"]).read(conf, outputs, feed, labels)
 
 
-def wants_task(part, raw=False):
-    """Whether `infer`/`serve` answer *part* in its task's terms (it has one, --raw not given)."""
-    return not raw and task_kind(part.get("task")) != "raw"
-
-
 class TaskMisfit(BundleError):
     """The bundle's task cannot read its model's outputs (exit 2; in `serve`, 500: the
     bundle's fault, not the request's)."""
