@@ -43,3 +43,25 @@ def test_inspect_sees_quantization_and_external_data(cnn_onnx, image_dir, tmp_pa
     onnx.save_model(model, str(tmp_path / "ext.onnx"), save_as_external_data=True,
                     location="ext.onnx.data", size_threshold=0)
     assert inspect_model(tmp_path / "ext.onnx")["external_data"] == ["ext.onnx.data"]
+
+
+def test_inspect_counts_weights_held_in_constant_nodes(tmp_path):
+    """Issue 36: a model whose weights are Constant nodes (tf2onnx, paddle2onnx exports) was
+    said to have 0 parameters; they count now, and the line says how many sit in Constants."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from packager.graph.inspection import inspect_model
+
+    weight = numpy_helper.from_array(np.ones((64, 32), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["w"], value=weight),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])])
+    path = tmp_path / "const.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    info = inspect_model(path)
+    assert info["parameters"] == 64 * 32 == info["parameters_in_constant_nodes"]
+    assert info["parameter_bytes"] == 64 * 32 * 4

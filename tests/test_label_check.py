@@ -117,3 +117,47 @@ def test_the_metric_shows_in_the_accuracy_line():
     acc = {"cosine_min": 0.99, "cosine_mean": 0.995, "max_abs": 0.1, "samples": 8,
            "metric": "f1", "metric_fp32": 0.91, "metric_quantized": 0.905}
     assert ", f1 0.905 against FP32's 0.91 (8 samples)" in accuracy_line(acc)
+
+
+def _with_metadata(model, path, **props):
+    import onnx
+
+    proto = onnx.load(str(model))
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(path))
+    return path
+
+
+def test_class_names_come_from_the_models_metadata_when_labels_are_not_given(cnn_onnx, image_dir,
+                                                                          tmp_path):
+    """Issue 36: a model that names its classes in its metadata (Ultralytics `names`, Hugging
+    Face `id2label`, PaddlePaddle `character`, `labels`) gets them as the bundle's labels
+    without --labels; names that do not fit its class scores are not used, and say why."""
+    import json
+
+    import onnx
+
+    from conftest import PREP
+    from packager.build.job import build
+    from packager.graph.metadata import class_names
+
+    names = {i: f"kind{i}" for i in range(10)}
+    model = _with_metadata(cnn_onnx, tmp_path / "named.onnx", names=repr(names))
+    assert class_names(onnx.load(str(model))) == ([f"kind{i}" for i in range(10)], "names")
+    hf = _with_metadata(cnn_onnx, tmp_path / "hf.onnx",
+                        id2label=json.dumps({str(i): f"c{i}" for i in range(10)}))
+    assert class_names(onnx.load(str(hf)))[0][9] == "c9"
+    lines = []
+    out = build(model, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                quant={"precision": "fp32"}, log=lines.append)
+    assert out.bundle.manifest["parts"][0]["labels"] == [f"kind{i}" for i in range(10)]
+    assert any("10 class names from the model's metadata 'names'" in line for line in lines)
+    wrong = _with_metadata(cnn_onnx, tmp_path / "wrong.onnx", labels="a,b,c")
+    lines = []
+    out = build(wrong, tmp_path / "w", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                quant={"precision": "fp32"}, log=lines.append)
+    assert "labels" not in out.bundle.manifest["parts"][0] or \
+        out.bundle.manifest["parts"][0]["labels"] is None
+    assert any("names 3 classes, not used" in line for line in lines), lines

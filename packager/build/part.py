@@ -14,7 +14,7 @@ from .load import freeze_part, load_part
 from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
 from .records import BuildContext
-from .shape import plan_part, shape_part
+from .shape import model_labels, plan_part, shape_part
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     ctx.clock.lap("load/export")
     frozen = freeze_part(req, loaded, ctx)
     shaped = shape_part(req, loaded, frozen, target, ctx)
+    req = model_labels(req, frozen, shaped, ctx)
     plan = plan_part(req, loaded, shaped, target, ctx)
     data, shaped = part_data(req, loaded, frozen, shaped, plan, ctx)
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)

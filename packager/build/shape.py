@@ -1,7 +1,11 @@
 """The part's graph with static shapes and simplified, and what the part asks of the build:
 its task, its family and the precision requested, decided once here."""
 
+from dataclasses import replace
+
+from ..errors import SpecError
 from ..graph.inspection import check_labels, graph_inputs, io_specs, model_family
+from ..graph.metadata import class_names
 from ..graph.shapes import fix_shapes_proto
 from ..quantization.decision import requested_precision
 from ..quantization.preprocessing import check_fits
@@ -41,6 +45,27 @@ def shape_part(req: PartRequest, loaded: Loaded, frozen: Frozen, target: Target,
     if req.preprocess:
         check_fits(req.preprocess, inputs[0]["name"], inputs[0]["shape"], inputs[0]["dtype"])
     return Shaped(fixed, simplified, simplifier, reason, tuple(inputs))
+
+
+def model_labels(req: PartRequest, frozen: Frozen, shaped: Shaped, ctx: BuildContext
+                 ) -> PartRequest:
+    """*req* with the class names the model's metadata holds (graph/metadata.py) when --labels
+    gave none and they fit its class scores; the log says which key they came from, or why
+    they were not used."""
+    found = None if req.labels else class_names(frozen.proto)
+    if found is None:
+        return req
+    names, key = found
+    try:
+        check_labels(names, shaped.simplified, "the model")
+    except SpecError as exc:
+        ctx.log(f"{req.label()}labels: the model's metadata '{key}' names {len(names)} classes, "
+                f"not used ({exc.message.split(' but ', 1)[-1]}); --labels FILE gives them")
+        return req
+    ctx.log(f"{req.label()}labels: {len(names)} class names from the model's metadata "
+            f"'{key}' ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); --labels "
+            "FILE overrides them")
+    return replace(req, labels=tuple(names))
 
 
 def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,

@@ -88,7 +88,9 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               help="fraction of samples kept out of calibration to measure accuracy")
 @click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
-              help="text file, one class name per line")
+              help="text file, one class name per line (default: the names the model's "
+              "metadata holds, e.g. Ultralytics' names or Hugging Face's id2label, where they "
+              "fit its class scores)")
 @click.option("--time-on", "time_on", default=None, metavar="HOST",
               help="time the precision candidates on this device over SSH")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")

@@ -47,7 +47,9 @@ def inspect_cmd(model: Path, nodes: bool, as_json: bool) -> None:
     flops = f"{info['flops'] / 1e9:.3f} GFLOPs" if info["flops"] else "FLOPs unknown"
     emit(info, as_json,
          f"{model}: IR {info['ir_version']}, opset {info['opset']}, {info['nodes']} nodes, "
-         f"{info['parameters']:,} parameters ({info['parameter_bytes'] / 1e6:.2f} MB), {flops}"
+         f"{info['parameters']:,} parameters ({info['parameter_bytes'] / 1e6:.2f} MB"
+         + (f", {info['parameters_in_constant_nodes']:,} in Constant nodes"
+            if info['parameters_in_constant_nodes'] else "") + f"), {flops}"
          f"{', quantized' if info['quantized'] else ''}"
          f"{', external data: ' + ', '.join(info['external_data']) if info['external_data'] else ''}"
          f"\n{io}\n  ops: {ops}" + "".join(f"\n  node {n['name'] or '(unnamed)'}: {n['op']}"

@@ -153,13 +153,21 @@ def node_list(model: Path) -> list[dict[str, str]]:
     return [{"name": n.name, "op": n.op_type} for n in proto.graph.node]
 
 
+def constant_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The tensors Constant nodes of the main graph hold (their `value` attribute)."""
+    return [a.t for n in proto.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+            for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR]
+
+
 def inspect_model(model: Path) -> dict[str, Any]:
     """Return a JSON-ready description of the ONNX model at *model*."""
     proto = load_model(model, check=False, external_data=False)
     ops = Counter(n.op_type for n in proto.graph.node)
-    params = sum(int(np.prod(i.dims)) for i in proto.graph.initializer)
-    param_bytes = sum(int(np.prod(i.dims)) * _itemsize(i.data_type)
-                      for i in proto.graph.initializer)
+    # weights live in initializers, or in Constant nodes (some exporters: tf2onnx, paddle2onnx)
+    held = list(proto.graph.initializer) + constant_tensors(proto)
+    params = sum(int(np.prod(i.dims)) for i in held)
+    param_bytes = sum(int(np.prod(i.dims)) * _itemsize(i.data_type) for i in held)
+    in_constants = sum(int(np.prod(t.dims)) for t in constant_tensors(proto))
     external = sorted({e.value for i in proto.graph.initializer for e in i.external_data
                        if e.key == "location"})
     return {
@@ -175,6 +183,7 @@ def inspect_model(model: Path) -> dict[str, Any]:
         "ops": dict(ops.most_common()),
         "parameters": params,
         "parameter_bytes": param_bytes,
+        "parameters_in_constant_nodes": in_constants,
         "flops": estimate_flops(proto),
         "external_data": external,
         "quantized": bool(QUANT_OPS & set(ops)),

