@@ -144,12 +144,19 @@ def test_a_built_classifier_answers_with_labels_and_its_check_holds_top1(cnn_onn
     check = run_py(tmp_path / "b", "check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "model: classify vs the FP32 reference: top-1 agrees on 100% of 4 samples (needs " \
-           "90%; 4 samples cannot show 90%: 10 needed): ok, not shown" in check.stdout
+           "90%; 4 samples cannot show 90%: 10 needed): NOT PROVEN (too few" in check.stdout
     from packager.device.verify import verify
 
     report = verify(tmp_path / "b", runs=3, warmup=1)
     [task_check] = [c for c in report["checks"] if c["name"] == "task:classify"]
-    assert task_check["passed"] and "too few golden samples to show it" in task_check["detail"]
+    assert task_check["passed"] and task_check["proven"] is False and "cannot show" in \
+        task_check["detail"]
+    # never a green pass: the verdict and its report say "not proven" (exit 0: nothing failed)
+    from packager.device.verify import render_markdown
+
+    assert report["verdict"] == "not proven" and report["passed"]
+    md = render_markdown(report)
+    assert "**NOT PROVEN**" in md and "| task:classify | not proven |" in md
 
 
 def test_suggestions_name_the_task_without_taking_it_on():

@@ -455,9 +455,9 @@ def write_report(rows: list[dict]) -> Path:
         own = r.get("product_task")
         product = "raw (none declared)" if not own else (
             f"{own['kind']}: {own['text']}: "
-            f"{'PASS' if own['passed'] and own['shown'] else 'pass, not shown' if own['passed'] else 'FAIL'}"
+            f"{'PASS' if own['passed'] and own['shown'] else 'not proven' if own['passed'] else 'FAIL'}"
             + (f"; run.py check: {'pass' if own['check'].get('passed') else 'FAIL'}"
-               + ("" if own["check"].get("shown") else " (too few golden samples to show it)")
+               + ("" if own["check"].get("shown") else " (not proven: too few golden samples)")
                if own.get("check") else ""))
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
         if r.get("provider_graph") and not r["provider_graph"].startswith(decision):

@@ -4,7 +4,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,14 +214,16 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
             task = entry.get("task")
             if task:   # the part's task figures against the reference (docs/tasks.md)
                 checks.append({"name": f"task:{part if several else task['kind']}",
-                               "passed": task["passed"], "detail": task["text"] + (
-                                   "" if task["shown"] or not task["passed"] else
-                                   " (too few golden samples to show it)")})
+                               "passed": task["passed"], "detail": task["text"],
+                               **({} if task["shown"] or not task["passed"] else
+                                  {"proven": False})})
         pipeline = check.get("pipeline")
         if pipeline:   # the whole cascade on the golden photos (docs/pipelines.md)
             checks.append({"name": f"pipeline:{pipeline['kind']}", "passed": pipeline["passed"],
                            "detail": pipeline["text"], **({} if pipeline.get("checked") else
-                                                          {"skipped": True})})
+                                                          {"skipped": True}),
+                           **({"proven": False} if pipeline.get("checked") and
+                              pipeline["passed"] and not pipeline.get("shown", True) else {})})
         progress(f"bench: {runs} runs after {warmup} warm-up")
         roofline = ["--roofline"] if manifest.get("roofline") else []   # (newer bundles)
         _, bench, _ = run_runner(execute, ["bench", "--runs", str(runs), "--warmup", str(warmup),
@@ -248,6 +250,7 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
                                for p in manifest["parts"]),
         "accuracy_at_build": {p["name"]: p.get("accuracy", {}) for p in manifest["parts"]},
         "passed": all(c["passed"] for c in checks), "checks": checks,
+        "verdict": verdict(checks),
         "providers": check.get("providers", []),
         "provider_line": next((ln for ln in check_log.splitlines() if "running on" in ln), ""),
         "check": check, "bench": bench, "tuning": tuning,
@@ -326,13 +329,26 @@ def report_folders(out: Path, host: str | None = None) -> tuple[Path, list[str]]
     return out.parent, [out.name]
 
 
+def verdict(checks: Sequence[dict[str, Any]]) -> str:
+    """'failed' (a check failed), 'not proven' (none failed, but one passed on too few samples
+    to show its budget: never read as a pass) or 'passed'."""
+    if not all(c["passed"] for c in checks):
+        return "failed"
+    return "not proven" if any(c.get("proven") is False for c in checks) else "passed"
+
+
 def _result(check: dict[str, Any]) -> str:
-    return "not checked" if check.get("skipped") else "pass" if check["passed"] else "FAIL"
+    if check.get("skipped"):
+        return "not checked"
+    if not check["passed"]:
+        return "FAIL"
+    return "not proven" if check.get("proven") is False else "pass"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
-             f"**{'PASSED' if report['passed'] else 'FAILED'}** — {report['precision']}; "
+             f"**{report.get('verdict', 'passed' if report['passed'] else 'failed').upper()}**"
+             f" — {report['precision']}; "
              + (f"bundle {report['digest']}; " if report.get("digest") else "") +
              f"providers: {', '.join(report['providers']) or 'n/a'}"
              + (f"; graph {', '.join(sorted(set(report['graphs'].values())))}"

@@ -69,7 +69,7 @@ def pipeline_line(entry):
     ok' (the verdict's text says FAILED itself)."""
     return "pipeline: %s: %s%s" % (entry["kind"], entry["text"], (
         "" if not entry["passed"] or not entry.get("checked") else ": ok" if entry["shown"]
-        else ": ok, not shown (too few golden answers)"))
+        else ": NOT PROVEN (too few golden answers to show it)"))
 
 
 def load_line(entry, report):
@@ -114,7 +114,7 @@ def _print_check(report):
                 part, task["kind"], "FP32 reference" if entry["reference"] == "fp32"
                 else "host's outputs", task["text"],
                 "" if not task["passed"] else ": ok" if task["shown"] else
-                ": ok, not shown (too few golden samples)"))
+                ": NOT PROVEN (too few golden samples to show it)"))
     if report.get("pipeline"):
         print(pipeline_line(report["pipeline"]))
     note = report.get("target_note")
