@@ -48,6 +48,12 @@ def test_the_optimised_graph_ships_hashed_and_is_what_the_cpu_loads(shipped):
     assert f"loaded from {record['file']}, optimised offline" in proc.stderr
     bench = run_py(shipped, "bench", "--runs", "5")
     assert bench.returncode == 0 and f"({record['file']}, optimised offline)" in bench.stdout
+    # verify's header names the file that really loads (issue 36)
+    from packager.device.verify import render_markdown, verify
+
+    report = verify(shipped, runs=3, warmup=1)
+    assert report["loaded"] == {"model": record["file"]}
+    assert f"loaded from {record['file']} (optimised offline)" in render_markdown(report)
 
 
 def test_another_onnxruntime_family_loads_the_original_and_says_why(shipped, tmp_path):

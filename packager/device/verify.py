@@ -245,6 +245,10 @@ def _run_checks(manifest: dict[str, Any], execute: Execute, where: str, *, runs:
         "on_target": not elsewhere, "target_note": elsewhere,
         "graphs": {name: entry["graph"] for name, entry in check.get("parts", {}).items()
                    if "graph" in entry},
+        # the file the session really loads: the graph optimised offline (model.ort) where
+        # this onnxruntime takes it
+        "loaded": {name: entry["loaded"] for name, entry in check.get("parts", {}).items()
+                   if entry.get("loaded") and entry["loaded"] != entry.get("graph")},
         "precision": "; ".join((f"{p['name']}: " if several else "")
                                + p["precision"].get("description", "?")
                                for p in manifest["parts"]),
@@ -353,6 +357,8 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"providers: {', '.join(report['providers']) or 'n/a'}"
              + (f"; graph {', '.join(sorted(set(report['graphs'].values())))}"
                 if report.get("graphs") else "")
+             + (f", loaded from {', '.join(sorted(set(report['loaded'].values())))} "
+                "(optimised offline)" if report.get("loaded") else "")
              + (f" (not on the target: {report['target_note']})" if report.get("target_note")
                 else ""), "",
              "| check | result | detail |", "| --- | --- | --- |"]
