@@ -250,7 +250,9 @@ def _ceiling_lines(result: dict[str, Any]) -> list[str]:
                   "model's three heaviest at its batch, as FP32 Conv, QLinearConv and QDQ Conv), "
                   "timed under "
                   f"{' and '.join(runtimes)} beside the rows (INT8 rows against the best integer "
-                  "graph, FP32 and FP16 against the best FP32 one): " + "; ".join(
+                  "graph, FP32 and FP16 against the best FP32 one; a row under the CPU "
+                  "provider against the CPU provider's graphs, one under OpenVINO against both, "
+                  "as `run.py bench --roofline` and verify count it): " + "; ".join(
                       f"batch {c['batch']}: FP32 {c['fp32_gops']:.0f} GOP/s ({c['fp32_best']}), "
                       f"integer {c['int8_gops']:.0f} GOP/s ({c['int8_best']})"
                       for c in ceilings if "fp32_gops" in c and "int8_gops" in c) + "."]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._runtimes.runner.bench import ceiling_share
 from .bundle.assemble import write_roofline
 from .compare_openvino import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
@@ -18,6 +19,7 @@ from .graph.inspection import estimate_flops, model_family
 from .graph.modelio import load_model, save_model
 from .graph.shapes import fix_shapes_proto
 from .graph.simplify import simplify_proto
+from .ort_builds import CPU, OPENVINO
 from .progress import Log, Progress
 from .quantization.quantize import QuantConfig, quantize_file
 from .source.export import export_loaded
@@ -339,12 +341,13 @@ def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
     here (*times*, ms per run) and under the OpenVINO provider (*openvino*: GOP/s)."""
     from ._runtimes.runner.bench import roofline_graphs
 
-    rates = [(dict(g, runtime="ORT CPU"), g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
+    rates = [(dict(g, runtime="ORT CPU", provider=CPU),
+              g["ops"] / (float(np.median(times[g["file"]])) * 1e6))
              for g in roofline_graphs(spec) if times.get(g["file"])]
-    rates += [(dict(g, runtime="OpenVINO"), gops) for g, gops in openvino]
+    rates += [(dict(g, runtime="OpenVINO", provider=OPENVINO), gops) for g, gops in openvino]
     found: dict[str, Any] = {"int8_kind": spec["int8_kind"], "graphs": [
         {"kind": g["kind"], "op": g["op"], "shape": g["shape"], "runtime": g["runtime"],
-         "gops": gops} for g, gops in rates]}
+         "provider": g["provider"], "gops": gops} for g, gops in rates]}
     for kind in ROOFLINE:
         best = max(((gops, g) for g, gops in rates if g["kind"] == kind), key=lambda t: t[0],
                    default=None)
@@ -357,12 +360,15 @@ def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
 
 def _roofline_share(name: str, flops: int | None, p50_ms: float,
                     ceiling: dict[str, Any]) -> dict[str, Any]:
-    """GOP/s at p50 and, for ONNX Runtime rows, its share of the MatMul rate of its kind: INT8
-    rows against MatMulInteger, FP32 and FP16 (which the CPU runs in FP32) against MatMul."""
+    """GOP/s at p50 and, for ONNX Runtime rows, its share of the ceiling of its kind as
+    `run.py bench` has it (bench.ceiling_share: one definition): the CPU provider's best, and
+    OpenVINO's too for a row that runs under OpenVINO."""
     gops = flops / (p50_ms * 1e6) if flops else None
     kind = None if name in (EAGER, COMPILED) else "int8" if "INT8" in name else "fp32"
+    provider = OPENVINO if name in OPENVINO_ROWS and name != OV_CPU else CPU
     return {"ops_per_call": flops, "gops": gops, "ceiling": kind,
-            "ceiling_share": gops / ceiling[f"{kind}_gops"] if gops and kind else None}
+            "ceiling_share": ceiling_share(gops, kind, ceiling.get("graphs", ()), provider)
+            if gops and kind else None}
 
 
 def _no_grad(fn, tensors):

@@ -743,3 +743,23 @@ def test_commands_other_than_serve_do_not_load_the_http_server(built):
                        capture_output=True, text=True, timeout=300)
     # (runner.cli: the check really ran through the runner)
     assert r.stdout.strip().splitlines()[-1] == "['runner.cli']", r.stdout[-500:] + r.stderr[-500:]
+
+
+def test_one_share_of_the_ceiling_for_bench_verify_and_compare():
+    """Issue 36: "% of ceiling" is one definition. A part under the CPU provider is a share of
+    the CPU provider's best rate of its kind; one under OpenVINO of the best under either (compare
+    held CPU-provider rows to OpenVINO's rates too: 14 % where bench said 19 %)."""
+    from packager._runtimes.runner.bench import ceiling_share
+    from packager.compare_batch import _roofline_share
+
+    cpu, ov = "CPUExecutionProvider", "OpenVINOExecutionProvider"
+    graphs = [{"kind": "int8", "gops": 100.0, "provider": cpu},
+              {"kind": "int8", "gops": 400.0, "provider": ov},
+              {"kind": "fp32", "gops": 50.0, "provider": cpu}]
+    assert ceiling_share(20.0, "int8", graphs) == 0.2
+    assert ceiling_share(20.0, "int8", graphs, ov) == 0.05
+    assert ceiling_share(10.0, "fp16", graphs) == 0.2       # FP16 runs in FP32 on a CPU
+    assert ceiling_share(10.0, "int8", []) is None
+    # compare's rows use the same function on the same graphs
+    row = _roofline_share("ORT INT8 QDQ U8S8", 20e6, 1.0, {"graphs": graphs})
+    assert row["gops"] == 20.0 and row["ceiling_share"] == ceiling_share(20.0, "int8", graphs)

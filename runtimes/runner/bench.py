@@ -142,6 +142,18 @@ def best_rates(rates):
     return result
 
 
+def ceiling_share(gops, precision, graphs, provider=CPU):
+    """The one "% of ceiling" (bench, verify and compare say the same): *gops* (operations per
+    call over p50) against the best rate of its kind (INT8: the integer graphs; FP32 and FP16,
+    which a CPU runs in FP32: the FP32 ones) among the roofline *graphs* ({"kind", "gops",
+    "provider"}) timed with the same threads under the CPU provider, and under *provider* too
+    where the part runs on another (OpenVINO). None where no such graph was timed."""
+    kind = "int8" if precision == "int8" else "fp32"
+    rates = [g["gops"] for g in graphs if g["kind"] == kind and g.get("provider", CPU) in
+             (CPU, provider) and g.get("gops")]
+    return gops / max(rates) if gops and rates else None
+
+
 def time_roofline(folder, graphs, threads, providers=None, runs=10):
     """[(graph, GOP/s at p50, provider that ran), ...] for *graphs* (files under *folder*),
     each on the first of *providers* ([(name, options), ...]; default the CPU) that starts.
@@ -227,8 +239,8 @@ def cmd_bench(bundle, manifest, args):
         ceiling = roofline(bundle, manifest, args, threads, other[:1])
         for entry in parts.values():
             if "achieved_gops" in entry:
-                kind = "int8" if entry["precision"] == "int8" else "fp32"
-                entry["roofline_share"] = entry["achieved_gops"] / ceiling[kind + "_gops"]
+                entry["roofline_share"] = ceiling_share(entry["achieved_gops"], entry["precision"],
+                                                        ceiling["graphs"], entry["providers"][0])
     return {
         "tuning": tuning,
         "session_from": session_origin(manifest, args),
