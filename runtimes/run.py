@@ -36,7 +36,7 @@ RUNNER = "runner"
 # in place of one. The core ships in every bundle, OPTIONAL_MODULES where it uses them.
 CORE_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "contents.py", "errors.py",
                 "facts.py", "infer.py", "inputs.py", "load.py", "manifest.py", "metrics.py",
-                "places.py", "report.py", "sessions.py", "tuned.py")
+                "places.py", "report.py", "sessions.py", "stages.py", "tuned.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
                     "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "profile.py",
                     "serve.py", "serve_body.py", "serve_http.py", "task_classify.py",

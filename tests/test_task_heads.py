@@ -636,3 +636,29 @@ def test_n_task_02_a_ctc_head_needs_steps_and_classes_with_or_without_an_alphabe
     assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [1, 40, 97]}]) == ""
     assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [40, 97]}]) == ""
     assert tasks.task_problem({"kind": "ctc"}, [{"name": "p", "shape": [1, 0, 97]}]) == ""
+
+
+def test_bench_times_photo_to_answer_by_stage(built, tmp_path):
+    """Issue 36: `run.py bench IMAGE...` reports decode, preprocess, model and the task's
+    post-processing apart, on the device; their p50s add up to about the total's."""
+    import cv2
+
+    bundle = with_task(built, tmp_path / "b", {"kind": "classify", "top": 3})
+    photos = []
+    for i, size in enumerate(((480, 640), (300, 200))):
+        photos.append(tmp_path / f"p{i}.jpg")
+        cv2.imwrite(str(photos[-1]), np.full(size + (3,), 40 * i + 30, np.uint8))
+    r = run_py(bundle, "bench", *map(str, photos), "--runs", "20", "--warmup", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    stages = json.loads(r.stdout)["parts"]["model"]["stages"]
+    assert stages["files"] == 2 and stages["post_task"] == "classify"
+    for stage in ("decode", "preprocess", "model", "post", "total"):
+        assert stages[stage]["p50"] > 0, (stage, stages[stage])
+    assert stages["total"]["mean"] == pytest.approx(
+        sum(stages[s]["mean"] for s in ("decode", "preprocess", "model", "post")), rel=1e-6)
+    human = run_py(bundle, "bench", str(photos[0]), "--runs", "5")
+    assert human.returncode == 0 and "model: photo to answer p50 " in human.stdout
+    assert "+ post-processing (classify) " in human.stdout
+    bad = run_py(bundle, "bench", str(tmp_path / "missing.jpg"), "--runs", "2")
+    assert bad.returncode == 2 and "missing.jpg: not a file" in bad.stderr
+    assert "Traceback" not in bad.stderr

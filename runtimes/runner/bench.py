@@ -23,6 +23,7 @@ from .sessions import (
     session_origin,
     session_settings,
 )
+from .stages import stage_times
 
 OPENVINO = "OpenVINOExecutionProvider"
 
@@ -223,8 +224,16 @@ def cmd_bench(bundle, manifest, args):
         tuning["saved"] = None if args.no_save else tuner.save_tuned(bundle, manifest, tuning)
         args.tuned = {"session": tuning["chosen"]}
     parts = {}
-    for part in select_parts(manifest, args.part):
+    files = getattr(args, "files", None) or []
+    chosen = select_parts(manifest, args.part)
+    if files and len(chosen) > 1:
+        raise BundleError("bench FILE...: this bundle has %d parts; name the one the files feed "
+                          "with --part" % len(chosen))
+    for part in chosen:
         parts[part["name"]] = bench_part(bundle, manifest, part, args)
+        if files:   # photo to answer, by stage (stages.py)
+            session, _ = open_session(bundle, manifest, part, args)
+            parts[part["name"]]["stages"] = stage_times(session, part, files, args)
     first = next(iter(parts.values()))
     ceiling = None
     if getattr(args, "roofline", False):

@@ -49,6 +49,10 @@ def parse_args(argv):
         _common_options(p, name)
         if name == "bench":
             _bench_options(p)
+            p.add_argument("files", nargs="*", metavar="FILE",
+                           help="also time photo to answer by stage on these images (or "
+                                ".npy/.npz): decode, preprocess, model, post-processing")
+            _max_megapixels(p)
         if name == "infer":
             p.add_argument("files", nargs="+", help="image, .npy or .npz files")
             p.add_argument("--out", default=None, help="also write all outputs to this .npz")
@@ -131,6 +135,10 @@ def _answer_options(p, name):
                    help="answer with the output tensors, not the part's task results "
                         "(labels, boxes, text...)%s" % (
                             "; one request can ask with ?raw=1" if name == "serve" else ""))
+    _max_megapixels(p)
+
+
+def _max_megapixels(p):
     p.add_argument("--max-megapixels", type=float, default=MAX_PIXELS / 1e6,
                    help="refuse images larger than this, measured from their header "
                         "before decoding (default %(default)g)")
@@ -146,10 +154,9 @@ def _args_problem(args):
         if args.tune and any(getattr(args, attr) is not None for _, attr in SESSION_OVERRIDES):
             return ("--tune tries the session options itself; drop --threads, "
                     "--inter-threads, --opt-level and --execution-mode")
+    if args.command in ("infer", "serve", "bench") and not 0 < args.max_megapixels <= 10000:
+        return "--max-megapixels must be a number from 0 to 10000 (got %s)" % args.max_megapixels
     if args.command in ("infer", "serve"):
-        if not 0 < args.max_megapixels <= 10000:
-            return ("--max-megapixels must be a number from 0 to 10000 (got %s)"
-                    % args.max_megapixels)
         if not 1 <= args.top <= 100000:
             return "--top must be from 1 to 100000, got %d" % args.top
     if args.command == "serve" and not getattr(args, "unshipped", False):

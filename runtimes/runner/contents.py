@@ -28,7 +28,7 @@ RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.
                "runner/cli.py", "runner/contents.py", "runner/errors.py", "runner/facts.py",
                "runner/infer.py", "runner/inputs.py", "runner/load.py",
                "runner/manifest.py", "runner/metrics.py", "runner/places.py", "runner/report.py",
-               "runner/sessions.py", "runner/tuned.py")
+               "runner/sessions.py", "runner/stages.py", "runner/tuned.py")
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # sessions.py and the packager read these
 RUNNER_GPU = ("runner/gpu_facts.py",)

@@ -85,6 +85,18 @@ def load_line(entry, report):
     return text
 
 
+def stages_line(part, stages):
+    """'model: photo to answer p50 9.1 ms (p10-p90 ...) = decode 1.2 + preprocess 0.8 + model
+    6.5 + post-processing (classify) 0.1 ms, over 3 file(s)': each stage's own p50."""
+    total = stages["total"]
+    return "%s: photo to answer p50 %.3f ms (p10-p90 %.3f-%.3f) = decode %.3f + preprocess " \
+        "%.3f + model %.3f + post-processing%s %.3f ms (each stage's p50), over %d file(s)" % (
+            part, total["p50"], total["p10"], total["p90"], stages["decode"]["p50"],
+            stages["preprocess"]["p50"], stages["model"]["p50"],
+            " (%s)" % stages["post_task"] if stages["post_task"] != "raw" else "",
+            stages["post"]["p50"], stages["files"])
+
+
 def print_human(command, report):
     """The report of `run.py check`, `bench` or `infer` as lines a person reads."""
     {"check": _print_check, "bench": _print_bench}.get(command, _print_infer)(report)
@@ -159,6 +171,8 @@ def _print_bench(report):
                 bound["throughput_per_s"]))
         if entry.get("profile"):   # bench --profile: only a bundle that ships profile.py
             optional_module("profile").print_profile(part, entry["profile"])
+        if entry.get("stages"):
+            print(stages_line(part, entry["stages"]))
         if entry.get("gpu_memory_mb") is not None:
             print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
     ceiling = report.get("roofline")
