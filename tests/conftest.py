@@ -134,14 +134,16 @@ def encoder_files(tmp_path_factory):
     return folder / "enc.safetensors", folder / "tokens.npz"
 
 
-def start_server(bundle: Path, log: Path, *options: str) -> tuple[subprocess.Popen, str]:
-    """`run.py serve --port 0 OPTIONS` in *bundle*, its stderr in *log*: (process, base URL)."""
+def start_server(bundle: Path, log: Path, *options: str, code: str | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """`run.py serve --port 0 OPTIONS` in *bundle*, its stderr in *log*: (process, base URL).
+    *code*: a Python program to run instead (`python -I -c CODE`), which starts the server."""
     import re
     import time
 
+    argv = ["-c", code] if code else ["run.py", "serve", "--port", "0", *options]
     with open(log, "w") as err:   # a file, not a pipe: a server that logs never blocks on it
-        proc = subprocess.Popen([sys.executable, "-I", "run.py", "serve", "--port", "0", *options],
-                                cwd=bundle, stderr=err, text=True)
+        proc = subprocess.Popen([sys.executable, "-I", *argv], cwd=bundle, stderr=err, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", log.read_text())

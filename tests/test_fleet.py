@@ -313,15 +313,15 @@ def listing_openvino(bundle: Path, dst: Path, *, faster: bool) -> Path:
     OpenVINO measured faster (Target.with_provider: its package and install line, the CPU
     provider after it with its own graph); *faster* False: without "when", a required provider.
     The file table is unchanged (manifest.json is not in it); the digest is this manifest's."""
-    from packager import engines
+    from packager import ort_builds
 
     shutil.copytree(bundle, dst)
     manifest = json.loads((dst / "manifest.json").read_text())
-    manifest["providers"] = [{"name": engines.OPENVINO, "options": engines.OPENVINO_OPTIONS,
+    manifest["providers"] = [{"name": ort_builds.OPENVINO, "options": ort_builds.OPENVINO_OPTIONS,
                               **({"when": "faster"} if faster else {})},
                              *manifest["providers"]]
-    manifest["target"].update(runtime_package=engines.OPENVINO_PACKAGE,
-                              install=engines.OPENVINO_INSTALL)
+    manifest["target"].update(runtime_package=ort_builds.OPENVINO_PACKAGE,
+                              install=ort_builds.OPENVINO_INSTALL)
     (dst / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return dst
 

@@ -15,7 +15,7 @@ import pytest
 import test_serve
 from test_serve import strict_json
 
-from conftest import run_py
+from conftest import run_py, start_server
 
 built_fp32 = test_serve.built_fp32   # the FP32 bundle fixture, shared with serve's tests
 
@@ -137,23 +137,12 @@ def test_a_classify_bundle_ships_only_the_modules_its_commands_import(cnn_onnx, 
 def start_server_traced(bundle: Path, log: Path):
     """`run.py serve --port 0` in *bundle*, writing the runner modules it imported to *log*
     when it stops: (process, base URL)."""
-    import time
-
     code = ("import atexit, runpy, sys\n"
             "atexit.register(lambda: sys.stderr.write('MODULES %s\\n' % ','.join(sorted(\n"
             "    m for m in sys.modules if m.startswith('runner.')))))\n"
             "sys.argv = ['run.py', 'serve', '--port', '0', '--quiet']\n"
             "runpy.run_path('run.py', run_name='__main__')\n")
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", code], cwd=bundle, stderr=err)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        found = re.search(r"serving \S+ on (http://[\d.]+:\d+)", log.read_text())
-        if found:
-            return proc, found.group(1)
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the server did not start: " + log.read_text())
+    return start_server(bundle, log, code=code)
 
 
 def test_a_bundle_built_without_extras_says_how_to_get_them(cnn_onnx, image_dir, tmp_path):
