@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install openvino demo test bench bench-fleet zoo fuzz lint clean
+.PHONY: install openvino demo test test-all bench bench-fleet zoo fuzz lint clean
 
 install: $(STAMP)
 
@@ -29,7 +29,11 @@ $(OV_STAMP):
 demo: install
 	$(VENV)/bin/edgepack demo -o build/demo
 
+# The quick tier (a few minutes, every module touched) and the whole suite (what CI runs).
 test: install
+	$(PY) -m pytest -q -m "not full"
+
+test-all: install
 	$(PY) -m pytest -q
 
 bench: install openvino

@@ -213,3 +213,19 @@ def ship_heads(bundle: Path, manifest: dict) -> dict:
         shutil.copyfile(here / rel, bundle / rel)
         manifest["files"][rel] = hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
     return manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# Two tiers: `make test` (everything but the tests tests/full_only.txt lists: a few minutes) and
+# `make test-all` (all of it; CI runs it).
+FULL_ONLY = Path(__file__).with_name("full_only.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `full` the tests full_only.txt lists (by file and function, every parameter)."""
+    listed = {line.split()[0] for line in FULL_ONLY.read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    for item in items:
+        name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if name in listed:
+            item.add_marker(pytest.mark.full)

@@ -199,3 +199,18 @@ def test_the_layout_page_names_every_module_and_folder():
                     rf"(?<![\w-]){re.escape(path.stem)}(?![\w-])", page):
                 missing.append(str(path.relative_to(ROOT)))
     assert not missing, "docs/layout.md does not name: " + ", ".join(missing)
+
+
+def test_every_module_imports():
+    """The quick tier (`make test`) touches every module: each of packager's and the runner's
+    imports here, whatever its tests' tier."""
+    import importlib
+
+    root = Path(__file__).resolve().parent.parent
+    names = [".".join(p.relative_to(root).with_suffix("").parts)
+             for p in sorted((root / "packager").rglob("*.py"))
+             if "role" not in p.parts and p.name != "__main__.py"]
+    names += [f"packager._runtimes.runner.{p.stem}" for p in
+              sorted((root / "runtimes" / "runner").glob("*.py"))]
+    for name in names:
+        importlib.import_module(name.removesuffix(".__init__"))
