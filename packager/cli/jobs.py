@@ -117,8 +117,8 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
 @click.option("--runner-extras", default="serve,tune,profile", show_default=True,
               metavar="EXTRA,... | none",
               help="what the bundle's runner carries beyond check, bench and infer: serve "
-              "(run.py serve), tune (bench --tune), profile (bench --profile); none ships the "
-              "core alone, for a smaller runner to audit (docs/commands.md)")
+              "(run.py serve), tune (bench --tune), profile (bench --profile); none ships only the "
+              "core and what the bundle uses, for a smaller runner to audit (docs/commands.md)")
 @click.option("--task", "tasks", multiple=True, metavar="[PART=]KIND[:key=value,...] | FILE.toml",
               help="what the model does: classify, detect, embed, ctc, segment, vad, "
               "multilabel or raw (default); the candidates are also judged by the task's figure "
