@@ -736,8 +736,8 @@ def test_commands_other_than_serve_do_not_load_the_http_server(built):
 
 def test_one_share_of_the_ceiling_for_bench_verify_and_compare():
     """Issue 36: "% of ceiling" is one definition. A part under the CPU provider is a share of
-    the CPU provider's best rate of its kind; one under OpenVINO of the best under either (compare
-    held CPU-provider rows to OpenVINO's rates too: 14 % where bench said 19 %)."""
+    the CPU provider's best rate of its kind; one under OpenVINO of the best under either
+    (compare held CPU-provider rows to OpenVINO's rates too)."""
     from packager._runtimes.runner.bench import ceiling_share
     from packager.compare_batch import _roofline_share
 

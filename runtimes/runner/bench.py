@@ -47,6 +47,8 @@ def bench_part(bundle, manifest, part, args):
         "not_running": opened["not_running"], "provider_options": opened["provider_options"],
         "providers": session.get_providers(),
     }
+    if getattr(args, "files", None):   # photo to answer by stage, in the same session
+        result["stages"] = stage_times(session, part, args.files, args)
     if getattr(args, "io_binding", False):
         device = "cpu" if opened["provider"] == CPU else "cuda"
         bound = timed(io_binding_call(session, feed, names, device), args.warmup, args.runs)
@@ -224,16 +226,12 @@ def cmd_bench(bundle, manifest, args):
         tuning["saved"] = None if args.no_save else tuner.save_tuned(bundle, manifest, tuning)
         args.tuned = {"session": tuning["chosen"]}
     parts = {}
-    files = getattr(args, "files", None) or []
     chosen = select_parts(manifest, args.part)
-    if files and len(chosen) > 1:
+    if getattr(args, "files", None) and len(chosen) > 1:
         raise BundleError("bench FILE...: this bundle has %d parts; name the one the files feed "
                           "with --part" % len(chosen))
     for part in chosen:
         parts[part["name"]] = bench_part(bundle, manifest, part, args)
-        if files:   # photo to answer, by stage (stages.py)
-            session, _ = open_session(bundle, manifest, part, args)
-            parts[part["name"]]["stages"] = stage_times(session, part, files, args)
     first = next(iter(parts.values()))
     ceiling = None
     if getattr(args, "roofline", False):

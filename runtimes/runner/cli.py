@@ -59,7 +59,7 @@ def parse_args(argv):
         if name in ("infer", "serve"):
             _answer_options(p, name)
         if name == "serve":
-            _serve_options(p, command_of(argv) == "serve")
+            _serve_options(p)
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "unshipped", False):
         parser.error("unrecognized arguments: %s" % " ".join(rest))
@@ -72,20 +72,9 @@ def parse_args(argv):
     return args
 
 
-def command_of(argv):
-    """The command named in *argv* (its first word that is not an option or --bundle's value),
-    or None."""
-    for i, arg in enumerate(argv):
-        if not arg.startswith("-") and (i == 0 or argv[i - 1] != "--bundle"):
-            return arg
-    return None
-
-
-def _serve_options(p, serving):
-    """serve's own options (serve.py's, read only when the command is serve); a bundle built
-    without serve takes any (run_command then says how to build it with serve)."""
-    if not serving:
-        return
+def _serve_options(p):
+    """serve's own options (serve.py's, which loads no HTTP code); a bundle built without serve
+    takes any (run_command then says how to build it with serve)."""
     try:
         optional_module("serve").add_options(p)
     except BundleError:

@@ -41,7 +41,7 @@ RUNNER_EXTRAS = {"serve": ("runner/closing.py", "runner/serve.py", "runner/serve
                            "runner/serve_http.py"),
                  "tune": ("runner/tuning.py",),
                  "profile": ("runner/profile.py",)}
-EXTRA_OF = {"serving": "serve", "serve": "serve", "tuning": "tune", "profile": "profile"}
+EXTRA_OF = {"serve": "serve", "tuning": "tune", "profile": "profile"}   # module -> extra
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                    "runner/cascade_ocr.py", "runner/cascade_spec.py")
 # the cascade decodes photos, and reads boxes and text with the detect and ctc heads' functions
