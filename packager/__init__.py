@@ -12,6 +12,7 @@ from .build.job import build
 from .bundle.assemble import bundle
 from .compare import compare
 from .device.deploy import DeployOptions, deploy
+from .device.page import write_page
 from .device.verify import verify
 from .errors import PackagerError
 from .graph.inspection import inspect_model
@@ -26,4 +27,5 @@ from .targets import list_targets, load_target
 
 __all__ = ["AccuracyBudget", "DeployOptions", "PackagerError", "QuantConfig", "build", "bundle",
            "compare", "deploy", "export", "fix_shapes", "inspect_model", "layer_errors",
-           "list_targets", "load_target", "quantize", "quantize_checked", "simplify", "verify"]
+           "list_targets", "load_target", "quantize", "quantize_checked", "simplify", "verify",
+           "write_page"]

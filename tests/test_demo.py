@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from latency_agreement import disagreements, measure, table
+from page_check import check_figures, check_rendered
 
 
 def demo(work):
@@ -81,3 +82,15 @@ def test_build_verify_and_bench_give_one_latency_answer(first_run):
     else:
         pytest.skip("the machine stayed busy while timing:\n" + table(rows))
     assert not disagreements(rows), table(rows)
+
+
+def test_the_demo_bundle_has_its_page(first_run, tmp_path):
+    """The demo's bundle has its page, refreshed by the demo's verify: figures as the manifest
+    and the report hold them, drawn by a real headless browser."""
+    work, run = first_run
+    assert run.returncode == 0
+    data, text = check_figures(work / "bundle")
+    [device] = data["devices"]
+    assert device["this_version"] and device["verdict"] in ("passed", "not proven")
+    assert data["parts"][0]["profile"]["shipped"]["by_op"]
+    check_rendered(work / "bundle", tmp_path, data)

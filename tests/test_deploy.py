@@ -61,11 +61,19 @@ def test_deploy_then_redeploy_copies_nothing(server, built, tmp_path):
     [first] = deploy(bundle, [host("device1")], options=options(server, tmp_path))
     assert first.exit_code == 0, first.error
     shipped = len(built.bundle.manifest["files"]) + 1   # every file in the table + manifest.json
-    on_disk = sum(1 for p in built.bundle.directory.rglob("*") if p.is_file())
+    on_disk = sum(1 for p in built.bundle.directory.rglob("*") if p.is_file()
+                  and p.relative_to(built.bundle.directory).parts[0] != "reports")
     assert first.copied["method"] == "rsync" and first.copied["files"] == shipped == on_disk
     assert first.device["arch"] and first.device["onnxruntime"]
     report = json.loads((bundle / "reports" / "device1" / "report.json").read_text())
     assert report["passed"] and report["host"] == "device1"
+    # the bundle's page now holds the device's figures, as its report does
+    from page_check import check_figures
+
+    data, _ = check_figures(bundle)
+    [row] = [d for d in data["devices"] if d["device"] == "device1"]
+    assert row["this_version"] and row["parts"]["model"]["p50_ms"] == \
+        report["bench"]["parts"]["model"]["latency_ms"]["p50"]
     assert (tmp_path / "device" / "current" / "run.py").is_file()
     assert first.release["switched"] and first.release["current"] == first.release["release"]
     [again] = deploy(bundle, [host("device1")], options=options(server, tmp_path))

@@ -69,7 +69,9 @@ def test_b05_a_refused_bundle_replaces_a_planted_report_link_and_spares_its_targ
     assert not report.is_symlink() and not (bundle / "reports" / "report.md").is_symlink()
     data = json.loads(report.read_text())        # the user still gets the refusal's report
     assert data["passed"] is False and "model.onnx: sha256 mismatch" in data["checks"][0]["detail"]
-    assert sorted(p.name for p in (bundle / "reports").iterdir()) == ["report.json", "report.md"]
+    # the report and the bundle's page (which shows the refusal), nothing else
+    assert sorted(p.name for p in (bundle / "reports").iterdir()) == \
+        ["index.html", "index.json", "report.json", "report.md"]
 
 
 @pytest.mark.parametrize("plant", ["link", "file"])

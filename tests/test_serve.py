@@ -83,6 +83,10 @@ def test_health_metadata_and_inference(server):
     assert status == 200, out
     top = out["outputs"]["scores"]["top"]
     assert len(top) == 5 and top[0]["label"].startswith("class") and out["latency_ms"] > 0
+    # photo to answer by stage, as bench FILE... reports them
+    stages = out["stages_ms"]
+    assert set(stages) == {"decode", "preprocess", "model", "post"}
+    assert all(v >= 0 for v in stages.values()) and stages["model"] == out["latency_ms"]
 
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     buf = __import__("io").BytesIO()

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo  # noqa: E402
 import zoo_run  # noqa: E402
+from page_check import check_figures, check_rendered  # noqa: E402
 
 pytestmark = [pytest.mark.zoo, pytest.mark.slow]
 FAST = [m.name for m in zoo.zoo() if m.fast]
@@ -45,3 +46,17 @@ def test_zoo_model_builds_and_keeps_its_task(name):
     precision = manifest["parts"][0]["precision"]
     assert precision.get("decision"), "manifest has no precision decision"
     assert row["decision_line"], "build printed no decision line"
+
+
+def test_a_real_detectors_bundle_has_its_page(tmp_path):
+    """NudeNet's YOLOv8 detector, built as the zoo builds it: its page holds the build's
+    candidates and profile as the manifest does, and a headless browser draws it."""
+    model = prepared_model("nudenet")
+    row = zoo_run.build_and_check(model, print)
+    assert row["rc"] == 0 and row["stage"] == "done", row.get("error")
+    bundle = zoo.CACHE / "bundles" / model.name
+    data, text = check_figures(bundle)
+    part = data["parts"][0]
+    assert part["task"] == "detect" and len(part["candidates"]) >= 2
+    assert part["profile"]["shipped"]["top_nodes"]
+    check_rendered(bundle, tmp_path, data)

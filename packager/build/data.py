@@ -19,6 +19,28 @@ from .plan import SINGLE, PartRequest
 from .records import BuildContext, Frozen, Loaded, PartData, PartPlan, Shaped
 
 RANDOM_SAMPLES = 20   # evaluation samples drawn for a part without calibration data
+GOLDEN_DEFAULT = 8    # golden samples a bundle keeps when --golden is not given...
+GOLDEN_BYTES = 4_000_000   # ...within the larger of this and half the model's size
+
+
+def golden_samples(held: list, asked: int | None, outputs: dict, files: int,
+                   model_bytes: int) -> tuple[list, str | None]:
+    """The held-out samples the bundle keeps as golden data, and why fewer (None: as asked).
+    *asked* None: up to GOLDEN_DEFAULT, bounded so that every device does not receive tens of
+    MB of tensors for a small model (a 6.9 MB detector carried 71 MB): each sample costs its
+    inputs plus *files* copies of its outputs (the reference, the shipped, each graph's)."""
+    if asked is not None or not held:
+        return held[:asked or GOLDEN_DEFAULT], None
+    each = sum(v.nbytes for v in held[0].values()) + files * sum(
+        v.nbytes for v in outputs.values()) // max(1, len(held))
+    bound = max(GOLDEN_BYTES, model_bytes // 2)
+    keep = max(1, min(GOLDEN_DEFAULT, len(held), bound // max(1, each)))
+    if keep >= min(GOLDEN_DEFAULT, len(held)):
+        return held[:keep], None
+    return held[:keep], (f"{keep} golden sample{'s' if keep > 1 else ''} kept of the default "
+                         f"{GOLDEN_DEFAULT}: {each / 1e6:.2f} MB each, bounded to "
+                         f"{bound / 1e6:.1f} MB (the larger of {GOLDEN_BYTES / 1e6:.0f} MB and "
+                         f"half the model); --golden N keeps N")
 
 
 def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, plan: PartPlan,

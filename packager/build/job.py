@@ -15,6 +15,7 @@ from .._runtimes.runner.contents import EXTRAS as RUNNER_EXTRAS
 from .._runtimes.runner.sessions import describe_session
 from ..atomic import check_free, check_writable, output_lock
 from ..bundle.assemble import BundleResult, Tuner, archive_path, bundle
+from ..device.page import write_page
 from ..errors import SpecError
 from ..progress import Log, Progress
 from ..quantization.calibration import check_golden, check_holdout, list_sources
@@ -41,7 +42,7 @@ class BuildResult:
 def build(model: Path | str, output: Path, *, target: Target | str,
           calib: Path | None = None, preprocess: dict[str, Any] | None = None,
           inputs: Sequence[TensorSpec] = (), quant: QuantRequest | Mapping[str, Any] = QUANT,
-          holdout: float = 0.2, golden: int = 8, labels: Sequence[str] | None = None,
+          holdout: float = 0.2, golden: int | None = None, labels: Sequence[str] | None = None,
           name: str | None = None, force: bool = False,
           consts: Mapping[str, Any] = {},
           parts: Mapping[str, str] = {}, part_calib: Mapping[str, Path] = {},
@@ -120,7 +121,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
         return BuildResult(out, results, clock.record())
 
 
-def checked_target(target: Target | str, holdout: float, golden: int, offline: bool,
+def checked_target(target: Target | str, holdout: float, golden: int | None, offline: bool,
                    openvino: str, timer: Any) -> Target:
     """The target profile, once the options that need no model are checked against it."""
     check_holdout(holdout)
@@ -174,7 +175,9 @@ def check_requests(requests: Sequence[PartRequest], tasks: Mapping[str, Any],
 def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
                 log: Log) -> None:
     """The build's closing lines: offline graphs, tuning, stage times, speed per part (against
-    the original, eager PyTorch, and under the faster provider) and the bundle's digest."""
+    the original, eager PyTorch, and under the faster provider), the bundle's digest and its
+    page, written first (reports/index.html)."""
+    write_page(out.directory)
     for entry in out.manifest["parts"] if offline else ():
         log(f"offline optimisation{' of ' + entry['name'] if several else ''}: "
             f"{'ships ' + entry['offline']['file'] + ': ' if entry['offline'].get('file') else ''}"
@@ -189,3 +192,5 @@ def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
             log(line)
     log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
         "take it as --expect-digest)")
+    log(f"page: {out.directory / 'reports' / 'index.html'} (what shipped and why, in one page "
+        "to open in a browser; verify and deploy refresh it)")

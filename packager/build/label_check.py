@@ -90,7 +90,19 @@ def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
     hits = int(sum(int(p) == index[w] for p, w in zip(predicted, wanted, strict=True)))
     n = len(wanted)
     return {"top1": hits / n, "hits": hits, "n": n, "classes": classes, "mapping": mapping,
-            "output": name, "p_value": chance_p_value(hits, n, 1.0 / classes)}
+            "output": name, "p_value": chance_p_value(hits, n, 1.0 / classes),
+            "confusion": confusion(names, index, wanted, predicted)}
+
+
+def confusion(names: Sequence[str], index: dict[str, int], wanted: Sequence[str],
+              predicted: Sequence[int]) -> dict[str, Any]:
+    """Rows: the class folder; columns: the folder whose output the model picked, then
+    "other" (an output no folder is matched to)."""
+    column = {i: names.index(label) for label, i in index.items() if label in names}
+    matrix = [[0] * (len(names) + 1) for _ in names]
+    for want, got in zip(wanted, predicted, strict=True):
+        matrix[names.index(want)][column.get(int(got), len(names))] += 1
+    return {"classes": list(names), "columns": [*names, "other"], "matrix": matrix}
 
 
 def check_labelled(result: dict[str, Any] | None, log) -> None:

@@ -143,7 +143,7 @@ def providers_part(req: PartRequest, data: PartData, ref: Reference, decision: D
 
 def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartData,
                      ref: Reference, decision: Decision, target: Target, ctx: BuildContext,
-                     started: dict[str, float]) -> Precision:
+                     started: dict[str, float], seen: dict | None = None) -> Precision:
     """What ships and why, with its speed against the original (timed in the same blocks) and,
     for a PyTorch source, against eager PyTorch at the same threads."""
     config, candidate = decision.config, decision.candidate.path
@@ -159,6 +159,9 @@ def precision_record(loaded: Loaded, frozen: Frozen, plan: PartPlan, data: PartD
     ctx.clock.lap("speed vs original")
     return Precision(config, plan.family, len(data.calib) if calibrated else 0,
                      decision.record, ref.choice.record, vs_original,
-                     ctx.clock.since(started), labelled_top1=ref.labelled, fusion=ref.fusion,
+                     ctx.clock.since(started),
+                     labelled_top1=(seen or {}).get("labelled_top1", ref.labelled),
+                     fusion=ref.fusion, profile=(seen or {}).get("profile"),
+                     float_nodes=(seen or {}).get("float_nodes"),
                      calibration=calibration_record(data.calib, config.calibration_method)
                      if calibrated else None, vs_eager=eager)

@@ -9,7 +9,8 @@ from ..bundle.assemble import PartPayload
 from ..quantization.quantize import QuantConfig
 from ..targets import Target
 from ..tasks.part import recorded_task
-from .data import part_data
+from .data import golden_samples, part_data
+from .insight import insight
 from .load import freeze_part, load_part
 from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
@@ -65,14 +66,22 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)
-    precision = precision_record(loaded, frozen, plan, data, ref, decision, target, ctx, started)
+    seen = insight(req, data, ref, decision, shaped.simplified.graph,
+                   int(target.session.get("intra_op_threads", 0)), ctx)
+    ctx.clock.lap("profile")
+    precision = precision_record(loaded, frozen, plan, data, ref, decision, target, ctx, started,
+                                 seen)
     config, accuracy = decision.config, accuracy_of(decision, data)
     # a model quantized already has no FP32 to judge against: the device reproduces it
+    golden, bounded = golden_samples(data.held, ctx.golden, ref.outputs, 2 + len(picked.graphs),
+                                     decision.candidate.path.stat().st_size)
+    if bounded:
+        ctx.log(f"golden data: {bounded}")
     payload = PartPayload(req.name, decision.candidate.path,
                           None if config.mode == "given" else ref.path,
-                          data.held[:ctx.golden], precision.to_manifest(), accuracy,
+                          golden, precision.to_manifest(), accuracy,
                           req.preprocess, req.labels, frozen.source, list(picked.graphs),
-                          recorded_task(plan.task, ctx.keep))
+                          recorded_task(plan.task, ctx.keep), bounded)
     result = PartResult(req.name, frozen.nodes, len(shaped.simplified.graph.node),
                         shaped.simplifier, shaped.fallback, plan.family, accuracy, config,
                         precision.calibration_samples, loaded.export,

@@ -24,7 +24,7 @@ class BuildContext:
     """What every part's stages read: the build's settings, its log and its clock."""
 
     holdout: float
-    golden: int
+    golden: int | None                  # None: up to 8 within a bound (data.golden_samples)
     options: ExportOptions
     min_cosine: float | None
     max_drop: float | None
@@ -150,19 +150,23 @@ class Precision:
     fusion: dict[str, Any] | None = None
     calibration: dict[str, Any] | None = None
     vs_eager: dict[str, Any] | None = None   # PyTorch sources only (always a record there)
+    profile: dict[str, Any] | None = None    # per op type and node, FP32 and shipped (insight)
+    float_nodes: list[dict[str, str]] | None = None   # the shipped graph's float nodes, why
 
     def to_manifest(self) -> dict[str, Any]:
         """The manifest's `precision` section of the part."""
         out = {**self.config.__dict__, "exclude": list(self.config.exclude),
                "family": self.family, "description": self.config.describe(),
                "calibration_samples": self.calibration_samples, "decision": self.decision}
-        for key in ("labelled_top1", "fusion", "calibration"):
+        for key in ("labelled_top1", "fusion", "calibration", "profile"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         out["fp32_graph"] = self.fp32_graph
         out["vs_original"] = self.vs_original
         if self.vs_eager is not None:
             out["vs_eager"] = self.vs_eager
+        if self.float_nodes is not None:
+            out["float_nodes"] = self.float_nodes
         out["stage_seconds"] = self.stage_seconds
         return out
 

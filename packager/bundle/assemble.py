@@ -188,6 +188,7 @@ class PartPayload:
     source: dict[str, Any] = field(default_factory=dict)   # file, sha256, export validation
     graphs: Sequence[Any] = ()        # ProviderGraph: float graphs for providers INT8 serves badly
     task: dict[str, Any] | None = None   # the declared task with what it keeps (tasks/part.py)
+    golden_bound: str | None = None   # why fewer golden samples than the default were kept
 
 
 def _io_lines(values: Sequence[dict[str, Any]]) -> str:
@@ -521,7 +522,8 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
     golden: dict[str, Any] = {"inputs": f"golden/{part.name}.inputs.npz",
                               "shipped": f"golden/{part.name}.shipped.npz",
                               "shipped_provider": HOST_PROVIDER,
-                              "samples": len(part.golden_samples)}
+                              "samples": len(part.golden_samples),
+                              **({"capped": part.golden_bound} if part.golden_bound else {})}
     samples = stack(part.golden_samples)
     np.savez(tmp / golden["inputs"], **samples)
     shipped = _run_host(tmp / model_file, samples, opt_level)

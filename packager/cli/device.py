@@ -1,4 +1,4 @@
-"""The device commands: verify, deploy, ansible-role."""
+"""The device commands: verify, deploy, report, ansible-role."""
 
 import signal
 import sys
@@ -48,6 +48,30 @@ def verify_cmd(bundle: Path, runs: int, warmup: int, threads: int | None, tune: 
     if not report["passed"]:
         raise CheckFailed(f"{bundle}: verification failed",
                           f"see {bundle}/reports/report.md")
+
+
+@main.command("report")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print the page's data (its JSON twin)")
+def report_cmd(bundle: Path, as_json: bool) -> None:
+    """Write BUNDLE's page: reports/index.html (open it in a browser) and reports/index.json.
+
+    What shipped and why, speed against the original, OpenVINO and eager PyTorch, the
+    candidates as a chart, where the time goes, accuracy (against your labels when the
+    calibration images sit in class folders), size by file kind, and each device's latest
+    report. build writes it; verify and deploy refresh it. Nothing is measured again.
+
+    \b
+    Example:
+        edgepack report out/mynet && xdg-open out/mynet/reports/index.html
+    """
+    from ..device.page import write_page
+
+    page = write_page(bundle)
+    if as_json:
+        click.echo((page.parent / "index.json").read_text().rstrip())
+    else:
+        click.echo(f"page: {page}")
 
 
 @main.command("deploy")

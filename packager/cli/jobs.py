@@ -86,7 +86,10 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               help="int8, fp16 or fp32 for one part (repeatable)")
 @click.option("--holdout", type=float, default=0.2, show_default=True,
               help="fraction of samples kept out of calibration to measure accuracy")
-@click.option("--golden", type=int, default=8, show_default=True, help="golden samples to store")
+@click.option("--golden", type=int, default=None,
+              help="golden samples the bundle keeps for the device's check (default: up to 8, "
+                   "within 4 MB or half the model's size, whichever is larger; the build and "
+                   "the bundle's page say what one costs)")
 @click.option("--labels", type=click.Path(exists=True, path_type=Path),
               help="text file, one class name per line (default: the names the model's "
               "metadata holds, e.g. Ultralytics' names or Hugging Face's id2label, where they "
@@ -143,7 +146,7 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
 def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ...],
               preprocess: str | None, inputs: tuple[str, ...], consts: tuple[str, ...],
               parts: tuple[str, ...],
-              part_precision: tuple[str, ...], holdout: float, golden: int,
+              part_precision: tuple[str, ...], holdout: float, golden: int | None,
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
               runner_extras: str, tasks: tuple[str, ...], pipeline: Path | None,

@@ -21,6 +21,7 @@ from ..progress import Log
 from .arch import arch_problem
 from .device_answers import answer
 from .inventory import Host
+from .page import write_page
 from .release_probe import RECORD
 from .remote import Connection, DeviceError, check_destination, end_all, have_local
 from .role.edgepack_bundle.files import bundle_needs
@@ -193,7 +194,7 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
 
             with AnsibleEngine(Path(bundle), folder, manifest, reports, options, parallel, log,
                                inventories) as ansible:
-                return _roll(hosts, ansible.deploy, rollout or Rollout(), log)
+                return with_page(bundle, _roll(hosts, ansible.deploy, rollout or Rollout(), log))
 
         def ssh_batch(group: list[Host]) -> list[HostResult]:
             try:
@@ -210,7 +211,14 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
                 end_all()
                 raise
 
-        return _roll(hosts, ssh_batch, rollout or Rollout(), log)
+        return with_page(bundle, _roll(hosts, ssh_batch, rollout or Rollout(), log))
+
+
+def with_page(bundle: Path, results: list[HostResult]) -> list[HostResult]:
+    """The bundle folder's page refreshed with the hosts' reports (an archive has no page)."""
+    if Path(bundle).is_dir():
+        write_page(Path(bundle))
+    return results
 
 
 def check_report_folder(reports: Path, host: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import BundleError
 
+REPORTS = "reports"   # BUNDLE/reports: verify's report, deploy's reports/HOST, the page
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -109,3 +110,12 @@ def _write_one(folder: int, where: Path, name: str, data: bytes) -> None:
         raise BundleError(f"{path}: cannot be written ({exc.strerror or exc}); no partial "
                           "report was left", "free some space (or fix the folder's "
                           "permissions) and run again") from None
+
+
+def bundle_digest(bundle: Path) -> str:
+    """The bundle's identity: the sha256 of its manifest.json, which holds every other file's
+    hash. `build` prints it; `verify` and `deploy` record it and compare it with
+    --expect-digest; the bundle's page says it."""
+    from ..hashing import sha256
+
+    return "sha256:" + sha256(Path(bundle) / "manifest.json")

@@ -11,9 +11,9 @@ from typing import Any
 from .._runtimes.runner.sessions import describe_session
 from ..bundle.manifest import read_manifest
 from ..errors import BundleError, PackagerError, VerifyError
-from .reports import write_files
+from .page import write_page
+from .reports import REPORTS, bundle_digest, write_files
 
-REPORTS = "reports"
 TUNE_RUNS = 50   # runs per session setting tried by --tune (each after its warm-up runs)
 TUNE_WARMUP = 5
 
@@ -63,15 +63,6 @@ def run_runner(execute: Execute, args: list[str], where: str) -> tuple[int, dict
         raise VerifyError(f"run.py {args[0]} in {where} printed JSON that is not an object "
                           f"(exit {code})", "the runner is damaged; rebuild the bundle")
     return code, report, stderr
-
-
-def bundle_digest(bundle: Path) -> str:
-    """The bundle's identity: the sha256 of its manifest.json, which holds every other file's
-    hash. `build` prints it; `verify` and `deploy` record it and compare it with
-    --expect-digest."""
-    from .._runtimes.runner.manifest import sha256
-
-    return "sha256:" + sha256(str(Path(bundle) / "manifest.json"))
 
 
 DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
@@ -164,6 +155,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
         report["digest"] = digest
     # written for a refused bundle too (the user wants to know why), never through a link
     write_files(bundle, [REPORTS], report_files(report))
+    write_page(bundle)   # the bundle's page shows this machine's latest report
     return report
 
 

@@ -349,9 +349,9 @@ def check_holdout(fraction: float) -> None:
                                "calibration to measure accuracy")
 
 
-def check_golden(count: int) -> None:
-    """Raise unless *count* (--golden) is at least 1."""
-    if count < 1:
+def check_golden(count: int | None) -> None:
+    """Raise unless *count* (--golden) is at least 1 (None: the build's bounded default)."""
+    if count is not None and count < 1:
         raise CalibrationError(f"--golden {count}: the bundle needs at least 1 golden sample",
                                "the device checks itself against them; for example --golden 8")
 

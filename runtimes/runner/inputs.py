@@ -86,14 +86,20 @@ def check_feed(feed, part, source, rows=None):
     return out
 
 
-def image_feed(data, part, source, max_pixels=MAX_PIXELS):
+def _untimed(stage, call, *args):
+    return call(*args)
+
+
+def image_feed(data, part, source, max_pixels=MAX_PIXELS, clock=_untimed):
+    """{input: tensor} of one image's bytes; *clock(stage, call, *args)* may time the
+    "decode" and "preprocess" calls (serve's answer says both)."""
     spec = part.get("preprocess")
     if not spec:
         raise BundleError("%s: %s has no image preprocessing; send .npy/.npz/JSON tensors"
                           % (source, part["name"]))
     images = optional_module("images")   # shipped with a part that has preprocessing
-    image = images.decode_image(data, spec, source, max_pixels)
-    return {part["inputs"][0]["name"]: images.preprocess(image, spec)}
+    image = clock("decode", images.decode_image, data, spec, source, max_pixels)
+    return {part["inputs"][0]["name"]: clock("preprocess", images.preprocess, image, spec)}
 
 
 def single_input(arr, part, source):

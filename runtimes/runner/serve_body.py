@@ -78,15 +78,17 @@ def json_depth(text, limit=MAX_JSON_DEPTH):
     return deepest
 
 
-def decode_body(body, content_type, part, max_pixels=MAX_PIXELS):
-    """An HTTP request body (image, .npy, .npz or JSON) as a checked feed for *part*."""
+def decode_body(body, content_type, part, max_pixels=MAX_PIXELS, clock=None):
+    """An HTTP request body (image, .npy, .npz or JSON) as a checked feed for *part*; an
+    image's decode and preprocess calls go through *clock* (inputs.image_feed) when given."""
     source = "request body"
     ctype = content_type.split(";")[0].strip().lower()
     if not body:
         raise BundleError("empty request body; POST an image, a .npy/.npz file or JSON")
     try:
         if is_image_body(body, content_type):
-            feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source, max_pixels)
+            feed = image_feed(np.frombuffer(body, dtype=np.uint8), part, source, max_pixels,
+                              **({"clock": clock} if clock else {}))
         elif body.startswith(b"\x93NUMPY"):
             feed = single_input(npy_body(body, source), part, source)
         elif body.startswith(b"PK"):

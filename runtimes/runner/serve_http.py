@@ -283,19 +283,33 @@ class Handler(BaseHTTPRequestHandler):
         part, session, names = entry
         if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
             return session.serve(body, self.serving.max_pixels)
+        stages = {}
+
+        def clock(stage, call, *args):
+            start = time.perf_counter()
+            value = call(*args)
+            stages[stage] = stages.get(stage, 0.0) + (time.perf_counter() - start) * 1000.0
+            return value
+
         try:
             ctype = self.headers.get("Content-Type", "")
-            feed = decode_body(body, ctype, part, self.serving.max_pixels)
+            start = time.perf_counter()
+            feed = decode_body(body, ctype, part, self.serving.max_pixels, clock)
+            # an image's preprocess is timed apart (clock); the rest of reading it is decode
+            stages.setdefault("preprocess", 0.0)
+            stages["decode"] = max(0.0, (time.perf_counter() - start) * 1000.0
+                                   - stages["preprocess"])
             # one image to a part with a static batch of N: N copies run, the first answered
             rows = image_batch(part) if is_image_body(body, ctype) else 1
-            start = time.perf_counter()
             if rows > 1:
-                outputs = image_row(session.run(names, stack_images([feed], rows)), 0, rows)
+                outputs = image_row(clock("model", session.run, names,
+                                          stack_images([feed], rows)), 0, rows)
             else:
-                outputs = session.run(names, feed)
-            ms = (time.perf_counter() - start) * 1000.0
-            return 200, dict(answer(part, names, outputs, feed, self.raw, self.serving.args.top, body=body),
-                             part=part["name"], latency_ms=ms)
+                outputs = clock("model", session.run, names, feed)
+            result = clock("post", lambda: answer(part, names, outputs, feed, self.raw,
+                                                  self.serving.args.top, body=body))
+            return 200, dict(result, part=part["name"], latency_ms=stages["model"],
+                             stages_ms=stages)
         except BundleError as exc:
             return exc.status, {"error": str(exc)}
         except Exception as exc:

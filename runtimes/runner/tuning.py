@@ -15,6 +15,7 @@ except ImportError:
 from .check import cmd_check
 from .errors import BundleError, one_line
 from .facts import device_info
+from .load import BUSY, load_facts, snapshot
 from .manifest import load_golden, manifest_digest, select_parts
 from .metrics import timed
 from .sessions import TUNED, describe_session, full_session, open_session, session_settings
@@ -113,6 +114,7 @@ def tune_settings(bundle, manifest, args):
         return min(tried, key=lambda t: t["p50_ms"])["session"]
 
     base = dict(current, inter_op_threads=0, execution_mode="sequential")
+    before = snapshot()   # how busy the machine is while tuning: a busy one changes nothing
     try:
         for n in threads:
             consider("threads", dict(base, intra_op_threads=n))
@@ -130,7 +132,8 @@ def tune_settings(bundle, manifest, args):
     finally:
         progress.close()
     result = {"runs": args.runs, "warmup": args.warmup, "cores": cores, "tried": tried,
-              "current": current, "margin": TUNE_MARGIN}
+              "current": current, "margin": TUNE_MARGIN,
+              "load": load_facts(before)}
     return _verdict(bundle, manifest, args, result, rounds, winner,
                     seen.get(json.dumps(current, sort_keys=True)))
 
@@ -139,12 +142,20 @@ def _verdict(bundle, manifest, args, result, rounds, winner, current_p50):
     """*result* with the settings chosen and why: the winner only when, re-timed alternately
     with the current settings (*rounds*), it is TUNE_MARGIN faster and still passes check."""
     current = result["current"]
+    share = result["load"].get("other_share")
+    result["noisy"] = share is not None and share > BUSY
     if not rounds["winner"]:
         result.update(chosen=current, chosen_p50_ms=current_p50, speedup=1.0,
                       reason="the current settings are the fastest tried")
         return result
     now, new = float(np.median(rounds["current"])), float(np.median(rounds["winner"]))
     result.update(current_p50_ms=now, winner=winner, winner_p50_ms=new, speedup=now / new)
+    if result["noisy"]:
+        result.update(chosen=current, chosen_p50_ms=now,
+                      reason="the machine was busy while tuning (other processes used %.0f%% "
+                             "of the %d cores): the current settings are kept; tune again on a "
+                             "quiet machine" % (100 * share, result["cores"]))
+        return result
     if now < new * (1 + TUNE_MARGIN):
         result.update(chosen=current, chosen_p50_ms=now,
                       reason="the fastest tried (%s) is not %d%% faster than these when "

@@ -1,0 +1,176 @@
+"""The bundle's page as data (reports/index.json, the page's twin): every figure the page shows,
+taken from the manifest and the device reports as they are, never measured again here."""
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..bundle.manifest import read_manifest
+
+SCHEMA = 1
+GOLDEN_KEYS = ("inputs", "outputs", "shipped")
+
+
+def file_kind(name: str) -> str:
+    """model, golden data, runner, roofline or other: what a bundle's file is for."""
+    if name.startswith("golden/"):
+        return "golden data"
+    if name.startswith("runner/") or name == "run.py":
+        return "runner"
+    if name.startswith("roofline/"):
+        return "roofline graphs"
+    if name.endswith((".onnx", ".ort", ".onnx.data", ".data")) or "/" in name and \
+            name.split("/")[0] in ("openvino", "graphs"):
+        return "model"
+    return "other"
+
+
+def sizes(bundle: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Bytes per file kind, over the manifest's file table (what is copied to a device)."""
+    kinds: dict[str, int] = {}
+    for name in [*manifest.get("files", {}), "manifest.json"]:
+        path = bundle / name
+        size = path.stat().st_size if path.is_file() else 0
+        kinds[file_kind(name)] = kinds.get(file_kind(name), 0) + size
+    return {"by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "total": sum(kinds.values())}
+
+
+def golden_cost(bundle: Path, part: dict[str, Any]) -> dict[str, Any] | None:
+    """The part's golden files: samples, bytes, bytes per sample (what `--golden N` costs)."""
+    golden = part.get("golden") or {}
+    files = [golden[k] for k in GOLDEN_KEYS if isinstance(golden.get(k), str)]
+    if not files:
+        return None
+    total = sum((bundle / f).stat().st_size for f in files if (bundle / f).is_file())
+    samples = int(golden.get("samples") or 0)
+    return {"samples": samples, "bytes": total,
+            "per_sample": round(total / samples) if samples else None,
+            "capped": golden.get("capped")}
+
+
+def candidates(decision: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decision's candidates, the one that shipped marked (the CPU provider's), and the
+    one a faster provider runs where the build chose one (shipped_under: its name)."""
+    rows = []
+    choice = decision.get("provider_choice") or {}
+    faster = choice.get("graph") if choice.get("chosen") else None
+    for c in decision.get("candidates") or []:
+        rows.append({"label": c.get("label"), "precision": c.get("precision"),
+                     "p50_ms": c.get("p50_ms"), "p90_ms": c.get("p90_ms"),
+                     "cosine_min": c.get("cosine_min"), "task": c.get("task") or {},
+                     "meets_budget": bool(c.get("meets_budget")), "error": c.get("error"),
+                     "shipped": c.get("label") == decision.get("label"),
+                     "shipped_under": str(choice.get("provider", "")).replace(
+                         "ExecutionProvider", "") if c.get("label") == faster else None})
+    return rows
+
+
+def speed_rows(precision: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bundle against the original, eager PyTorch and the faster provider, as recorded."""
+    rows = []
+    vs = precision.get("vs_original") or {}
+    if vs.get("measured") is not False and vs.get("original_p50_ms") and vs.get("bundle_p50_ms"):
+        rows.append({"against": "the original ONNX graph (CPU provider)",
+                     "bundle_p50_ms": vs["bundle_p50_ms"], "other_p50_ms": vs["original_p50_ms"],
+                     "bundle_p10_p90_ms": vs.get("bundle_p10_p90_ms"),
+                     "other_p10_p90_ms": vs.get("original_p10_p90_ms"),
+                     "speedup": vs.get("speedup"), "load": vs.get("load")})
+    eager = precision.get("vs_eager") or {}
+    if eager.get("measured") and eager.get("eager_p50_ms"):
+        rows.append({"against": f"eager PyTorch ({eager.get('threads', '?')} threads)",
+                     "bundle_p50_ms": eager["bundle_p50_ms"],
+                     "other_p50_ms": eager["eager_p50_ms"],
+                     "bundle_p10_p90_ms": eager.get("bundle_p10_p90_ms"),
+                     "other_p10_p90_ms": eager.get("eager_p10_p90_ms"),
+                     "speedup": eager.get("speedup"), "load": eager.get("load")})
+    choice = (precision.get("decision") or {}).get("provider_choice") or {}
+    if choice.get("p50_ms") and choice.get("cpu_p50_ms"):
+        name = str(choice.get("provider", "")).replace("ExecutionProvider", "")
+        rows.append({"against": f"the CPU provider's graph, bundle under {name}"
+                                + ("" if choice.get("chosen") else " (not chosen)"),
+                     "bundle_p50_ms": choice["p50_ms"], "other_p50_ms": choice["cpu_p50_ms"],
+                     "bundle_p10_p90_ms": None, "other_p10_p90_ms": None,
+                     "speedup": choice.get("gain"), "load": None})
+    return rows
+
+
+def part_data(bundle: Path, part: dict[str, Any]) -> dict[str, Any]:
+    precision = part.get("precision") or {}
+    decision = precision.get("decision") or {}
+    accuracy = part.get("accuracy") or {}
+    return {"name": part.get("name"), "task": (part.get("task") or {}).get("kind"),
+            "shipped": precision.get("description"), "label": decision.get("label"),
+            "reason": decision.get("reason"),
+            "provider_choice": {k: decision.get("provider_choice", {}).get(k)
+                                for k in ("provider", "chosen", "reason", "graph")}
+            if decision.get("provider_choice") else None,
+            "budget": {"spec": decision.get("budget"),
+                       "min_cosine": decision.get("budget_min_cosine")},
+            "candidates": candidates(decision), "speed": speed_rows(precision),
+            "accuracy": {"cosine_min": accuracy.get("cosine_min"),
+                         "samples": accuracy.get("samples"),
+                         "task": (accuracy.get("task") or {}).get("text"),
+                         "passed": (accuracy.get("budget") or {}).get("passed")},
+            "labelled": precision.get("labelled_top1"), "profile": precision.get("profile"),
+            "float_nodes": precision.get("float_nodes"), "golden": golden_cost(bundle, part),
+            "model_bytes": (part.get("model") or {}).get("bytes"),
+            "graphs": [g.get("file") for g in part.get("graphs") or [] if isinstance(g, dict)]}
+
+
+def device_rows(bundle: Path, digest: str) -> list[dict[str, Any]]:
+    """The latest report of each device: reports/report.json (verify here) and
+    reports/HOST/report.json (deploy), newest first."""
+    found = []
+    reports = bundle / "reports"
+    places = [("this machine (edgepack verify)", reports / "report.json")]
+    if reports.is_dir() and not reports.is_symlink():
+        places += [(d.name, d / "report.json") for d in sorted(reports.iterdir())
+                   if d.is_dir() and not d.is_symlink()]
+    for device, path in places:
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict):
+            found.append(device_row(device, report, path.stat().st_mtime, digest))
+    return sorted(found, key=lambda r: r["when"], reverse=True)
+
+
+def device_row(device: str, report: dict[str, Any], when: float, digest: str) -> dict[str, Any]:
+    bench = report.get("bench") or {}
+    facts = bench.get("device") or {}
+    parts = {}
+    for name, part in (bench.get("parts") or {}).items():
+        lat = part.get("latency_ms") or {}
+        parts[name] = {"p50_ms": lat.get("p50"), "p10_ms": lat.get("p10"),
+                       "p90_ms": lat.get("p90"), "throughput_per_s": part.get("throughput_per_s"),
+                       "providers": part.get("providers"), "loaded": part.get("loaded"),
+                       "noisy": part.get("noisy") or "",
+                       "roofline_share": part.get("roofline_share")}
+    failed = [c for c in report.get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
+    return {"device": device, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
+            "failed": [f"{c.get('name')}: {c.get('detail')}" for c in failed],
+            "verdict": report.get("verdict") or ("passed" if report.get("passed") else "failed"),
+            "this_version": report.get("digest") == digest, "digest": report.get("digest"),
+            "cpu": facts.get("cpu"), "arch": facts.get("arch"),
+            "onnxruntime": bench.get("onnxruntime"), "peak_rss_mb": bench.get("peak_rss_mb"),
+            "parts": parts}
+
+
+def page_data(bundle: Path, digest: str) -> dict[str, Any]:
+    """Everything the page shows, from the manifest, the files' sizes and the reports."""
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)   # its shape checked: target is an object with a name
+    return {"schema": SCHEMA, "bundle": manifest.get("name"),
+            "target": manifest["target"]["name"],
+            "created": manifest.get("created"), "digest": digest,
+            "providers": manifest.get("providers"), "budget": manifest.get("budget"),
+            "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "size": sizes(bundle, manifest),
+            "parts": [part_data(bundle, p) for p in manifest.get("parts") or []],
+            "devices": device_rows(bundle, digest),
+            "pipeline": bool(manifest.get("pipeline"))}

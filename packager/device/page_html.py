@@ -1,0 +1,223 @@
+"""The bundle's page (reports/index.html) from its data (page_data.py): one self-contained HTML
+file, inline CSS and SVG, no script, font or link to anything outside it."""
+
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+from ..quantization.profile import family
+from .page_svg import bars, scatter, stacked
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:24px auto;padding:0 16px;
+color:#222}h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
+text-align:left;font-size:.9em}th{background:#f3f3f3}.pass{color:#1a7f37}.fail{color:#c62828}
+.warn{color:#b26a00}.note{color:#555;font-size:.9em}svg.chart{display:block;margin:8px 0}
+code{background:#f5f5f5;padding:0 3px}"""
+
+
+def ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def spread(pair: Any) -> str:
+    return f"{pair[0]:.3f}-{pair[1]:.3f}" if isinstance(pair, (list, tuple)) and \
+        len(pair) == 2 and None not in pair else "-"
+
+
+def pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
+    out = [f'<table{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}><tr>'
+           + "".join(f"<th>{escape(str(h))}</th>" for h in head) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def header(data: dict[str, Any]) -> str:
+    providers = ", ".join(p.get("name", "?") if isinstance(p, dict) else str(p)
+                          for p in data.get("providers") or [])
+    return (f"<h1>{escape(str(data['bundle']))}: what shipped, how fast, how close</h1>"
+            f"<p>target <b>{escape(str(data['target']))}</b>; built {escape(str(data['created']))}"
+            f"; providers in order: {escape(providers)}; digest <code>"
+            f"{escape(str(data['digest']))}</code> (verify and deploy take it as "
+            f"--expect-digest). Page written {escape(data['written'])} from the manifest and "
+            f"the reports beside it.</p>")
+
+
+def decision(part: dict[str, Any]) -> str:
+    out = [f"<p><b>Shipped:</b> {escape(str(part['shipped']))}.</p>",
+           f"<p><b>Why:</b> {escape(str(part['reason'] or 'no decision recorded'))}</p>"]
+    choice = part.get("provider_choice")
+    if choice and choice.get("reason"):
+        out.append(f"<p><b>Faster provider:</b> {escape(choice['reason'])}</p>")
+    return "".join(out)
+
+
+def speed(part: dict[str, Any]) -> str:
+    rows = [[r["against"], ms(r["bundle_p50_ms"]), spread(r["bundle_p10_p90_ms"]),
+             ms(r["other_p50_ms"]), spread(r["other_p10_p90_ms"]),
+             "-" if not r.get("speedup") else f"{r['speedup']:.2f}x",
+             load_text(r.get("load"))] for r in part["speed"]]
+    if not rows:
+        return "<h3>Speed</h3><p class=\"note\">The build did not time this part here.</p>"
+    return ("<h3>Speed, as the build measured it on its host</h3>" + table(
+        ["against", "bundle p50 ms", "bundle p10-p90", "other p50 ms", "other p10-p90",
+         "bundle's speed", "machine load"], rows, "speed"))
+
+
+def load_text(load: Any) -> str:
+    if not isinstance(load, dict) or load.get("other_share") is None:
+        return "-"
+    return f"others used {100 * load['other_share']:.0f} % of {load.get('cores', '?')} cores"
+
+
+def candidates(part: dict[str, Any]) -> str:
+    rows = [[c["label"] + (" (shipped)" if c["shipped"] else "")
+             + (f" (shipped under {c['shipped_under']})" if c.get("shipped_under") else ""),
+             c["precision"] or "-",
+             ms(c["p50_ms"]), ms(c["p90_ms"]),
+             "-" if c["cosine_min"] is None else f"{c['cosine_min']:.4f}",
+             ", ".join(f"{k} {v:.3f}" for k, v in c["task"].items()) or "-",
+             "yes" if c["meets_budget"] else ("error: " + c["error"] if c["error"] else "no")]
+            for c in part["candidates"]]
+    budget = part["budget"]
+    chart = scatter(part["candidates"], budget.get("min_cosine"),
+                    f"{part['name']}: candidates, speed against accuracy")
+    return (f"<h3>The candidates (budget: {escape(str(budget.get('spec')))})</h3>" + chart
+            + table(["candidate", "precision", "p50 ms", "p90 ms", "cosine min", "task",
+                     "within budget"], rows, "candidates"))
+
+
+def accuracy(part: dict[str, Any]) -> str:
+    acc = part["accuracy"]
+    out = ["<h3>Accuracy</h3><p>"
+           + escape(f"{acc['task'] or 'no task figure'}; cosine min "
+                    f"{'-' if acc['cosine_min'] is None else format(acc['cosine_min'], '.4f')} "
+                    f"on {acc['samples'] or '?'} held-out samples")
+           + f" <b class=\"{'pass' if acc['passed'] else 'fail'}\">"
+           + ("within budget" if acc["passed"] else "outside budget") + "</b></p>"]
+    out.append(labelled(part.get("labelled")))
+    return "".join(out)
+
+
+def labelled(found: dict[str, Any] | None) -> str:
+    if not found:
+        return ("<p class=\"note\">No labelled top-1: put the calibration images in class "
+                "folders (calib/cat/1.jpg) to see it against your labels.</p>")
+    if "skipped" in found:
+        return f"<p class=\"note\">Labelled top-1 not measured: {escape(found['skipped'])}.</p>"
+    shipped = found.get("shipped") or found
+    out = [f"<p><b>Against your labels</b> ({found['n']} images in class folders, "
+           f"{escape(found['mapping'])}): labelled top-1 FP32 {pct(found['top1'])}, shipped "
+           f"{pct(shipped['top1'])}.</p>"]
+    for name, result in (("FP32", found), ("shipped", shipped)):
+        conf = result.get("confusion")
+        if conf:
+            out.append(f"<p class=\"note\">Confusion, {name} (rows: your folder; columns: the "
+                       f"answer)</p>" + table(["folder", *conf["columns"]],
+                                              [[c, *row] for c, row in
+                                               zip(conf["classes"], conf["matrix"], strict=True)],
+                                              "confusion"))
+    return "".join(out)
+
+
+def profile(part: dict[str, Any]) -> str:
+    prof = part.get("profile")
+    if not prof:
+        return "<h3>Where the time goes</h3><p class=\"note\">No profile recorded by the build.</p>"
+    shipped = prof.get("shipped") or {}
+    fp32 = prof.get("fp32") if isinstance(prof.get("fp32"), dict) else None
+    if "skipped" in shipped:
+        return f"<h3>Where the time goes</h3><p class=\"note\">{escape(shipped['skipped'])}</p>"
+    fams = families(shipped, fp32)
+    series = ["FP32", "shipped"] if fp32 else ["shipped"]
+    chart = bars([(f, [fp32_ms, ms_] if fp32 else [ms_]) for f, fp32_ms, ms_ in fams],
+                 series, "ms", f"{part['name']}: time per op type")
+    nodes = [[n["node"], n["op"], ms(n["ms"])] for n in shipped.get("top_nodes", [])]
+    return ("<h3>Where the time goes</h3><p class=\"note\">onnxruntime's profiler on "
+            f"{escape(str(prof.get('measured_on')))}, {prof.get('runs')} calls, ms per call "
+            f"(kernel time: shipped {ms(shipped.get('kernel_ms'))}"
+            + (f", FP32 {ms(fp32.get('kernel_ms'))}" if fp32 else "")
+            + "; another provider's own graph is not profiled here)</p>" + chart
+            + "<p>The shipped graph's slowest nodes</p>"
+            + table(["node", "op", "ms"], nodes, "nodes") + float_table(part))
+
+
+def families(shipped: dict[str, Any], fp32: dict[str, Any] | None) -> list[tuple]:
+    """(op family, FP32 ms, shipped ms), the costliest first."""
+    def fam(prof: dict[str, Any] | None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for op, value in ((prof or {}).get("by_op") or {}).items():
+            out[family(op)] = out.get(family(op), 0.0) + value
+        return out
+    a, b = fam(fp32), fam(shipped)
+    return sorted(((f, a.get(f), b.get(f)) for f in set(a) | set(b)),
+                  key=lambda r: -max(r[1] or 0.0, r[2] or 0.0))[:12]
+
+
+def float_table(part: dict[str, Any]) -> str:
+    nodes = part.get("float_nodes")
+    if str(part.get("shipped") or "").startswith("FP32"):
+        return "<p>The shipped graph is FP32: no node runs in INT8 (why: the decision above).</p>"
+    if nodes is None:
+        return ""
+    if not nodes:
+        return "<p>Every node that the quantizer handles runs in INT8.</p>"
+    return (f"<p>{len(nodes)} node{'s' if len(nodes) != 1 else ''} stayed float</p>"
+            + table(["node", "op", "why"], [[n["node"], n["op"], n["why"]] for n in nodes],
+                    "float"))
+
+
+def size(data: dict[str, Any]) -> str:
+    by_kind = data["size"]["by_kind"]
+    chart = stacked(list(by_kind.items()), "the bundle's bytes by file kind")
+    notes = []
+    for part in data["parts"]:
+        golden = part.get("golden")
+        if golden and golden.get("per_sample"):
+            notes.append(f"{part['name']}: {golden['samples']} golden samples, "
+                         f"{golden['bytes'] / 1e6:.2f} MB ({golden['per_sample'] / 1e6:.2f} MB "
+                         f"each: every sample more that --golden asks costs that on every "
+                         f"device)" + (f"; {golden['capped']}" if golden.get("capped") else ""))
+    return (f"<h2>Size: {data['size']['total'] / 1e6:.2f} MB copied to each device</h2>" + chart
+            + "".join(f"<p class=\"note\">{escape(n)}</p>" for n in notes))
+
+
+def devices(data: dict[str, Any]) -> str:
+    rows = []
+    for d in data["devices"]:
+        if not d["parts"]:   # refused or failed before bench: what failed, nothing timed
+            rows.append([d["device"], d["when"], d["verdict"],
+                         "this version" if d["this_version"] else f"other ({d['digest']})",
+                         "-", "-", "-", "-", "-", "-", "; ".join(d["failed"]) or "-", "-"])
+        for name, p in d["parts"].items():
+            rows.append([d["device"], d["when"], d["verdict"],
+                         "this version" if d["this_version"] else f"other ({d['digest']})",
+                         name, ", ".join(p["providers"] or []), ms(p["p50_ms"]),
+                         f"{ms(p['p10_ms'])}-{ms(p['p90_ms'])}",
+                         "-" if p["throughput_per_s"] is None else f"{p['throughput_per_s']:.1f}",
+                         "-" if d["peak_rss_mb"] is None else f"{d['peak_rss_mb']:.0f}",
+                         f"{d['cpu'] or '?'} ({d['arch'] or '?'}), onnxruntime "
+                         f"{d['onnxruntime'] or '?'}", p["noisy"] or "no"])
+    if not rows:
+        return ("<h2>Devices</h2><p class=\"note\">No device report yet: <code>edgepack verify"
+                "</code> here or <code>edgepack deploy</code> to a device adds one.</p>")
+    return "<h2>Devices: each one's latest report</h2>" + table(
+        ["device", "when", "verdict", "bundle", "part", "providers", "p50 ms", "p10-p90 ms",
+         "per s", "peak MB", "machine", "noisy"], rows, "devices")
+
+
+def render(data: dict[str, Any]) -> str:
+    body = [header(data)]
+    for part in data["parts"]:
+        title = f"Part {part['name']}" + (f" ({part['task']})" if part.get("task") else "")
+        body += [f"<h2>{escape(title)}</h2>", decision(part), speed(part), candidates(part),
+                 accuracy(part), profile(part)]
+    body += [size(data), devices(data)]
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>"
+            f"{escape(str(data['bundle']))}: edgepack bundle</title><style>{CSS}</style></head>"
+            "<body>" + "\n".join(body) + "</body></html>\n")

@@ -1,0 +1,154 @@
+"""The bundle's page (issue 36): build writes reports/index.html and its JSON twin, verify
+refreshes it with its report, `edgepack report` writes it again; it parses, holds nothing from
+outside, shows the manifest's and the reports' figures as they are, and a real headless
+browser draws its charts. Golden data is bounded by default and the page says its cost."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+from page_check import check_figures, check_rendered
+from test_label_check import CLASSES, colour_model, photos
+
+from conftest import save
+from packager.cli import main
+from packager.device.verify import verify
+
+
+def edgepack(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """An INT8 classifier built from class folders, then verified here."""
+    root = tmp_path_factory.mktemp("page")
+    model = colour_model(root / "colours.onnx")
+    calib = photos(root / "calib", per_class=12)
+    (root / "labels.txt").write_text("\n".join(CLASSES) + "\n")
+    out = root / "colours"
+    run = edgepack("build", str(model), "--calib", str(calib), "--preprocess",
+                   "size=16x16,color=rgb,scale=1/255", "--task", "classify", "--precision",
+                   "int8", "--labels", str(root / "labels.txt"), "-o", str(out))
+    assert run.exit_code == 0, run.output
+    return out, run.output
+
+
+def test_build_writes_the_page_and_says_where(labelled):
+    bundle, output = labelled
+    assert f"page: {bundle / 'reports' / 'index.html'}" in output
+    data, text = check_figures(bundle)
+    assert data["devices"] == []                      # nothing has run it yet
+    assert "No device report yet" in text
+    part = data["parts"][0]
+    assert part["shipped"].startswith("INT8") and part["task"] == "classify"
+    # where the time goes: the profiler's figures for both graphs, the nodes left float
+    assert set(part["profile"]) >= {"fp32", "shipped"}
+    assert any(op.startswith("QLinear") or op == "QuantizeLinear"
+               for op in part["profile"]["shipped"]["by_op"])
+    assert isinstance(part["float_nodes"], list)
+    assert all(n["why"] for n in part["float_nodes"])
+
+
+def test_the_page_holds_labelled_top1_with_confusion_matrices(labelled):
+    bundle, _ = labelled
+    data, text = check_figures(bundle)
+    found = data["parts"][0]["labelled"]
+    shipped = found["shipped"]
+    assert found["n"] == shipped["n"] == 36
+    for result in (found, shipped):
+        matrix = result["confusion"]["matrix"]
+        assert sum(map(sum, matrix)) == result["n"]
+        assert sum(matrix[i][i] for i in range(len(matrix))) == result["hits"]
+    assert (f"labelled top-1 FP32 {100 * found['top1']:.1f} %, shipped "
+            f"{100 * shipped['top1']:.1f} %") in text
+    assert "Confusion, FP32" in text and "Confusion, shipped" in text
+
+
+def test_verify_refreshes_the_page_with_its_report(labelled, tmp_path):
+    bundle, _ = labelled
+    report = verify(bundle, runs=20, warmup=2)
+    data, text = check_figures(bundle)
+    [device] = data["devices"]
+    assert device["device"] == "this machine (edgepack verify)" and device["this_version"]
+    assert device["verdict"] == report["verdict"]
+    assert device["parts"]["model"]["p50_ms"] == \
+        report["bench"]["parts"]["model"]["latency_ms"]["p50"]
+    check_rendered(bundle, tmp_path, data)
+
+
+def test_report_writes_the_page_again_and_refuses_a_folder_that_is_no_bundle(labelled, tmp_path):
+    bundle, _ = labelled
+    page = bundle / "reports" / "index.html"
+    page.unlink()
+    run = edgepack("report", str(bundle))
+    assert run.exit_code == 0 and run.output.strip() == f"page: {page}"
+    assert page.is_file()
+    twin = json.loads(edgepack("report", str(bundle), "--json").output)
+    assert twin["bundle"] == "colours"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = edgepack("report", str(empty))
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1, bad.output
+    assert bad.output.startswith("error: ") and "manifest.json" in bad.output
+    assert not (empty / "reports").exists()
+
+
+def big_output_model(path: Path, side: int) -> Path:
+    """A 1x1 conv over a 1x3xSIDExSIDE image: each golden sample is several MB of tensors."""
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 1, 1],
+                            np.eye(3, dtype=np.float32).ravel().tolist())])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_golden_data_is_bounded_by_default_and_as_asked_with_golden(tmp_path):
+    model = big_output_model(tmp_path / "wide.onnx", 320)   # 1.2 MB in, 1.2 MB out a sample
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(calib / "x.npy", rng.random((30, 3, 320, 320), dtype=np.float32))
+    run = edgepack("build", str(model), "--calib", str(calib), "--precision", "fp32",
+                   "-o", str(tmp_path / "bounded"))
+    assert run.exit_code == 0, run.output
+    golden = json.loads((tmp_path / "bounded" / "manifest.json").read_text()
+                        )["parts"][0]["golden"]
+    assert 1 <= golden["samples"] < 8 and "--golden N keeps N" in golden["capped"]
+    assert f"golden data: {golden['capped']}" in run.output
+    stored = sum((tmp_path / "bounded" / golden[k]).stat().st_size
+                 for k in ("inputs", "outputs", "shipped") if k in golden)
+    assert stored < 8_000_000                     # 8 samples would be about 40 MB
+    data, text = check_figures(tmp_path / "bounded")
+    assert golden["capped"] in text and "MB each" in text
+    assert "The shipped graph is FP32: no node runs in INT8" in text
+    asked = edgepack("build", str(model), "--calib", str(calib), "--precision", "fp32",
+                     "--golden", "3", "-o", str(tmp_path / "asked"))
+    assert asked.exit_code == 0, asked.output
+    golden = json.loads((tmp_path / "asked" / "manifest.json").read_text())["parts"][0]["golden"]
+    assert golden["samples"] == 3 and "capped" not in golden
+
+
+def test_a_manifest_with_records_edgepack_did_not_write_gets_a_page_saying_so(labelled,
+                                                                             tmp_path):
+    """The manifest's shape is checked, not every figure in its records: a hand-edited profile
+    gives a page that says it cannot show them, never a crash (exit 3) of verify or report."""
+    import shutil
+
+    bundle = tmp_path / "edited"
+    shutil.copytree(labelled[0], bundle)
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["parts"][0]["precision"]["profile"]["shipped"]["by_op"] = {"Conv": "slow"}
+    path.write_text(json.dumps(manifest))
+    run = edgepack("report", str(bundle))
+    assert run.exit_code == 0, run.output
+    page = (bundle / "reports" / "index.html").read_text()
+    assert "This bundle's records cannot be shown" in page and "TypeError" in page
+    twin = json.loads((bundle / "reports" / "index.json").read_text())
+    assert twin["unreadable"].startswith("TypeError")
