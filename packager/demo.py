@@ -222,6 +222,8 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
         f"  verify: {'passed' if report['passed'] else 'FAILED'}; the bundle's own runner: p50 "
         f"{latency['p50']:.3f} ms, p90 {latency['p90']:.3f} ms",
         f"  bundle: {out}/ and {out}.tar.gz",
+        f"  page: {out}/reports/index.html (open it in a browser: what shipped and why, speed, "
+        "where the time goes, size)",
     ])
     result = {"bundle": str(out), "shipped": shipped, "torch_accuracy": torch_accuracy,
               "test_accuracy": accuracy, "speedup_p50": speedup, "verified": report["passed"],

@@ -42,6 +42,7 @@ def test_the_demo_trains_builds_unforced_and_verifies(first_run):
     result = json.loads((work / "demo.json").read_text())
     assert result["verified"] and result["test_accuracy"] >= 0.8, result["test_accuracy"]
     assert (work / "bundle" / "run.py").is_file() and (work / "bundle.tar.gz").is_file()
+    assert f"  page: {work / 'bundle'}/reports/index.html" in out
 
 
 def test_a_second_run_reuses_the_trained_cnn(first_run):

@@ -220,10 +220,14 @@ ansible_python_interpreter={sys.executable}
 """)
     hosts = read_inventory(inventory)
     assert [h.name for h in hosts] == ["device1", "device2", "down"]
+    screen = io.StringIO()   # a terminal's status line: the hosts done, and the time left
     results = deploy(built.bundle.directory, hosts,
                      options=DeployOptions(ssh_config=server.config, runs=5, warmup=1),
-                     parallel=3)
+                     parallel=3, steps=Progress("deploy", stream=screen, enabled=True))
     assert [r.exit_code for r in results] == [0, 0, 2]   # one failing host stops no other
+    drawn = screen.getvalue()
+    assert "deploy: hosts done: step 3/3 (" in drawn and "down: failed)" in drawn
+    assert drawn.endswith("\r"), "the status line is cleared at the end"
     assert (tmp_path / "d1" / "current" / "run.py").is_file()
     assert (tmp_path / "d2" / "current" / "run.py").is_file()
     table = summary_table(results)

@@ -5,6 +5,7 @@ against the original (and eager PyTorch)."""
 from pathlib import Path
 
 from ..graph.execute import run_model
+from ..progress import OFF
 from ..quantization.budget import (
     EMBEDDING_COSINE,
     AccuracyBudget,
@@ -135,7 +136,7 @@ def providers_part(req: PartRequest, data: PartData, ref: Reference, decision: D
                              decision.candidates)
     choice = choose_provider(decision, target, ref.path, data.held, ref.guard, ref.labels_held,
                            ref.outputs, timer=ctx.timer, log=ctx.log, wanted=ctx.openvino,
-                           original=ref.choice.original)
+                           original=ref.choice.original, steps=ctx.steps or OFF)
     graphs += provider_graph(choice, decision)
     ctx.clock.lap("providers")
     return ProviderPick(tuple(graphs), choice)

@@ -20,7 +20,7 @@ from .. import ort_builds
 from .._runtimes.runner.load import load_facts, noise, snapshot
 from ..errors import SpecError
 from ..graph.execute import Sample
-from ..progress import Log
+from ..progress import OFF, Log, Progress
 from ..quantization.budget import AccuracyBudget
 from ..quantization.decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
 from ..quantization.search import Candidate, best_of_each_generator
@@ -74,7 +74,7 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
                   budget: AccuracyBudget, labels: Sequence[Any] | None,
                   fp32_outputs: dict[str, Any], *, timer: Any = None,
                   log: Log = lambda _: None, wanted: str = "auto",
-                  original: Path | None = None) -> ProviderChoice | None:
+                  original: Path | None = None, steps: Progress = OFF) -> ProviderChoice | None:
     """The faster provider and its graph, or None; the decision's record gets a "provider_choice"
     entry either way (what was tried, the figures, why). *wanted*: auto (measure), yes (list
     it when a graph keeps the budget under it), no. *original*: the user's graph, timed on
@@ -103,17 +103,23 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
     threads = int(target.session.get("intra_op_threads", 0))
     chain = [(provider.name, dict(provider.options)), (ort_builds.CPU, {})]
     keys = {f"g{i}": c for i, c in enumerate(graphs)}
+    steps.start(f"{name} (another Python)", [1.0, 2.0])   # outputs, then the timing
+    steps.step(f"outputs of {len(keys)} graph{'s' if len(keys) > 1 else ''}")
     try:
         outputs, ran = ort_builds.outputs_plan(python, [(k, c.path, chain)
                                                      for k, c in keys.items()], held, threads)
     except ort_builds.OrtBuildError as exc:
+        steps.finish()
         return skip(exc.message)
     within, tried = _judged(keys, outputs, ran, provider, budget, fp32, held, labels,
                             fp32_outputs)
     record["tried"] = list(tried.values())
     if not within:
+        steps.finish()
         return skip(f"no graph kept the budget under {name}")
     rounds, block = plan_timing(fp32, held[0], threads)
+    steps.step(f"timing {len(within)} graph{'s' if len(within) > 1 else ''} against the CPU "
+               "provider's")
     rows = [("cpu", chosen.path, ort_builds.cpu_chain())] + [
         (k, within[k][0].path, chain) for k in within]
     if original is not None:
@@ -123,19 +129,30 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
         times, ran, device = ort_builds.time_plan(python, rows, held[0], threads, rounds, block)
     except ort_builds.OrtBuildError as exc:
         return skip(exc.message)
+    finally:
+        steps.finish()
     load = load_facts(before, wait=False)
-    noisy = noise(load, times["cpu"])
     for key in within:
         tried[key]["p50_ms"] = round(times[key]["p50"], 4)
-    cpu_ms = times["cpu"]["p50"]
+    cand, acc = within[_fastest(within, times)]
+    best_ms, cpu_ms = times[_fastest(within, times)]["p50"], times["cpu"]["p50"]
+    _record_times(record, times, best_ms, cand.label, chosen.label, device, load)
+    return _verdict(record, provider, cand, acc, cpu_ms / best_ms, noise(load, times["cpu"]),
+                    wanted, chosen, best_ms, cpu_ms, device, times, log)
+
+
+def _fastest(within: dict[str, Any], times: dict[str, dict]) -> str:
+    """The graph timed fastest; of those within SAME_SPEED, the one with fewer Q/DQ boundaries."""
     fastest = min(times[k]["p50"] for k in within)
-    best = min((k for k in within if times[k]["p50"] <= fastest * SAME_SPEED),
+    return min((k for k in within if times[k]["p50"] <= fastest * SAME_SPEED),
                key=lambda k: (within[k][0].boundaries, times[k]["p50"]))
-    cand, acc = within[best]
-    best_ms = times[best]["p50"]
+
+
+def _record_times(record: dict[str, Any], times: dict[str, dict], best_ms: float, graph: str,
+                  cpu_graph: str, device: dict[str, Any], load: dict[str, Any]) -> None:
+    cpu_ms = times["cpu"]["p50"]
     record.update({"cpu_p50_ms": round(cpu_ms, 4), "p50_ms": round(best_ms, 4),
-                   "graph": cand.label, "measured_on": device,
-                   "cpu_graph": chosen.label})
+                   "graph": graph, "measured_on": device, "cpu_graph": cpu_graph})
     if "original" in times:
         record["original_p50_ms"] = round(times["original"]["p50"], 4)
         # the CPU provider's graph against the original in one run: the build's speed line
@@ -144,8 +161,6 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
             cpu_ms, (times["cpu"].get("p10"), times["cpu"].get("p90")),
             times["original"]["p50"], {**machine(), "onnxruntime": device.get("onnxruntime")},
             load)
-    return _verdict(record, provider, cand, acc, cpu_ms / best_ms, noisy, wanted, chosen,
-                    best_ms, cpu_ms, device, times, log)
 
 
 def _where(target: Target, timer: Any, held: Sequence[Sample], name: str

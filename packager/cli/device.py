@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from ..errors import CheckFailed, PackagerError
-from .base import emit, log, main
+from ..progress import OFF
+from .base import emit, log, main, step_line
 
 
 @main.command("verify")
@@ -174,7 +175,8 @@ def deploy_cmd(bundle: Path, hosts: tuple[str, ...], inventory: Path | None, por
     before = signal.signal(signal.SIGTERM, _terminated)
     try:
         results = deploy(bundle, targets, options=options, parallel=parallel, log=log,
-                         engine=engine, rollout=plan, inventories=[inventory] if inventory else [])
+                         engine=engine, rollout=plan, inventories=[inventory] if inventory else [],
+                         steps=step_line("deploy", as_json) or OFF)
     finally:
         signal.signal(signal.SIGTERM, before)
     code = max(r.exit_code for r in results)

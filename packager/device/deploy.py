@@ -6,6 +6,7 @@ import os
 import shlex
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..bundle.manifest import read_manifest
 from ..errors import BundleError, PackagerError
-from ..progress import Log
+from ..progress import OFF, Log, Progress
 from .arch import arch_problem
 from .device_answers import answer
 from .inventory import Host
@@ -161,8 +162,10 @@ def bundle_folder(path: Path):
 
 def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = DeployOptions(),
            parallel: int = 4, log: Log = lambda _: None, engine: str = "ssh",
-           rollout: Rollout | None = None, inventories: Sequence[Path] = ()) -> list[HostResult]:
+           rollout: Rollout | None = None, inventories: Sequence[Path] = (),
+           steps: Progress = OFF) -> list[HostResult]:
     """Deploy *bundle* to every host, at most *parallel* at once; one host's failure is its own.
+    *steps* shows the hosts done and the time left on a terminal (the ssh engine's).
     *engine*: "ssh" (edgepack's own fan-out) or "ansible" (ansible-playbook with the
     edgepack_bundle role and the user's *inventories*); *rollout*: canary, batches, max-fail.
     Hosts after a stopped rollout come back with `skipped` set, untouched."""
@@ -196,14 +199,22 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
                                inventories) as ansible:
                 return with_page(bundle, _roll(hosts, ansible.deploy, rollout or Rollout(), log))
 
+        steps.start("hosts done", len(hosts))
+        lock = threading.Lock()
+
+        def one(h: Host) -> HostResult:
+            result = deploy_one(folder, manifest, h, reports, options, log)
+            with lock:
+                steps.step(f"{h.name}: {'passed' if result.exit_code == 0 else 'failed'}")
+            return result
+
         def ssh_batch(group: list[Host]) -> list[HostResult]:
             try:
                 if len(group) == 1:
-                    return [deploy_one(folder, manifest, group[0], reports, options, log)]
+                    return [one(group[0])]
                 pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(group))))
                 try:
-                    futures = [pool.submit(deploy_one, folder, manifest, h, reports, options,
-                                           log) for h in group]
+                    futures = [pool.submit(one, h) for h in group]
                     return [f.result() for f in futures]
                 finally:
                     pool.shutdown(wait=False, cancel_futures=True)
@@ -211,7 +222,10 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
                 end_all()
                 raise
 
-        return with_page(bundle, _roll(hosts, ssh_batch, rollout or Rollout(), log))
+        try:
+            return with_page(bundle, _roll(hosts, ssh_batch, rollout or Rollout(), log))
+        finally:
+            steps.finish()
 
 
 def with_page(bundle: Path, results: list[HostResult]) -> list[HostResult]:
