@@ -4,6 +4,7 @@ In CI (EDGEPACK_REQUIRE_SSH=1, set by .ci/run) a missing sshd/rsync fails these 
 elsewhere they skip with the reason.
 """
 
+import io
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from packager.build.job import build
 from packager.device.deploy import DeployOptions, deploy, summary_table
 from packager.device.inventory import InventoryError, parse_host, read_inventory
 from packager.errors import BundleError, PackagerError
+from packager.progress import Progress
 from packager.source.specs import parse_input
 
 MODELS = Path(__file__).parent / "torch_models.py"

@@ -77,7 +77,7 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
     assert {f"runner/{m}" for m in lists["OPTIONAL_MODULES"]} == shipped - set(RUNNER_CORE)
     # the core ships in every bundle: it may not grow past what it is (docs/runner.md)
     core = sum(len((RUNTIMES / rel).read_text().splitlines()) for rel in RUNNER_CORE)
-    assert core <= 2810, core
+    assert core <= 2860, core   # 2,856: + outputs whose length follows the input (issue 37)
 
 
 def imported_by(bundle: Path, *argv: str) -> set[str]:

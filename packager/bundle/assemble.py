@@ -20,6 +20,7 @@ import numpy as np
 from .._runtimes.runner.cascade_judge import GOLDEN_DIR
 from .._runtimes.runner.contents import EXTRAS
 from .._runtimes.runner.manifest import read_npz
+from .._runtimes.runner.metrics import npz_arrays
 from ..atomic import atomic_pair, check_free, check_named
 from ..errors import BundleError
 from ..graph.compat import fit_to_runtime
@@ -527,7 +528,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
     samples = stack(part.golden_samples)
     np.savez(tmp / golden["inputs"], **samples)
     shipped = _run_host(tmp / model_file, samples, opt_level)
-    np.savez(tmp / golden["shipped"], **shipped)
+    np.savez(tmp / golden["shipped"], **npz_arrays(shipped))
     exact = _exact_proto(proto)
     exact_run = _run_host(tmp / model_file if exact is proto else exact.SerializeToString(),
                           samples, "disabled")
@@ -541,7 +542,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
     else:
         reference = run_model(part.reference, part.golden_samples)
         golden["outputs"] = f"golden/{part.name}.outputs.npz"
-        np.savez(tmp / golden["outputs"], **reference)
+        np.savez(tmp / golden["outputs"], **npz_arrays(reference))
         own = compare_outputs(shipped, reference)
         golden.update(reference="fp32", budget_min_cosine=_budget(part), host=own,
                       min_cosine=_floor(part, min(o["cosine_min"] for o in own.values())))

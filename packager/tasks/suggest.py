@@ -37,6 +37,8 @@ def suggest(outputs: Sequence[Mapping[str, Any]], reference: Mapping[str, np.nda
     *outputs*: the model's {name, shape}; *reference*: FP32's outputs on the held-out samples
     (stacked over samples), which tell a distribution from logits; *sigmoid*: the outputs a
     Sigmoid feeds (sigmoid_outputs)."""
+    if any(not isinstance(d, int) for o in outputs for d in o["shape"]):
+        return None   # a length that follows the input (a waveform, a token list): no layout
     if len(outputs) == 1:
         shape = [int(d) for d in outputs[0]["shape"]]
         name = outputs[0]["name"]

@@ -14,6 +14,7 @@ except ImportError:
 
 from .contents import RUNNER_DIR, RUNNER_FILE, optional_module, runner_needed, runner_package
 from .errors import BundleError, one_line
+from .metrics import from_npz
 from .places import provider_path_problems, regular_file
 
 MANIFEST = "manifest.json"
@@ -451,7 +452,7 @@ def read_npz(bundle, rel):
         with np.load(os.path.join(bundle, rel), allow_pickle=False) as f:
             if not hasattr(f, "files"):
                 raise ValueError("not an .npz archive")
-            return {k: f[k] for k in f.files}
+            return from_npz({k: f[k] for k in f.files})
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise BundleError("%s: not golden data (%s); rebuild the bundle"
                           % (rel, one_line(exc))) from None

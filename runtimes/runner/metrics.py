@@ -8,8 +8,49 @@ except ImportError:
     np = None
 
 
+RAGGED = ".ragged."   # an .npz key NAME.ragged.I: sample I of an output whose length varies
+
+
+def stack_or_ragged(arrays):
+    """(samples, *shape) when every sample's shape agrees, else a ragged output: an object
+    array of each sample's own array (a waveform whose length follows the text)."""
+    if len(set(a.shape for a in arrays)) <= 1:
+        return np.stack(arrays)
+    out = np.empty(len(arrays), dtype=object)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out
+
+
+def npz_arrays(outputs):
+    """*outputs* as np.savez takes them without pickling: a ragged one as NAME.ragged.I."""
+    flat = {}
+    for name, arr in outputs.items():
+        if arr.dtype == object:
+            flat.update(("%s%s%d" % (name, RAGGED, i), a) for i, a in enumerate(arr))
+        else:
+            flat[name] = arr
+    return flat
+
+
+def from_npz(flat):
+    """npz_arrays undone: NAME.ragged.0, NAME.ragged.1... back into one ragged output."""
+    out, ragged = {}, {}
+    for key, arr in flat.items():
+        name, sep, index = key.rpartition(RAGGED)
+        if sep and index.isdigit():
+            ragged.setdefault(name, {})[int(index)] = arr
+        else:
+            out[key] = arr
+    for name, rows in ragged.items():
+        out[name] = stack_or_ragged([rows[i] for i in sorted(rows)])
+    return out
+
+
 def compare(got, ref):
     """Per-output agreement between two (samples, ...) arrays."""
+    if got.dtype == object or ref.dtype == object:
+        return _compare_ragged(got, ref)
     a = got.reshape(got.shape[0], -1).astype(np.float64)
     b = ref.reshape(ref.shape[0], -1).astype(np.float64)
     # the same non-finite value on both sides (a log-mel's -inf of silence) agrees; a NaN or
@@ -35,6 +76,19 @@ def compare(got, ref):
         result["silent_samples"] = int(silent.sum())
     if looks_like_scores(ref):
         result["top1_agreement"] = float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
+    return result
+
+
+def _compare_ragged(got, ref):
+    """compare() of outputs whose length varies by sample: each pair flattened and zero-padded
+    to the longer, so that a length that differs costs cosine as values missing would; with
+    how many samples differ in length."""
+    a = [np.asarray(x, dtype=np.float64).ravel() for x in got]
+    b = [np.asarray(x, dtype=np.float64).ravel() for x in ref]
+    width = max([1] + [max(len(x), len(y)) for x, y in zip(a, b)])
+    result = compare(*[np.stack([np.pad(r, (0, width - len(r))) for r in rows])
+                       for rows in (a, b)])
+    result["length_mismatch"] = sum(len(x) != len(y) for x, y in zip(a, b))
     return result
 
 

@@ -16,6 +16,7 @@ except ImportError:
 
 from .contents import GPU_PROVIDERS, TENSORRT, optional_module  # noqa: F401 (read here too)
 from .errors import BundleError, ProviderMissing
+from .metrics import stack_or_ragged
 from .places import names_a_place, provider_path_problems
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -304,11 +305,12 @@ def _running_line(part, info, requested):
 
 
 def run_samples(session, inputs):
-    """Run each sample (axis 0 of every array) through the session; stack outputs per name."""
+    """Run each sample (axis 0 of every array) through the session; stack outputs per name
+    (a ragged output where their shapes differ: metrics.stack_or_ragged)."""
     names = [o.name for o in session.get_outputs()]
     count = len(next(iter(inputs.values())))
     # np.asarray: indexing a stack of scalars (an int64 sample rate) gives numpy scalars,
     # which onnxruntime refuses
     rows = [session.run(names, {k: np.asarray(v[i]) for k, v in inputs.items()})
             for i in range(count)]
-    return {name: np.stack([row[j] for row in rows]) for j, name in enumerate(names)}
+    return {name: stack_or_ragged([row[j] for row in rows]) for j, name in enumerate(names)}
