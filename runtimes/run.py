@@ -41,8 +41,8 @@ OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascad
                     "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "profile.py",
                     "serve.py", "serve_body.py", "serve_http.py", "task_classify.py",
                     "task_ctc.py", "task_detect.py", "task_embed.py", "task_figures.py",
-                    "task_multilabel.py", "task_segment.py", "task_spec.py", "task_vad.py",
-                    "tasks.py", "tuning.py")
+                    "task_multilabel.py", "task_segment.py", "task_spec.py", "task_tts.py",
+                    "task_vad.py", "tasks.py", "tuning.py")
 RUNNER_MODULES = CORE_MODULES + OPTIONAL_MODULES
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 

@@ -16,6 +16,7 @@ from .measure import accuracy_of, decide_part, precision_record, providers_part,
 from .plan import PartRequest
 from .records import BuildContext
 from .shape import model_labels, plan_part, shape_part
+from .speech import speech_budget
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     req = model_labels(req, frozen, shaped, ctx)
     plan = plan_part(req, loaded, shaped, target, ctx)
     data, shaped = part_data(req, loaded, frozen, shaped, plan, ctx)
+    plan = speech_budget(plan, shaped, data, tmp, ctx)   # a tts part: the original's spread
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)

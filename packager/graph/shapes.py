@@ -188,7 +188,6 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
     Returns the model and the tensors whose shape differed between *feeds*: data-dependent
     (e.g. a detector's box count), which stay dynamic.
     """
-    import numpy as np
 
     open_ = [name for name, _, _ in dynamic_tensors(model)]
     if not open_:

@@ -80,7 +80,8 @@ def parse_task(text: str) -> dict[str, Any]:
 def _example(kind: str) -> str:
     return {"classify": "top=5", "detect": "decoder=yolov8,score=0.25", "embed": "pooling=mean",
             "ctc": "alphabet=@chars.txt", "segment": "threshold=0.5",
-            "vad": "threshold=0.5", "multilabel": "threshold=0.5"}.get(kind, "key=value")
+            "vad": "threshold=0.5", "multilabel": "threshold=0.5",
+            "tts": "rate=24000"}.get(kind, "key=value")
 
 
 def _value(key: str, value: str, text: str) -> Any:

@@ -97,8 +97,9 @@ def answer(part, names, outputs, feed, raw, top, arrays=None, key="", body=None)
         result["kind"] == "detect" else None
     if size and min(size) > 0:   # the header's size is the decoded one (no EXIF turn)
         tasks.head("detect").add_image_boxes(result, part["preprocess"], size)
-    if "_map" in result and arrays is not None:
-        arrays["%s/task.map" % key] = result["_map"]
+    if arrays is not None:   # a task's arrays: a segmentation map, speech
+        arrays.update(("%s/task.%s" % (key, k[1:]), result[k]) for k in ("_map", "_audio")
+                      if k in result)
     return dict({"task": tasks.public(result), "summary": tasks.summary(part["task"], result)},
                 **({"notes": notes} if notes else {}))
 
@@ -167,6 +168,8 @@ def cmd_infer(bundle, manifest, args):
     if args.out:
         save_outputs(args.out, arrays)
     report = {"results": results, "providers": session.get_providers(), "passed": True}
+    if args.out and task_kind(part.get("task")) == "tts":   # speech: a WAV file per input too
+        report["wav"] = optional_module("task_tts").write_wavs(args.out, arrays, part)
     if args.out:   # np.savez's name: .npz added when missing, and said
         report["out"] = args.out if args.out.endswith(".npz") else args.out + ".npz"
     if stacked_calls:

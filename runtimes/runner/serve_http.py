@@ -21,6 +21,7 @@ from .closing import (
     drain,
     reject,
 )
+from .contents import optional_module
 from .errors import BundleError, one_line
 from .infer import answer
 from .inputs import image_batch, image_row, stack_images
@@ -88,7 +89,12 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.write("%s %s\n" % (self.address_string(), fmt % values))
 
     def reply(self, code, obj, headers=()):
-        body = to_json(obj).encode("utf-8")   # NaN, infinity: null, and said
+        kind = "application/json"
+        if isinstance(obj, bytes):   # speech: a WAV file, its type among *headers*
+            kind = dict(headers).get("Content-Type", "application/octet-stream")
+            body, headers = obj, [h for h in headers if h[0] != "Content-Type"]
+        else:
+            body = to_json(obj).encode("utf-8")   # NaN, infinity: null, and said
         self.connection.settimeout(self.serving.args.timeout)   # a client that does not read: bounded
         if self.serving.gate.stopping or self.serving.gate.crowded(self.client_address[0]):
             # stopping, or half the connections (in all or this client's) are open: no
@@ -97,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
             if ("Connection", "close") not in headers:
                 headers = list(headers) + [("Connection", "close")]
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         for key, value in headers:
             self.send_header(key, value)
@@ -241,6 +247,10 @@ class Handler(BaseHTTPRequestHandler):
             del body
         finally:
             self.serving.gate.give(sum(held))
+        if isinstance(answer, dict) and "_wav" in answer:   # speech, as audio/wav
+            return self.reply(code, answer["_wav"], [
+                ("Content-Type", "audio/wav"), ("X-Edgepack-Summary", answer["summary"]),
+                ("X-Edgepack-Stages-Ms", to_json(answer["stages_ms"]).strip())])
         self.reply(code, answer)
 
     def content_length(self):
@@ -306,10 +316,16 @@ class Handler(BaseHTTPRequestHandler):
                                           stack_images([feed], rows)), 0, rows)
             else:
                 outputs = clock("model", session.run, names, feed)
+            arrays = {}
             result = clock("post", lambda: answer(part, names, outputs, feed, self.raw,
-                                                  self.serving.args.top, body=body))
-            return 200, dict(result, part=part["name"], latency_ms=stages["model"],
-                             stages_ms=stages)
+                                                  self.serving.args.top, arrays, "r", body))
+            result = dict(result, part=part["name"], latency_ms=stages["model"],
+                          stages_ms=stages)
+            if "r/task.audio" in arrays and "json" not in self.headers.get("Accept", ""):
+                rate = optional_module("task_spec").settings(part["task"])["rate"]
+                result["_wav"] = optional_module("task_tts").wav_bytes(arrays["r/task.audio"],
+                                                                      rate)
+            return 200, result
         except BundleError as exc:
             return exc.status, {"error": str(exc)}
         except Exception as exc:

@@ -32,6 +32,7 @@ DEFAULT_KEEP = {
     "segment": {"iou": 0.98},
     "vad": {"frames": 0.99},
     "multilabel": {"f1": 0.99},
+    "tts": {"length": 1.0, "mel": 1.0},   # (snr: said, kept only when asked: --keep snr=...)
 }
 AT_MOST = ("cer",)        # lower is better
 POOLED = ("iou",)         # one figure over all the samples, not a share of them
@@ -49,6 +50,9 @@ WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "iou": ("segmented-pixel IoU", "samples"),
     "frames": ("speech frames agree on", "frames"),
     "f1": ("labels on agree (F1) on", "labels on in the reference"),
+    "length": ("the same length (within the task's tolerance) on", "samples"),
+    "mel": ("log-mel distance within the task's mel_db on", "samples"),
+    "snr": ("waveform SNR at least the task's snr_db on", "samples"),
 }
 
 

@@ -3,7 +3,7 @@ model's outputs (names, and shapes where known), naming the key that is wrong.""
 
 from .contents import task_kind  # noqa: F401 (this module's API too)
 
-KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad", "multilabel")
+KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad", "multilabel", "tts")
 DECODERS = ("yolov8", "yolov5", "centernet")
 POOLINGS = ("none", "mean", "cls")
 # Each kind's parameters and their defaults ("labels" of classify: the part's own labels).
@@ -18,6 +18,10 @@ PARAMETERS = {
     "vad": {"output": 0, "threshold": 0.5},
     # output None: every output; output and threshold may be lists (one threshold per output)
     "multilabel": {"output": None, "threshold": 0.5, "labels": None, "sigmoid": "auto"},
+    # a waveform: its sample rate, and what counts as the same length, and close (task_tts.py)
+    # (the spreads: the original's own, between thread counts, which the build measures)
+    "tts": {"output": 0, "rate": 24000, "length_tolerance": 0.02, "mel_db": 2.0, "snr_db": 10.0,
+            "mel_spread_db": None, "snr_spread_db": None},
 }
 # Each kind's figures (runner/task_figures.py): what `keep` (and --keep) may name for it.
 FIGURES = {
@@ -29,6 +33,7 @@ FIGURES = {
     "segment": ("iou", "pixels"),
     "vad": ("frames",),
     "multilabel": ("f1",),
+    "tts": ("length", "mel", "snr"),
 }
 
 
@@ -144,6 +149,17 @@ def value_problem(kind, key, value, output_names):
         return keep_problem(kind, value)
     if key == "mask":
         return "" if isinstance(value, str) and value else "must be an input's name"
+    if key == "rate":
+        if not is_count(value) or not 1000 <= value <= 384000:
+            return "must be a sample rate in Hz from 1000 to 384000, got %r" % (str(value)[:40],)
+        return ""
+    if key in ("length_tolerance", "mel_db", "snr_db", "mel_spread_db", "snr_spread_db"):
+        top = 1.0 if key == "length_tolerance" else 200.0
+        if key.endswith("spread_db") and value is None:
+            return ""
+        if not is_number(value) or not 0.0 <= value <= top:
+            return "must be a number from 0 to %g, got %r" % (top, str(value)[:40])
+        return ""
     if key == "blank":
         if not is_count(value) or value < 0:
             return "must be a class index (0 or more), got %r" % (str(value)[:40],)

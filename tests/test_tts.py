@@ -1,0 +1,156 @@
+"""The speech task (issue 37, item 2): a TTS-like ONNX model (token ids -> durations -> length
+regulation -> a vocoder's 256 samples a frame), its waveform's length following the text, built
+with --task tts and judged as speech (same length, log-mel distance, SNR); run.py infer writes
+WAV files and serve answers audio/wav."""
+
+import io
+import json
+import subprocess
+import sys
+import urllib.request
+import wave
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from conftest import save, start_server
+from packager._runtimes.runner import task_tts
+from packager.cli import main
+from packager.device.verify import verify
+
+RATE, HOP, VOCAB = 16000, 256, 32
+
+
+def tiny_tts(path):
+    """tokens (1, 8) int64 -> embeddings -> 8 frames and a duration each (0-3) -> frames
+    repeated by their durations -> 256 samples a frame: waveform (1, 256 x sum of durations)."""
+    rng = np.random.default_rng(0)
+    t = TensorProto
+    const = [helper.make_tensor("emb", t.FLOAT, [VOCAB, 8],
+                                rng.standard_normal((VOCAB, 8)).ravel()),
+             helper.make_tensor("w1", t.FLOAT, [8, 8], rng.standard_normal((8, 8)).ravel() * .5),
+             helper.make_tensor("v", t.FLOAT, [8, 1], rng.standard_normal(8) * .8),
+             helper.make_tensor("w2", t.FLOAT, [8, HOP],
+                                rng.standard_normal((8, HOP)).ravel() * .4),
+             helper.make_tensor("s88", t.INT64, [2], [8, 8]),
+             helper.make_tensor("flat", t.INT64, [2], [1, -1]),
+             helper.make_tensor("three", t.FLOAT, [], [3.0]),
+             helper.make_tensor("half", t.FLOAT, [], [0.5]),
+             helper.make_tensor("zero", t.INT64, [], [0]),
+             helper.make_tensor("one", t.INT64, [], [1]),
+             helper.make_tensor("ax0", t.INT64, [1], [0]),
+             helper.make_tensor("ax1", t.INT64, [1], [1])]
+    n = helper.make_node
+    nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Reshape", ["e", "s88"], ["h"]),
+             n("MatMul", ["h", "w1"], ["f"]), n("Tanh", ["f"], ["frames8"]),
+             n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
+             n("Min", ["dr", "three"], ["dm"]), n("Ceil", ["dm"], ["dc"]),
+             n("Cast", ["dc"], ["d2"], to=t.INT64), n("Squeeze", ["d2", "ax1"], ["dur"]),
+             n("CumSum", ["dur", "zero"], ["ends"]),
+             n("ReduceSum", ["dur"], ["total"], keepdims=0),
+             n("Range", ["zero", "total", "one"], ["pos"]),
+             n("Unsqueeze", ["pos", "ax1"], ["pos2"]),
+             n("GreaterOrEqual", ["pos2", "ends"], ["past"]),
+             n("Cast", ["past"], ["pasti"], to=t.INT64),
+             n("ReduceSum", ["pasti", "ax1"], ["idx"], keepdims=0),
+             n("Gather", ["frames8", "idx"], ["frames"], axis=0),
+             n("MatMul", ["frames", "w2"], ["voc"]), n("Tanh", ["voc"], ["vt"]),
+             n("Mul", ["vt", "half"], ["vh"]), n("Reshape", ["vh", "flat"], ["waveform"])]
+    graph = helper.make_graph(
+        nodes, "tiny_tts", [helper.make_tensor_value_info("tokens", t.INT64, [1, 8])],
+        [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])], const)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def tokens(seed, count=1):
+    return np.random.default_rng(seed).integers(0, VOCAB, (count, 1, 8)).astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tts")
+    model = tiny_tts(root / "tts.onnx")
+    (root / "calib").mkdir()
+    np.save(root / "calib" / "tokens.npy", tokens(1, 40))
+    run = CliRunner().invoke(main, ["build", str(model), "--calib", str(root / "calib"),
+                                    "--task", f"tts:rate={RATE}", "-o", str(root / "out")],
+                             catch_exceptions=False)
+    return root, run
+
+
+def test_speech_figures_see_what_a_listener_hears():
+    t = np.arange(RATE) / RATE
+    voice = sum(np.sin(2 * np.pi * 150 * k * t) / k for k in range(1, 30)) * 0.1
+    assert task_tts.mel_distance(voice, voice, RATE) == 0.0
+    assert task_tts.mel_distance(voice, 0.9 * voice, RATE) == pytest.approx(0.92, abs=0.05)
+    other = sum(np.sin(2 * np.pi * 180 * k * t) / k for k in range(1, 30)) * 0.1
+    assert task_tts.mel_distance(voice, other, RATE) > 5    # another pitch: far
+    assert task_tts.snr(voice, voice * 0.99) == pytest.approx(40.0, abs=0.1)
+    with wave.open(io.BytesIO(task_tts.wav_bytes(voice, RATE))) as f:
+        assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (RATE, 1, 2)
+        assert f.getnframes() == len(voice)
+
+
+def test_a_tts_model_builds_judged_as_speech(built):
+    root, run = built
+    assert run.exit_code == 0, run.output
+    part = json.loads((root / "out" / "manifest.json").read_text())["parts"][0]
+    assert part["task"]["kind"] == "tts" and part["task"]["rate"] == RATE
+    # the budget held to the original's own spread between 1 thread and all, and said
+    assert part["task"]["mel_spread_db"] >= 0 and part["task"]["mel_db"] >= \
+        3 * part["task"]["mel_spread_db"]
+    assert "speech: the original against itself (1 thread vs all, 8 held-out samples)" in \
+        run.output
+    task = part["accuracy"]["task"]
+    assert set(task["figures"]) == {"length", "mel"} and task["passed"], task
+    assert "the same length (within the task's tolerance) on" in task["text"]
+    report = verify(root / "out", runs=5, warmup=1)
+    assert report["passed"], report["checks"]
+
+
+def test_infer_writes_a_wav_per_input_at_its_own_length(built, tmp_path):
+    root, _ = built
+    for seed in (3, 4):
+        np.save(tmp_path / f"s{seed}.npy", tokens(seed)[0])
+    proc = subprocess.run([sys.executable, "-I", "run.py", "infer", str(tmp_path / "s3.npy"),
+                           str(tmp_path / "s4.npy"), "--out", str(tmp_path / "speech.npz"),
+                           "--json"], cwd=root / "out", capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(root / "tts.onnx"))
+    assert report["wav"] == [str(tmp_path / f"speech.s{s}.npy.wav") for s in (3, 4)]
+    for seed, path, result in zip((3, 4), report["wav"], report["results"], strict=True):
+        samples = session.run(None, {"tokens": tokens(seed)[0]})[0].shape[1]
+        with wave.open(path) as f:
+            assert f.getframerate() == RATE and f.getnframes() == samples
+        assert result["task"]["samples"] == samples
+        assert result["summary"].startswith(f"{samples / RATE:.2f} s of speech at {RATE} Hz "
+                                            f"({samples} samples, peak ")
+
+
+def test_serve_answers_audio_wav_and_json_when_asked(built, tmp_path):
+    root, _ = built
+    proc, url = start_server(root / "out", tmp_path / "serve.log")
+    try:
+        body = io.BytesIO()
+        np.save(body, tokens(5)[0])
+        request = urllib.request.Request(url + "/infer", data=body.getvalue(), headers={
+            "Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            kind, audio = answer.headers["Content-Type"], answer.read()
+            stages = json.loads(answer.headers["X-Edgepack-Stages-Ms"])
+        request.add_header("Accept", "application/json")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            as_json = json.loads(answer.read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert kind == "audio/wav" and set(stages) == {"decode", "preprocess", "model", "post"}
+    with wave.open(io.BytesIO(audio)) as f:
+        assert f.getframerate() == RATE and f.getnframes() == as_json["task"]["samples"]
+    assert as_json["task"]["kind"] == "tts" and "_wav" not in as_json
