@@ -81,14 +81,17 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             threads: int | None = None, variants: Sequence[str] | None = None,
             weights: Path | None = None, factory_args: dict[str, Any] | None = None,
             submodule: str | None = None, cold: bool = True, bundle: Path | None = None,
-            log: Log = lambda _: None, steps: Progress | None = None) -> dict[str, Any]:
+            audio_rate: int | None = None, log: Log = lambda _: None,
+            steps: Progress | None = None) -> dict[str, Any]:
     """Benchmark every variant of *source* (PyTorch or .onnx) on this machine; see module doc.
 
     *steps* shows each variant built, each timing block and each cold start (on a terminal).
-    *bundle*: its shipped graph is one more row, "shipped (NAME: precision)".
+    *bundle*: its shipped graph is one more row, "shipped (NAME: precision)". *audio_rate*:
+    the first output is a waveform at that many Hz (speech): each row's real-time factor.
     """
     refuse_as_model(source)
     shipped = shipped_graph(bundle) if bundle is not None else None
+    audio_rate = audio_rate or (shipped or {}).get("audio_rate")
     steps = steps or OFF
     target = load_target(target) if isinstance(target, str | Path) else target
     by_case = {v.lower(): v for v in VARIANTS}
@@ -144,7 +147,15 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
         if cold:
             _cold_starts(Path(tmp), source, loaded, rows, threads, weights, factory_args,
                          submodule, log, steps)
+    for r in rows:
+        if audio_rate and "error" not in r and r.get("_out0_elements"):
+            # seconds of speech per second of compute, warm (the cold start is its own column)
+            r["rtf"] = r["_out0_elements"] / audio_rate / (r["p50_ms"] / 1000.0)
+            r.pop("top1", None)   # a waveform's samples are no class scores
+        r.pop("_path", None)
+        r.pop("_out0_elements", None)
     return {"source": str(source), "machine": machine(), "threads": threads,
+            "audio_rate": audio_rate,
             "reference": "PyTorch" if loaded is not None else "ORT FP32",
             "batches": list(batches), "rounds": rounds, "block": block,
             "samples": {"calibration": len(calib_set), "held_out": len(held),
@@ -182,8 +193,6 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
         else:
             row["cold_start_error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:160]
     steps.finish()
-    for row in rows:
-        row.pop("_path", None)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -193,14 +202,15 @@ def markdown(result: dict[str, Any]) -> str:
 
     shares = {r["batch"]: r["load"]["other_share"] for r in result["rows"]
               if (r.get("load") or {}).get("other_share") is not None}
+    audio = 1 if result.get("audio_rate") else 0
     busy = "; ".join(f"batch {b}: other processes used {100 * v:.0f}% of the cores"
                      + (" (NOISY)" if v > BUSY else "") for b, v in shares.items())
     lines = [f"Machine: {machine_line(result['machine'])}; {result['threads'] or 'default'} "
              f"intra-op threads (ORT spinning off); {result['rounds']} rounds, interleaved in "
              "blocks" + (f"; {busy}" if busy else "") + ".", "",
              "| variant | batch | p50 ms | p90 ms | per sample ms | vs eager | vs ORT FP32 | "
-             "GOP/s | % of ceiling | size MB | cosine min | top-1 | cold start ms | prepare s |",
-             "|" + " --- |" * 14]
+             "GOP/s | % of ceiling | size MB | cosine min | top-1 | cold start ms | prepare s |"
+             + (" x real time |" if audio else ""), "|" + " --- |" * (14 + audio)]
 
     def num(value, fmt):
         return format(value, fmt) if isinstance(value, int | float) else "-"
@@ -211,7 +221,7 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['variant']} | {r['batch']} | failed: {r['error']} |" +
-                         " |" * 11)
+                         " |" * (11 + audio))
             continue
         cold = r.get("cold_start", {}).get("total_ms")
         share = r.get("ceiling_share")
@@ -221,7 +231,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_figure(r.get('gops'))} | {num(share and 100 * share, '.0f')} | "
             f"{r['size_mb']:.2f} | {r['cosine_min']:.4f} | "
             f"{num(100 * r['top1'], '.1f') + '%' if 'top1' in r else '-'} | "
-            f"{num(cold, '.0f')} | {num(r.get('prepare_s'), '.1f')} |")
+            f"{num(cold, '.0f')} | {num(r.get('prepare_s'), '.1f')} |"
+            + (f" {num(r.get('rtf'), '.1f')} |" if audio else ""))
     lines += ["", f"cosine / top-1: against {result['reference']} on "
         f"{result['samples']['held_out']} held-out {result['samples']['data']} samples. Cold "
         "start: import + load + first call in a fresh process (batch "

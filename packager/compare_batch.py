@@ -14,10 +14,10 @@ from ._runtimes.runner.bench import ceiling_share
 from .bundle.assemble import write_roofline
 from .compare_openvino import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
-from .errors import PackagerError
+from .errors import PackagerError, ShapeError
 from .graph.inspection import estimate_flops, model_family
 from .graph.modelio import load_model, save_model
-from .graph.shapes import fix_shapes_proto
+from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from .graph.simplify import simplify_proto
 from .ort_builds import CPU, OPENVINO
 from .progress import Log, Progress
@@ -75,7 +75,7 @@ def compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of one batch size, and the ceiling timed with them."""
     g = _batch_graphs(tmp, source, loaded, specs, batch, calib_set, held, target, wanted, log,
-                      steps, phase, shipped)
+                      steps, phase, shipped, notes)
     rows, outputs, reference = _timed_rows(g, loaded, threads, steps)
     steps.finish()
     scale = max(1, batch)
@@ -107,7 +107,8 @@ def compare_batch(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
 
 def _batch_graphs(tmp: Path, source, loaded: LoadedModel | None, specs, batch: int,
                   calib_set, held, target: Target, wanted, log: Log, steps: Progress,
-                  phase: str, shipped: dict[str, Any] | None) -> BatchGraphs:
+                  phase: str, shipped: dict[str, Any] | None,
+                  notes: list[str] | None = None) -> BatchGraphs:
     """Export (or fix the shapes of) the model at *batch*, simplify it, and make every graph
     the wanted rows run (optimised, fused, quantized), timing what each took."""
     built = [v for v in wanted if v in (ORT_OPT, COMPILED, *QUANTIZED, DYNAMIC_FUSED)]
@@ -126,7 +127,8 @@ def _batch_graphs(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
     steps.step("simplify")
     fixed = fix_shapes_proto(load_model(raw), {}, batch=batch, strict=False)
     simplified, _, _ = simplify_proto(fixed, raw)
-    simplified = fix_shapes_proto(simplified, {}, batch=batch)
+    simplified = static_or_data_dependent(simplified, batch, feeds,
+                                          notes if notes is not None else [])
     simple = save_model(simplified, tmp / f"sim_b{batch}.onnx")
     # the graphs a bundle of this model at this batch ships for `run.py bench --roofline`
     roof = tmp / f"roofline_b{batch}"
@@ -154,6 +156,23 @@ def _batch_graphs(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
         else:
             g.errors[shipped["label"]] = f"the bundle's graph takes batch {shipped['batch']}"
     return g
+
+
+def static_or_data_dependent(simplified, batch: int, feeds, notes: list[str]):
+    """Every shape static, or where runs show a tensor's shape follows the input's values (a
+    waveform that follows the text), those left dynamic, and a note saying so."""
+    try:
+        return fix_shapes_proto(simplified, {}, batch=batch)
+    except ShapeError:
+        loose = fix_shapes_proto(simplified, {}, batch=batch, strict=False)
+        loose, varying = shapes_from_run(loose, feeds[:2])
+        left = [n for n, _, _ in dynamic_tensors(loose) if n not in varying]
+        if left:   # not the data's doing: the error it was
+            return fix_shapes_proto(simplified, {}, batch=batch)
+        notes.append(f"{len(varying)} tensor(s) have shapes that follow the input's values "
+                     f"and stay dynamic ({', '.join(varying[:3])}{', ...' if len(varying) > 3 else ''}"
+                     "): outputs of different lengths compare zero-padded to the longer")
+        return loose
 
 
 def _float_graphs(g: BatchGraphs, tmp: Path, batch: int, steps: Progress) -> None:
@@ -289,6 +308,8 @@ def _row(name: str, batch: int, g: BatchGraphs, medians: dict[str, Any],
                             sum(p.numel() * p.element_size()
                                 for p in loaded.module.parameters()) / 1e6),
                 **agreement(outputs[name], reference)})
+    first = (outputs.get(name) or [[None]])[0][0]   # the first output of the timed feed
+    row["_out0_elements"] = int(np.asarray(first).size) if first is not None else None
     if other:
         device = openvino["device"] or {}
         row.update(provider=openvino["providers"].get(name),

@@ -30,8 +30,10 @@ def refuse_as_model(source: Any, model: Any = None) -> None:
 
 
 def shipped_graph(bundle: Path) -> dict[str, Any]:
-    """{"path", "label", "batch"} of the graph *bundle* ships for the CPU provider (its first
-    part), read through the manifest as verify reads it."""
+    """{"path", "label", "batch", "audio_rate"} of the graph *bundle* ships for the CPU
+    provider (its first part), read through the manifest as verify reads it (audio_rate: a
+    tts task's sample rate, else None)."""
+    from ._runtimes.runner.task_spec import settings, task_kind
     from .bundle.manifest import read_manifest
 
     manifest = read_manifest(bundle)
@@ -39,5 +41,7 @@ def shipped_graph(bundle: Path) -> dict[str, Any]:
     precision = (part.get("precision") or {}).get("description") or \
         (part.get("precision") or {}).get("precision") or "?"
     shape = part["inputs"][0]["shape"] if part["inputs"] else [1]
+    task = part.get("task") or {}
     return {"path": Path(bundle) / part["model"]["file"], "batch": int(shape[0]) if shape else 1,
-            "label": f"{SHIPPED} ({manifest['name']}: {precision})"}
+            "label": f"{SHIPPED} ({manifest['name']}: {precision})",
+            "audio_rate": settings(task)["rate"] if task_kind(task) == "tts" else None}

@@ -154,3 +154,22 @@ def test_serve_answers_audio_wav_and_json_when_asked(built, tmp_path):
     with wave.open(io.BytesIO(audio)) as f:
         assert f.getframerate() == RATE and f.getnframes() == as_json["task"]["samples"]
     assert as_json["task"]["kind"] == "tts" and "_wav" not in as_json
+
+
+def test_compare_times_speech_in_real_time_factors(built):
+    """compare on the TTS model: outputs of different lengths agree zero-padded, each row
+    says how many seconds of speech it makes per second of compute (the rate from the
+    bundle's task), warm; the cold start is its own column."""
+    from packager.compare import compare, markdown
+
+    root, _ = built
+    result = compare(root / "tts.onnx", calib=root / "calib", batches=(1,), rounds=2,
+                     block=3, cold=False, bundle=root / "out",
+                     variants=["ORT FP32", "INT8 QDQ U8S8"])
+    assert result["audio_rate"] == RATE
+    rows = {r["variant"]: r for r in result["rows"]}
+    for row in rows.values():
+        assert row["rtf"] > 1 and "top1" not in row and "_out0_elements" not in row
+    table = markdown(result)
+    assert "| x real time |" in table and "stay dynamic (" in table
+

@@ -249,12 +249,16 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
 @click.option("--submodule", help="compare only this attribute path")
 @click.option("--bundle", type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="a bundle built from MODEL: its shipped graph is one more row ('shipped')")
+@click.option("--audio-rate", type=click.IntRange(min=1000, max=384000), default=None,
+              metavar="HZ", help="the first output is speech at HZ: each row's real-time factor "
+                                 "(seconds of audio per second of compute; default: a --bundle's "
+                                 "tts rate)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preprocess: str | None,
                 target: str, batches: tuple[int, ...], variants: tuple[str, ...], rounds: int,
                 block: int, threads: int | None, cold: bool, chart: Path | None,
                 weights: Path | None, factory_args: tuple[str, ...], submodule: str | None,
-                bundle: Path | None, as_json: bool) -> None:
+                bundle: Path | None, audio_rate: int | None, as_json: bool) -> None:
     """Time every way to run MODEL on this machine, with accuracy: PyTorch eager and
     torch.compile, ONNX Runtime FP32 and optimised, INT8 static (QDQ U8S8 / S8S8, QOperator),
     INT8 dynamic, FP16; batch 1 and a larger batch; cold start apart.
@@ -279,7 +283,7 @@ def compare_cmd(model: str, inputs: tuple[str, ...], calib: Path | None, preproc
                      factory_args=parse_factory_args(parse_assignments(factory_args,
                                                                        "--factory-arg")),
                      submodule=submodule, cold=cold, bundle=bundle, log=log,
-                     steps=step_line("compare", as_json))
+                     audio_rate=audio_rate, steps=step_line("compare", as_json))
     if chart:
         from ..chart import render
 
