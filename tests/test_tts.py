@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 import wave
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,54 @@ def test_compare_times_speech_in_real_time_factors(built):
     table = markdown(result)
     assert "| x real time |" in table and "stay dynamic (" in table
 
+
+
+@pytest.fixture(scope="module")
+def torch_built(tmp_path_factory):
+    """tests/tts_torch.py's TinyTTS (PyTorch: embedding, encoder, durations, repeat_interleave,
+    vocoder), its weights as safetensors, built as one graph with --task tts."""
+    from safetensors.torch import save_file
+    from tts_torch import tiny_tts
+
+    root = tmp_path_factory.mktemp("tts_torch")
+    save_file(tiny_tts().state_dict(), root / "tts.safetensors")
+    (root / "calib").mkdir()
+    np.save(root / "calib" / "tokens.npy", tokens(1, 40))
+    source = f"{Path(__file__).parent / 'tts_torch.py'}:tiny_tts"
+    run = CliRunner().invoke(main, ["build", source, "--weights", str(root / "tts.safetensors"),
+                                    "--input", "tokens:1x8:int64", "--calib",
+                                    str(root / "calib"), "--task", f"tts:rate={RATE}",
+                                    "-o", str(root / "out")], catch_exceptions=False)
+    return root, source, run
+
+
+def test_a_pytorch_tts_model_builds_from_safetensors_checked_against_pytorch(torch_built):
+    root, _, run = torch_built
+    assert run.exit_code == 0, run.output
+    part = json.loads((root / "out" / "manifest.json").read_text())["parts"][0]
+    validation = part["source"]["export"]["validation"]   # the export against PyTorch
+    assert validation["cosine_min"] > 0.9999 and validation["calibration"] >= 8
+    assert part["source"]["export"]["weights"]["file"] == "tts.safetensors"
+    assert part["task"]["kind"] == "tts" and part["accuracy"]["task"]["passed"]
+    assert verify(root / "out", runs=5, warmup=1)["passed"]
+
+
+def test_compare_times_eager_compile_ort_and_the_bundle_as_real_time(torch_built):
+    """The seeds' comparison: eager PyTorch, torch.compile, ONNX Runtime and the bundle on the
+    same token sequences, warm real-time factors, the cold start apart (a first call's import
+    and load is what made an earlier figure 48x)."""
+    from packager.compare import compare
+    from packager.source.specs import parse_input
+
+    root, source, _ = torch_built
+    result = compare(source, weights=root / "tts.safetensors",
+                     inputs=[parse_input("tokens:1x8:int64")], calib=root / "calib",
+                     batches=(1,), rounds=2,
+                     block=3, bundle=root / "out",
+                     variants=["PyTorch eager", "torch.compile", "ORT FP32"])
+    rows = {r["variant"].split(" (")[0]: r for r in result["rows"]}
+    assert {"PyTorch eager", "torch.compile", "ORT FP32", "shipped"} <= set(rows), rows
+    for name in ("PyTorch eager", "torch.compile", "ORT FP32", "shipped"):
+        assert rows[name]["rtf"] > 1 and rows[name]["cosine_min"] > 0.999, rows[name]
+    cold = rows["PyTorch eager"]["cold_start"]["total_ms"]
+    assert cold > 10 * rows["PyTorch eager"]["p50_ms"]   # cold start is no warm figure
