@@ -27,7 +27,7 @@ from .bundle.roofline import MATMUL_SHAPES
 from .compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, VARIANTS, compare_batch
 from .compare_bundle import refuse_as_model, shipped_graph
 from .compare_openvino import OPENVINO_ROWS, OV_CPU
-from .errors import PackagerError
+from .errors import PackagerError, ShapeError
 from .graph.inspection import graph_inputs, io_specs
 from .graph.modelio import load_model
 from .progress import OFF, Log, Progress
@@ -121,16 +121,7 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
         specs = [given.get(i["name"]) or TensorSpec(
             i["name"], tuple(d if isinstance(d, int) and d > 0 else 1 for d in i["shape"]),
             i["dtype"]) for i in io_specs(graph_inputs(model))]
-    one = [TensorSpec(s.name, (1, *s.shape[1:]), s.dtype) for s in specs]
-    if calib is not None:
-        samples = load_samples(calib, inputs=[{"name": s.name, "shape": list(s.shape),
-                                               "dtype": s.dtype} for s in one],
-                               preprocess=preprocess)
-    else:
-        samples = [dict(zip([s.name for s in one], make_inputs(one, loaded.module if loaded
-                                                                 else _NoModule(), seed=i),
-                            strict=True)) for i in range(EVAL_SAMPLES)]
-    calib_set, held = split_holdout(samples, fraction=0.25)
+    calib_set, held = split_holdout(_samples(specs, calib, preprocess, loaded), fraction=0.25)
     wanted += [shipped["label"]] if shipped else []
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
@@ -138,22 +129,21 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
         for i, batch in enumerate(batches):
             log(f"compare: batch {batch}")
-            batch_rows, ceiling = compare_batch(
-                Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
-                wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
-                notes, shipped)
+            try:
+                batch_rows, ceiling = compare_batch(
+                    Path(tmp), source, loaded, specs, batch, calib_set, held, target, threads,
+                    wanted, rounds, block, log, steps, f"batch {batch} ({i + 1}/{len(batches)})",
+                    notes, shipped)
+            except ShapeError as exc:   # a model fixed at batch 1: the other batches say so
+                if i == 0:
+                    raise
+                batch_rows, ceiling = _no_batch(batch, wanted, exc, notes, steps), None
             rows += batch_rows
-            ceilings.append(ceiling)
+            ceilings += [ceiling] if ceiling else []
         if cold:
             _cold_starts(Path(tmp), source, loaded, rows, threads, weights, factory_args,
                          submodule, log, steps)
-    for r in rows:
-        if audio_rate and "error" not in r and r.get("_out0_elements"):
-            # seconds of speech per second of compute, warm (the cold start is its own column)
-            r["rtf"] = r["_out0_elements"] / audio_rate / (r["p50_ms"] / 1000.0)
-            r.pop("top1", None)   # a waveform's samples are no class scores
-        r.pop("_path", None)
-        r.pop("_out0_elements", None)
+    _finish_rows(rows, audio_rate)
     return {"source": str(source), "machine": machine(), "threads": threads,
             "audio_rate": audio_rate,
             "reference": "PyTorch" if loaded is not None else "ORT FP32",
@@ -161,6 +151,38 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
             "samples": {"calibration": len(calib_set), "held_out": len(held),
                         "data": "calibration" if calib is not None else "random"},
             "roofline": ceilings, "rows": rows, "notes": list(dict.fromkeys(notes))}
+
+
+def _samples(specs: Sequence[TensorSpec], calib: Path | None,
+             preprocess: dict[str, Any] | None, loaded) -> list[dict[str, Any]]:
+    """Batch-1 samples: the calibration data's, else random inputs of the specs."""
+    one = [TensorSpec(s.name, (1, *s.shape[1:]), s.dtype) for s in specs]
+    if calib is not None:
+        return load_samples(calib, inputs=[{"name": s.name, "shape": list(s.shape),
+                                            "dtype": s.dtype} for s in one],
+                            preprocess=preprocess)
+    return [dict(zip([s.name for s in one], make_inputs(one, loaded.module if loaded
+                                                        else _NoModule(), seed=i),
+                     strict=True)) for i in range(EVAL_SAMPLES)]
+
+
+def _finish_rows(rows: list[dict[str, Any]], audio_rate: int | None) -> None:
+    """Each row's real-time factor for speech, and no private keys left."""
+    for r in rows:
+        if audio_rate and "error" not in r and r.get("_out0_elements"):
+            # seconds of speech per second of compute, warm (the cold start is its own column)
+            r["rtf"] = r["_out0_elements"] / audio_rate / (r["p50_ms"] / 1000.0)
+            r.pop("top1", None)   # a waveform's samples are no class scores
+        r.pop("_path", None)
+        r.pop("_out0_elements", None)
+
+
+def _no_batch(batch: int, wanted: Sequence[str], exc: ShapeError, notes: list[str],
+              steps: Progress) -> list[dict[str, Any]]:
+    steps.finish()
+    notes.append(f"batch {batch}: {exc.message}")
+    return [{"variant": v, "batch": batch,
+             "error": f"the model does not run at batch {batch} (see the notes)"} for v in wanted]
 
 
 class _NoModule:
