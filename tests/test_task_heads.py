@@ -503,7 +503,8 @@ def test_odd_task_values_are_refused_or_run_never_crash():
     outputs = {"classify": [np.zeros((1, 4))], "detect": [yolov8(TWO_BOXES)],
                "embed": [np.ones((1, 3, 4))], "ctc": [ctc_matrix("he", ALPHABET)],
                "segment": [np.zeros((1, 2, 3, 3))], "vad": [np.array([[0.4]])],
-               "multilabel": [np.array([[[0.2, 0.7], [0.9, 0.1]]])]}
+               "multilabel": [np.array([[[0.2, 0.7], [0.9, 0.1]]])],
+               "tts": [np.linspace(-0.5, 0.5, 300).reshape(1, -1)]}
     for kind, params in tasks.PARAMETERS.items():
         for key in params:
             for value in ODD:

@@ -209,7 +209,7 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
         raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
                          "inferred, and running the model at the static shapes failed: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None
-    varying = [n for n in open_ if len(shapes.get(n, ())) > 1]
+    varying = [n for n in dict.fromkeys(open_) if len(shapes.get(n, ())) > 1]
     infos = {v.name: v for v in model.graph.value_info}
     outputs = {o.name: o for o in model.graph.output}
     for name in open_:
