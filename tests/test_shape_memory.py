@@ -88,3 +88,30 @@ def test_shapes_from_run_holds_one_inference_not_every_tensor(tmp_path):
     every = peak_mb(tmp_path, "fetched_shapes(model, open_, feeds)")   # the way it was done
     # every open tensor held at once is 200 MB more than the profiler's one inference
     assert every - profiled > 150, (profiled, every)
+
+
+def test_calibration_counts_the_data_dependent_tensors_it_holds(tmp_path):
+    """Static shapes cannot count a waveform that follows the text: the quantizer's memory is
+    estimated with the sizes runs gave those tensors, and bounded by the memory free now."""
+    import onnx
+    from test_ragged import length_regulator
+
+    from packager.graph.shapes import observed_bytes
+    from packager.quantization.calibration import (
+        CALIB_BYTES,
+        available_bytes,
+        calibration_budget,
+    )
+
+    model = onnx.load(length_regulator(tmp_path / "regulator.onnx"))
+    feeds = [{"x": np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32)}
+             for i in range(3)]
+    fixed, varying = shapes_from_run(model, feeds[:2])
+    assert "frames" in varying
+    shapes, kinds = fetched_shapes(model, varying, feeds[:2])   # the tensors themselves
+    expected = sum(max(int(np.prod(s)) for s in shapes[n]) *
+                   helper.tensor_dtype_to_np_dtype(kinds[n]).itemsize
+                   for n in dict.fromkeys(varying))
+    assert expected > 0 and observed_bytes(model, varying, feeds[:2]) == expected
+    free = available_bytes()
+    assert free is None or calibration_budget() <= min(CALIB_BYTES, free // 2)

@@ -5,10 +5,12 @@ source without data gets random inputs for golden data and accuracy."""
 from dataclasses import replace
 
 from ..errors import CalibrationError
-from ..graph.shapes import dynamic_tensors, shapes_from_run
+from ..graph.shapes import dynamic_tensors, observed_bytes, shapes_from_run
 from ..quantization.calibration import (
     CALIB_BYTES,
     activation_bytes,
+    available_bytes,
+    calibration_budget,
     fit_memory,
     load_samples,
     split_holdout,
@@ -55,6 +57,7 @@ def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     kind = "calibration"
     if not samples:
         samples, kind = _random_samples(req, loaded, shaped, plan, ctx), "random"
+    varying: list[str] = []
     if dynamic_tensors(shaped.simplified):
         open_count = len(dynamic_tensors(shaped.simplified))
         simplified, varying = shapes_from_run(shaped.simplified, samples[:2])
@@ -68,16 +71,33 @@ def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     given = calib   # the user's set: its size and spread are what the hygiene notes judge
     if kind != "random":
         ctx.log(f"calibration: {len(calib)} samples, {len(held)} held out for accuracy")
-        per_sample = activation_bytes(shaped.simplified)
-        fitted = fit_memory(calib, per_sample)
-        if len(fitted) < len(calib):
-            ctx.log(f"calibration: {len(fitted)} of the {len(calib)} samples (evenly spread) "
-                    f"calibrate: the quantizer holds every tensor of every sample at once, "
-                    f"{per_sample / 1e6:.0f} MB each here, and {CALIB_BYTES / 2 ** 30:.0f} GiB "
-                    "is its share")
-            calib = fitted
+        calib = _fitted(calib, shaped, varying, samples, ctx)
     ctx.clock.lap("shapes")
     return PartData(kind, samples, calib, held, given), shaped
+
+
+def _fitted(calib: list, shaped: Shaped, varying: list[str], samples: list,
+            ctx: BuildContext) -> list:
+    """The calibration samples the quantizer's memory holds: every tensor of every sample at
+    once, the data-dependent ones at the size runs gave them (a TTS model's waveform), within
+    CALIB_BYTES or half the memory free now; said when that thins them, or would not suffice."""
+    per_sample = activation_bytes(shaped.simplified) + (
+        observed_bytes(shaped.simplified, varying, samples[:2]) if varying else 0)
+    fitted = fit_memory(calib, per_sample)
+    budget = calibration_budget()
+    if len(fitted) < len(calib):
+        ctx.log(f"calibration: {len(fitted)} of the {len(calib)} samples (evenly spread) "
+                f"calibrate: the quantizer holds every tensor of every sample at once, "
+                f"{per_sample / 1e6:.0f} MB each here, and {budget / 2 ** 30:.1f} GiB is its "
+                f"share (the smaller of {CALIB_BYTES / 2 ** 30:.0f} GiB and half the memory "
+                "free)")
+    free = available_bytes()
+    if free is not None and len(fitted) * per_sample > free:
+        ctx.log(f"warning: calibration holds {len(fitted) * per_sample / 2 ** 30:.1f} GiB of "
+                f"activations ({len(fitted)} samples, the fewest that calibrate), more than the "
+                f"{free / 2 ** 30:.1f} GiB free: the kernel may stop this build; pass "
+                "--precision fp32 or --mode dynamic, or build on a machine with more memory")
+    return fitted
 
 
 def _random_samples(req: PartRequest, loaded: Loaded, shaped: Shaped, plan: PartPlan,

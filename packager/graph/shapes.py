@@ -277,6 +277,21 @@ def profiled_shapes(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
     return shapes, types
 
 
+def observed_bytes(model: onnx.ModelProto, names: Sequence[str],
+                   feeds: Sequence[Mapping[str, Any]]) -> int:
+    """Bytes of the tensors *names* at the largest shape each took over runs on *feeds* (the
+    data-dependent tensors a calibration holds too, which static shapes cannot count)."""
+    import numpy as np
+
+    shapes, types = profiled_shapes(model, feeds)
+    total = 0
+    for name in dict.fromkeys(names):
+        if name in shapes and name in types:
+            size = onnx.helper.tensor_dtype_to_np_dtype(types[name]).itemsize
+            total += max(int(np.prod(s)) for s in shapes[name]) * size
+    return total
+
+
 def fetched_shapes(model: onnx.ModelProto, names: Sequence[str],
                    feeds: Sequence[Mapping[str, Any]]) -> tuple[dict[str, set], dict[str, int]]:
     """profiled_shapes' answer for *names*, asked of runs that return them as outputs."""

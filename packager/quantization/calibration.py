@@ -82,10 +82,31 @@ def activation_bytes(model: Any) -> int:
     return total
 
 
-def fit_memory(samples: Sequence[Sample], per_sample: int, *, budget: int = CALIB_BYTES,
+def available_bytes() -> int | None:
+    """The memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def calibration_budget() -> int:
+    """Bytes of activations the quantizer's calibration may hold: CALIB_BYTES, or half the
+    memory available now where that is less (a build the kernel would kill says so instead)."""
+    free = available_bytes()
+    return CALIB_BYTES if free is None else max(1, min(CALIB_BYTES, free // 2))
+
+
+def fit_memory(samples: Sequence[Sample], per_sample: int, *, budget: int | None = None,
                floor: int = MIN_FIT) -> list[Sample]:
     """*samples*, thinned (evenly spread, the same ones every run) so that the quantizer's
-    calibration holds at most *budget* bytes of activations (*per_sample* each)."""
+    calibration holds at most *budget* bytes of activations (*per_sample* each; default
+    calibration_budget())."""
+    budget = calibration_budget() if budget is None else budget
     if per_sample <= 0 or len(samples) * per_sample <= budget:
         return list(samples)
     keep = max(floor, budget // per_sample)
