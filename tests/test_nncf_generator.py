@@ -149,3 +149,23 @@ def test_the_provider_choice_tries_the_best_graph_of_each_generator(tmp_path):
     nncf_miss = cand("INT8 NNCF, miss", NNCF, 29, passed=False)
     decision = Decision(fp32, {}, (fp32, ort, ort_less, nncf_miss, nncf))
     assert [c.label for c in _graphs(decision)] == ["FP32", "INT8 preset", "INT8 NNCF"]
+
+
+def test_nncf_sends_no_telemetry_from_a_build():
+    """Imported the way the build imports it, outside pytest (where NNCF stubs it anyway),
+    NNCF's telemetry is its stub: no usage events to Google Analytics, no sender threads."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import threading\n"
+            "from packager.quantization.nncf_generator import unavailable\n"
+            "assert unavailable() == '', unavailable()\n"
+            "import nncf.telemetry.wrapper as w\n"
+            "print(type(w.telemetry).__name__, "
+            "sum(t.name.startswith('ThreadPoolExecutor') for t in threading.enumerate()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items()
+                                            if k != "NNCF_CI"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["MagicMock", "0"]   # NNCF's stub (NNCFTelemetryStub)

@@ -18,6 +18,7 @@ without it the search is onnxruntime's alone and the build says so once.
 import contextlib
 import io
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,7 +42,11 @@ def unavailable() -> str:
 
 @contextlib.contextmanager
 def _quiet():
-    """NNCF logs INFO lines and draws progress bars: neither belongs in the build's output."""
+    """NNCF logs INFO lines and draws progress bars: neither belongs in the build's output.
+    And its telemetry stays off: imported unset, NNCF 3.4 sends usage events to Google
+    Analytics (openvino_telemetry, with no opt-in asked) from a thread pool that outlived the
+    build; NNCF_CI, set before its first import, is NNCF's own switch to its stub."""
+    os.environ.setdefault("NNCF_CI", "1")
     logger = logging.getLogger("nncf")
     level = logger.level
     logger.setLevel(logging.ERROR)
