@@ -152,3 +152,23 @@ def test_a_manifest_with_records_edgepack_did_not_write_gets_a_page_saying_so(la
     assert "This bundle's records cannot be shown" in page and "TypeError" in page
     twin = json.loads((bundle / "reports" / "index.json").read_text())
     assert twin["unreadable"].startswith("TypeError")
+
+
+def test_text_from_the_manifest_is_escaped_on_the_page(labelled, tmp_path):
+    """Whatever a manifest's records hold is text on the page, never markup: a hand-edited
+    profile and labelled count that carry a script stay escaped."""
+    import shutil
+
+    from page_check import parse
+
+    bundle = tmp_path / "edited"
+    shutil.copytree(labelled[0], bundle)
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    precision = manifest["parts"][0]["precision"]
+    precision["profile"]["runs"] = "<script>alert(1)</script>"
+    precision["labelled_top1"]["n"] = "<img src=x>"
+    path.write_text(json.dumps(manifest))
+    assert edgepack("report", str(bundle)).exit_code == 0
+    page = parse(bundle / "reports" / "index.html")   # no script, no img: refused by the parser
+    assert "<script>alert(1)</script>" in " ".join(page.text)

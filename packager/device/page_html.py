@@ -111,7 +111,7 @@ def labelled(found: dict[str, Any] | None) -> str:
     if "skipped" in found:
         return f"<p class=\"note\">Labelled top-1 not measured: {escape(found['skipped'])}.</p>"
     shipped = found.get("shipped") or found
-    out = [f"<p><b>Against your labels</b> ({found['n']} images in class folders, "
+    out = [f"<p><b>Against your labels</b> ({escape(str(found['n']))} images in class folders, "
            f"{escape(found['mapping'])}): labelled top-1 FP32 {pct(found['top1'])}, shipped "
            f"{pct(shipped['top1'])}.</p>"]
     for name, result in (("FP32", found), ("shipped", shipped)):
@@ -139,7 +139,8 @@ def profile(part: dict[str, Any]) -> str:
                  series, "ms", f"{part['name']}: time per op type")
     nodes = [[n["node"], n["op"], ms(n["ms"])] for n in shipped.get("top_nodes", [])]
     return ("<h3>Where the time goes</h3><p class=\"note\">onnxruntime's profiler on "
-            f"{escape(str(prof.get('measured_on')))}, {prof.get('runs')} calls, ms per call "
+            f"{escape(str(prof.get('measured_on')))}, {escape(str(prof.get('runs')))} calls, ms "
+            "per call "
             f"(kernel time: shipped {ms(shipped.get('kernel_ms'))}"
             + (f", FP32 {ms(fp32.get('kernel_ms'))}" if fp32 else "")
             + "; another provider's own graph is not profiled here)</p>" + chart
