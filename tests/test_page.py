@@ -172,3 +172,19 @@ def test_text_from_the_manifest_is_escaped_on_the_page(labelled, tmp_path):
     assert edgepack("report", str(bundle)).exit_code == 0
     page = parse(bundle / "reports" / "index.html")   # no script, no img: refused by the parser
     assert "<script>alert(1)</script>" in " ".join(page.text)
+
+
+def test_a_device_report_that_is_no_report_leaves_the_other_rows(labelled, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "fleet"
+    shutil.copytree(labelled[0], bundle)
+    verify(bundle, runs=5, warmup=1)
+    (bundle / "reports" / "pi").mkdir()
+    (bundle / "reports" / "pi" / "report.json").write_text(json.dumps(
+        {"bench": {"parts": ["not", "a", "table"]}, "passed": True}))
+    assert edgepack("report", str(bundle)).exit_code == 0
+    data, text = check_figures(bundle)
+    rows = {d["device"]: d for d in data["devices"]}
+    assert rows["pi"]["verdict"] == "unreadable report" and rows["pi"]["parts"] == {}
+    assert rows["this machine (edgepack verify)"]["parts"]["model"]["p50_ms"] > 0

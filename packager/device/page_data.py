@@ -135,8 +135,11 @@ def device_rows(bundle: Path, digest: str) -> list[dict[str, Any]]:
             report = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(report, dict):
-            found.append(device_row(device, report, path.stat().st_mtime, digest))
+        when = path.stat().st_mtime
+        try:   # a device's answer is its own: one that is no report spoils no other row
+            found.append(device_row(device, report, when, digest))
+        except (TypeError, AttributeError, ValueError, KeyError):
+            found.append(device_row(device, {"verdict": "unreadable report"}, when, digest))
     return sorted(found, key=lambda r: r["when"], reverse=True)
 
 
