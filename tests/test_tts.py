@@ -229,3 +229,22 @@ def test_compare_times_eager_compile_ort_and_the_bundle_as_real_time(torch_built
         assert rows[name]["rtf"] > 1 and rows[name]["cosine_min"] > 0.999, rows[name]
     cold = rows["PyTorch eager"]["cold_start"]["total_ms"]
     assert cold > 10 * rows["PyTorch eager"]["p50_ms"]   # cold start is no warm figure
+
+
+def test_a_tts_model_quantized_already_ships_as_given_and_verifies(tmp_path):
+    """Weights already dynamically quantized (as the issue's 82M model's were): the build ships
+    it "INT8 (as given)", judged as speech against itself, and verify passes."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    tiny_tts(tmp_path / "tts.onnx")
+    quantize_dynamic(str(tmp_path / "tts.onnx"), str(tmp_path / "tts.int8.onnx"))
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "tokens.npy", tokens(2, 30))
+    run = CliRunner().invoke(main, ["build", str(tmp_path / "tts.int8.onnx"), "--calib",
+                                    str(tmp_path / "calib"), "--task", f"tts:rate={RATE}",
+                                    "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    assert f"built {tmp_path / 'out'}: INT8 (as given)" in run.output
+    report = verify(tmp_path / "out", runs=5, warmup=1)
+    assert report["passed"] and any(c["name"] == "task:tts" and c["passed"]
+                                    for c in report["checks"])
