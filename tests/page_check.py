@@ -115,6 +115,7 @@ def browser() -> str:
 def render(page: Path, out: Path) -> tuple[str, np.ndarray]:
     """The DOM chromium builds and a screenshot of it, offline (every host name unresolvable)."""
     common = [browser(), "--headless", "--no-sandbox", "--disable-gpu",
+              "--disable-dev-shm-usage",   # a container's /dev/shm is 64 MB: use /tmp
               "--host-resolver-rules=MAP * ~NOTFOUND", "--user-data-dir=" + str(out / "profile")]
     dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True,
                          text=True, timeout=120)
