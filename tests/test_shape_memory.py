@@ -115,3 +115,18 @@ def test_calibration_counts_the_data_dependent_tensors_it_holds(tmp_path):
     assert expected > 0 and observed_bytes(model, varying, feeds[:2]) == expected
     free = available_bytes()
     assert free is None or calibration_budget() <= min(CALIB_BYTES, free // 2)
+
+
+def test_shapes_from_run_hands_back_the_data_dependent_bytes_it_saw(tmp_path):
+    """The build counts the calibration's data-dependent tensors from the runs that found them
+    (no second profiled run): the same bytes observed_bytes measures on its own."""
+    import onnx
+    from test_ragged import length_regulator
+
+    from packager.graph.shapes import observed_bytes
+
+    model = onnx.load(length_regulator(tmp_path / "regulator.onnx"))
+    sizes: dict[str, int] = {}
+    _, varying = shapes_from_run(model, feeds(), sizes)
+    assert set(sizes) == set(varying) and sum(sizes.values()) > 0
+    assert sum(sizes.values()) == observed_bytes(model, varying, feeds())

@@ -5,7 +5,7 @@ source without data gets random inputs for golden data and accuracy."""
 from dataclasses import replace
 
 from ..errors import CalibrationError
-from ..graph.shapes import dynamic_tensors, observed_bytes, shapes_from_run
+from ..graph.shapes import dynamic_tensors, shapes_from_run
 from ..quantization.calibration import (
     CALIB_BYTES,
     activation_bytes,
@@ -58,9 +58,10 @@ def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     if not samples:
         samples, kind = _random_samples(req, loaded, shaped, plan, ctx), "random"
     varying: list[str] = []
+    sizes: dict[str, int] = {}   # the data-dependent tensors' bytes, from the same runs
     if dynamic_tensors(shaped.simplified):
         open_count = len(dynamic_tensors(shaped.simplified))
-        simplified, varying = shapes_from_run(shaped.simplified, samples[:2])
+        simplified, varying = shapes_from_run(shaped.simplified, samples[:2], sizes)
         shaped = replace(shaped, simplified=simplified)
         ctx.log(f"shapes: {open_count - len(varying)} tensor shape(s) that shape inference "
                 "could not resolve came from a run at the static input shapes")
@@ -71,18 +72,16 @@ def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     given = calib   # the user's set: its size and spread are what the hygiene notes judge
     if kind != "random":
         ctx.log(f"calibration: {len(calib)} samples, {len(held)} held out for accuracy")
-        calib = _fitted(calib, shaped, varying, samples, ctx)
+        calib = _fitted(calib, shaped, sum(sizes.values()), ctx)
     ctx.clock.lap("shapes")
     return PartData(kind, samples, calib, held, given), shaped
 
 
-def _fitted(calib: list, shaped: Shaped, varying: list[str], samples: list,
-            ctx: BuildContext) -> list:
+def _fitted(calib: list, shaped: Shaped, varying_bytes: int, ctx: BuildContext) -> list:
     """The calibration samples the quantizer's memory holds: every tensor of every sample at
     once, the data-dependent ones at the size runs gave them (a TTS model's waveform), within
     CALIB_BYTES or half the memory free now; said when that thins them, or would not suffice."""
-    per_sample = activation_bytes(shaped.simplified) + (
-        observed_bytes(shaped.simplified, varying, samples[:2]) if varying else 0)
+    per_sample = activation_bytes(shaped.simplified) + varying_bytes
     fitted = fit_memory(calib, per_sample)
     budget = calibration_budget()
     if len(fitted) < len(calib):

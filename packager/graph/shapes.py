@@ -180,8 +180,8 @@ def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
     return found
 
 
-def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
-                    ) -> tuple[onnx.ModelProto, list[str]]:
+def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]],
+                    sizes: dict[str, int] | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """Fill in the shapes shape inference left open (through If/Loop, custom-domain ops) from
     real onnxruntime runs at the static input shapes.
 
@@ -210,6 +210,8 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
                          "inferred, and running the model at the static shapes failed: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None
     varying = [n for n in dict.fromkeys(open_) if len(shapes.get(n, ())) > 1]
+    if sizes is not None:   # the data-dependent tensors' bytes, from these same runs
+        sizes.update((n, _largest_bytes(shapes, types, n)) for n in varying)
     infos = {v.name: v for v in model.graph.value_info}
     outputs = {o.name: o for o in model.graph.output}
     for name in open_:
@@ -281,15 +283,19 @@ def observed_bytes(model: onnx.ModelProto, names: Sequence[str],
                    feeds: Sequence[Mapping[str, Any]]) -> int:
     """Bytes of the tensors *names* at the largest shape each took over runs on *feeds* (the
     data-dependent tensors a calibration holds too, which static shapes cannot count)."""
-    import numpy as np
 
     shapes, types = profiled_shapes(model, feeds)
-    total = 0
-    for name in dict.fromkeys(names):
-        if name in shapes and name in types:
-            size = onnx.helper.tensor_dtype_to_np_dtype(types[name]).itemsize
-            total += max(int(np.prod(s)) for s in shapes[name]) * size
-    return total
+    return sum(_largest_bytes(shapes, types, n) for n in dict.fromkeys(names))
+
+
+def _largest_bytes(shapes: dict[str, set], types: dict[str, int], name: str) -> int:
+    """Bytes of tensor *name* at the largest shape it took (0 when it was not seen)."""
+    import numpy as np
+
+    if name not in shapes or name not in types:
+        return 0
+    size = onnx.helper.tensor_dtype_to_np_dtype(types[name]).itemsize
+    return max(int(np.prod(s)) for s in shapes[name]) * size
 
 
 def fetched_shapes(model: onnx.ModelProto, names: Sequence[str],
