@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._runtimes.runner.bench import ceiling_share
+from ._runtimes.runner.roofline import ceiling_share
 from .bundle.assemble import write_roofline
 from .compare_openvino import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
@@ -341,7 +341,7 @@ def _roofline_rows(tmp: Path, spec: dict[str, Any], threads: int,
     """The bundle's roofline graphs fed as `run.py bench --roofline` feeds them: one row a
     kind, each call running every graph of that kind twice and recording the second (warm) run's
     ms in *record* by graph file."""
-    from ._runtimes.runner.bench import roofline_feed, roofline_graphs
+    from ._runtimes.runner.roofline import roofline_feed, roofline_graphs
 
     runs = {kind: [(g["file"], session(tmp / g["file"], threads), roofline_feed(g))
                    for g in roofline_graphs(spec) if g["kind"] == kind] for kind in ROOFLINE}
@@ -360,7 +360,7 @@ def _ceiling(spec: dict[str, Any], times: dict[str, list[float]],
              openvino: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:
     """The best rate of each kind over every roofline graph, under onnxruntime's CPU provider
     here (*times*, ms per run) and under the OpenVINO provider (*openvino*: GOP/s)."""
-    from ._runtimes.runner.bench import roofline_graphs
+    from ._runtimes.runner.roofline import roofline_graphs
 
     rates = [(dict(g, runtime="ORT CPU", provider=CPU),
               g["ops"] / (float(np.median(times[g["file"]])) * 1e6))

@@ -25,7 +25,7 @@ OPENVINO_ROWS = (OV_CPU, OV_FP32, OV_INT8)
 
 ROOFLINE_SCRIPT = """import json, sys
 sys.path.insert(0, sys.argv[1])
-from runner.bench import time_roofline
+from runner.roofline import time_roofline
 graphs = json.loads(sys.argv[3])
 rates = time_roofline(sys.argv[2], graphs, int(sys.argv[4]), json.loads(sys.argv[5]))
 print(json.dumps([[g["file"], gops, provider] for g, gops, provider in rates]))
@@ -78,7 +78,7 @@ def _openvino_roofline(python: Path, tmp: Path, spec: Mapping[str, Any],
                        threads: int) -> list[tuple[dict[str, Any], float]]:
     """The roofline graphs' GOP/s under the OpenVINO provider (those it really ran)."""
     from ._runtimes import runner
-    from ._runtimes.runner.bench import roofline_graphs
+    from ._runtimes.runner.roofline import roofline_graphs
 
     graphs = roofline_graphs(spec)
     cmd = [str(python), "-c", ROOFLINE_SCRIPT, str(Path(runner.__file__).parent.parent),

@@ -35,14 +35,15 @@ RUNNER = "runner"
 # runner/ holds these only (contents.py's files): a .so, .pyc or other .py there could be imported
 # in place of one. The core ships in every bundle, OPTIONAL_MODULES where it uses them.
 CORE_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "contents.py", "errors.py",
-                "facts.py", "infer.py", "inputs.py", "load.py", "manifest.py", "metrics.py",
-                "places.py", "report.py", "sessions.py", "stages.py", "tuned.py")
+                "facts.py", "load.py", "manifest.py", "metrics.py", "places.py", "report.py",
+                "sessions.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
-                    "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "profile.py",
-                    "serve.py", "serve_body.py", "serve_http.py", "task_classify.py",
-                    "task_ctc.py", "task_detect.py", "task_embed.py", "task_figures.py",
-                    "task_multilabel.py", "task_segment.py", "task_spec.py", "task_tts.py",
-                    "task_vad.py", "tasks.py", "tuning.py")
+                    "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "infer.py",
+                    "inputs.py", "profile.py", "roofline.py", "serve.py", "serve_body.py",
+                    "serve_http.py", "stages.py", "task_classify.py", "task_ctc.py",
+                    "task_detect.py", "task_embed.py", "task_figures.py", "task_multilabel.py",
+                    "task_segment.py", "task_spec.py", "task_tts.py", "task_vad.py", "tasks.py",
+                    "tensorrt.py", "tuned.py", "tuning.py")
 RUNNER_MODULES = CORE_MODULES + OPTIONAL_MODULES
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 

@@ -243,7 +243,7 @@ def test_the_ceiling_holds_the_models_heaviest_conv_and_no_row_exceeds_it(tmp_pa
 
 
 def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
-    from packager._runtimes.runner.bench import best_rates, roofline_graphs, time_roofline
+    from packager._runtimes.runner.roofline import best_rates, roofline_graphs, time_roofline
     from packager.bundle.assemble import write_roofline
     from packager.bundle.roofline import GENERIC_CONVS, heaviest_convs
     from packager.targets import load_target

@@ -20,10 +20,17 @@ GPU_PROVIDERS = {"TensorrtExecutionProvider", "CUDAExecutionProvider"}
 
 
 def runner():
-    """The runner's sessions module: provider plans and TensorRT cache keys."""
+    """The runner's sessions module: provider plans."""
     from packager._runtimes.runner import sessions
 
     return sessions
+
+
+def tensorrt():
+    """The runner's tensorrt module: TensorRT cache keys (shipped with a GPU provider)."""
+    from packager._runtimes.runner import tensorrt
+
+    return tensorrt
 
 
 def test_builtin_targets_and_their_choices():
@@ -100,13 +107,13 @@ def test_tensorrt_options_resolve_to_a_keyed_cache(orin_bundle, tmp_path):
     assert [p["graph"]["file"] for p in plan] == ["model.onnx", "model.fp16.onnx", "model.onnx"]
     assert [p["graph"]["precision"] for p in plan] == ["int8", "fp16", "int8"]
     cache.mkdir(parents=True)
-    r.write_cache_key(str(cache), part, plan[0]["graph"])
+    tensorrt().write_cache_key(str(cache), part, plan[0]["graph"])
     key = json.loads((cache / "key.json").read_text())
     assert key["model_sha256"] == part["model"]["sha256"] and key["inputs"] == part["inputs"]
 
 
 def test_cache_key_changes_with_model_shape_tensorrt_and_gpu(orin_bundle):
-    r = runner()
+    r = tensorrt()
     part = json.loads((orin_bundle / "manifest.json").read_text())["parts"][0]
     base = r.trt_cache_key(part, "10.3.0", "NVIDIA Jetson AGX Orin")
     other_shape = {**part, "inputs": [{**part["inputs"][0], "shape": [1, 3, 64, 64]}]}

@@ -351,7 +351,7 @@ def bundle(parts: Sequence[PartPayload], output: Path, *, target: Target,
                        for p in target.providers],
             session=target.session,
             budget={"latency_p90_ms": target.latency_p90_ms, "min_cosine": target.min_cosine},
-            roofline=write_roofline(tmp, parts, target),
+            roofline=write_roofline(tmp, parts, target) if "roofline" in extras else {},
             tools=tool_versions(),
             pipeline=dict(pipeline or {}),
         )

@@ -5,6 +5,7 @@ from typing import Any
 
 import click
 
+from .._runtimes.runner.contents import EXTRAS as RUNNER_EXTRAS
 from ..errors import SpecError
 from .base import (
     INPUT_HELP,
@@ -117,11 +118,13 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
                    "it first where it measures faster at the same budget (auto), wherever a graph "
                    "keeps the budget under it (yes), or never (no); devices without it run the "
                    "CPU provider")
-@click.option("--runner-extras", default="serve,tune,profile", show_default=True,
+@click.option("--runner-extras", default=",".join(RUNNER_EXTRAS), show_default=True,
               metavar="EXTRA,... | none",
-              help="what the bundle's runner carries beyond check, bench and infer: serve "
-              "(run.py serve), tune (bench --tune), profile (bench --profile); none ships only the "
-              "core and what the bundle uses, for a smaller runner to audit (docs/commands.md)")
+              help="what the bundle's runner carries beyond check and bench: infer (run.py "
+              "infer, bench FILE), serve (run.py serve; brings infer), tune (bench --tune), "
+              "profile (bench --profile), roofline (bench --roofline and its graphs: verify's "
+              "share of the device's best rate); none ships only the core and what the bundle "
+              "uses, for a smaller runner to audit (docs/commands.md)")
 @click.option("--task", "tasks", multiple=True, metavar="[PART=]KIND[:key=value,...] | FILE.toml",
               help="what the model does: classify, detect, embed, ctc, segment, vad, "
               "multilabel or raw (default); the candidates are also judged by the task's figure "

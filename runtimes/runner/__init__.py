@@ -2,19 +2,19 @@
 
 Python 3.8+, the standard library, numpy and onnxruntime only (OpenCV only for image inputs);
 never imports the packager, which imports these same modules for preprocessing and sessions.
-Modules, each importing only those listed before it:
+The core, in every bundle (each module imports only those listed before it):
 
-    errors     exit codes, BundleError and the one-line messages
-    task_spec  a part's task: kinds, parameters, defaults, checked against the outputs
-    tasks      task heads: top-k labels, boxes + NMS, embeddings, CTC text, masks, speech
-    images     image headers, decoding, preprocessing
+    errors     exit codes, BundleError and the one-line messages; image inputs' limits
+    contents   the runner's files by group; the optional modules loaded on demand
+    places     provider options that name a place stay in the bundle; regular files
+    metrics    output agreement (ragged outputs too), timed runs, latency statistics
     manifest   manifest.json, its shape, file hashes, integrity, golden data
-    facts      the device: CPU, power mode, GPU, CUDA, cuDNN, TensorRT, memory
-    metrics    output agreement, timed runs, latency statistics
-    sessions   session options, providers and their graphs, TensorRT caches, opening a session
-    inputs     files and HTTP bodies as checked model inputs; outputs described
-    task_figures  two models' agreement in a task's terms, and its judgement
-    check      `check`          tuning   `bench --tune`      bench   `bench`
-    infer      `infer`          serve    `serve`             report  the human-readable report
+    facts      the device: CPU, power mode, memory        load   how busy the machine is
+    sessions   session options, providers and their graphs, opening a session
+    check      `check`          bench    `bench`          report  the human-readable report
     cli        the command line: arguments, the command run, errors as exit codes
+
+Everything else ships where the bundle uses it (contents.py says when): the tasks' heads and
+judgement, image decoding, the GPU's facts and TensorRT caches, the cascade, and the extras a
+build asks for (infer, serve, tune, profile, roofline).
 """

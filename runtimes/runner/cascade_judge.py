@@ -226,3 +226,11 @@ def golden_answers(bundle, golden, kind, photos):
             fail("photos[%d].answer %s" % (i, problem))
         out.append((key, entry["answer"]))
     return out
+
+
+def pipeline_line(entry):
+    """'pipeline: 19 of the original's 19 text lines read alike ... on 4 golden photo(s) ...:
+    ok' (the verdict's text says FAILED itself)."""
+    return "pipeline: %s: %s%s" % (entry["kind"], entry["text"], (
+        "" if not entry["passed"] or not entry.get("checked") else ": ok" if entry["shown"]
+        else ": NOT PROVEN (too few golden answers to show it)"))

@@ -13,7 +13,7 @@ except ImportError:
 
 from .bench import cmd_bench
 from .check import cmd_check
-from .contents import extra_module, optional_module
+from .contents import extra_module, optional_module, shipped
 from .errors import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -21,16 +21,14 @@ from .errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    MAX_PIXELS,
     BundleError,
     ProviderMissing,
     one_line,
 )
-from .infer import cmd_infer
-from .inputs import MAX_PIXELS
 from .manifest import load_manifest
 from .report import print_human, to_json
-from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNED
-from .tuned import TUNE_MARGIN, load_tuned
+from .sessions import OPT_LEVELS, SESSION_OVERRIDES, TUNE_MARGIN, TUNED
 
 
 def parse_args(argv):
@@ -238,9 +236,24 @@ def check_dependencies(manifest):
                           % (missing, sys.executable, install))
 
 
+def cmd_infer(bundle, manifest, args):
+    """infer.py's command, in a bundle that ships it (else one line saying how to get it)."""
+    return extra_module("infer", manifest).cmd_infer(bundle, manifest, args)
+
+
 def cmd_serve(bundle, manifest, args):
     """serve.py's command, in a bundle that ships it (else one line saying how to get it)."""
     return extra_module("serve", manifest).cmd_serve(bundle, manifest, args)
+
+
+def load_tuned(bundle, manifest):
+    """This device's tuned session options (tuned.py, shipped with tune), or None: none saved."""
+    if not os.path.isfile(os.path.join(bundle, TUNED)):
+        return None
+    if not shipped(manifest, "runner/tuned.py"):
+        raise BundleError("%s: this bundle was built without `tune`, which reads it; delete it"
+                          % TUNED)
+    return optional_module("tuned").load_tuned(bundle, manifest)
 
 
 def run_command(args, json_out=None):

@@ -4,8 +4,10 @@ the modules a bundle ships only when it uses them, loaded on demand.
     RUNNER_CORE          run.py and the modules every bundle ships (load, check, run, bench)
     RUNNER_TASKS         tasks' checks, figures and judgement: when a part has a task
     RUNNER_HEADS         {task kind: its head}: shipped when a part has a task of that kind
-    RUNNER_EXTRAS        {extra: its modules}: serve, tune (bench --tune), profile (bench
-                         --profile); a build ships EXTRAS unless told fewer (--runner-extras)
+    RUNNER_EXTRAS        {extra: its modules}: infer (infer, bench FILE), serve (with infer's),
+                         tune (bench --tune, session.tuned.json read back), profile (bench
+                         --profile), roofline (bench --roofline, with its graphs); a build ships
+                         EXTRAS unless told fewer (--runner-extras)
     RUNNER_IMAGES        image decoding: only a bundle with a part that takes images
     RUNNER_GPU           the GPU's facts: only a bundle whose providers include a GPU one
     RUNNER_CASCADE       the cascade's modules: only a bundle with a `pipeline` ships them
@@ -26,22 +28,25 @@ RUNNER_DIR = "runner"
 # name the same (run.py checks runner/ before it imports any of it).
 RUNNER_CORE = ("run.py", "runner/__init__.py", "runner/bench.py", "runner/check.py",
                "runner/cli.py", "runner/contents.py", "runner/errors.py", "runner/facts.py",
-               "runner/infer.py", "runner/inputs.py", "runner/load.py",
-               "runner/manifest.py", "runner/metrics.py", "runner/places.py", "runner/report.py",
-               "runner/sessions.py", "runner/stages.py", "runner/tuned.py")
+               "runner/load.py", "runner/manifest.py", "runner/metrics.py", "runner/places.py",
+               "runner/report.py", "runner/sessions.py")
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, "CUDAExecutionProvider")   # sessions.py and the packager read these
-RUNNER_GPU = ("runner/gpu_facts.py",)
+RUNNER_GPU = ("runner/gpu_facts.py", "runner/tensorrt.py")
 RUNNER_IMAGES = ("runner/images.py",)
 RUNNER_TASKS = ("runner/task_figures.py", "runner/task_spec.py", "runner/tasks.py")
 HEAD_KINDS = ("classify", "detect", "embed", "ctc", "segment", "vad", "multilabel", "tts")
 RUNNER_HEADS = dict((kind, "runner/task_%s.py" % kind) for kind in HEAD_KINDS)
-EXTRAS = ("serve", "tune", "profile")
-RUNNER_EXTRAS = {"serve": ("runner/closing.py", "runner/serve.py", "runner/serve_body.py",
+EXTRAS = ("infer", "serve", "tune", "profile", "roofline")
+RUNNER_EXTRAS = {"infer": ("runner/infer.py", "runner/inputs.py", "runner/stages.py"),
+                 "serve": ("runner/closing.py", "runner/serve.py", "runner/serve_body.py",
                            "runner/serve_http.py"),
-                 "tune": ("runner/tuning.py",),
-                 "profile": ("runner/profile.py",)}
-EXTRA_OF = {"serve": "serve", "tuning": "tune", "profile": "profile"}   # module -> extra
+                 "tune": ("runner/tuned.py", "runner/tuning.py"),
+                 "profile": ("runner/profile.py",),
+                 "roofline": ("runner/roofline.py",)}
+NEEDS = {"serve": ("infer",)}   # an extra that answers through another's modules
+EXTRA_OF = {"infer": "infer", "stages": "infer", "serve": "serve", "tuning": "tune",
+            "tuned": "tune", "profile": "profile", "roofline": "roofline"}   # module -> extra
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                    "runner/cascade_ocr.py", "runner/cascade_spec.py")
 # the cascade decodes photos, and reads boxes and text with the detect and ctc heads' functions
@@ -94,11 +99,18 @@ def runner_files(manifest, extras=EXTRAS):
     if has_tasks(manifest):
         files.update(RUNNER_TASKS)
     files.update(RUNNER_HEADS[kind] for kind in part_kinds(manifest))
-    for extra in extras:
+    for extra in with_needs(extras):
         files.update(RUNNER_EXTRAS[extra])
     if manifest.get("pipeline"):
         files.update(RUNNER_CASCADE)
     return tuple(sorted(files, key=lambda rel: (rel != RUNNER_FILE, rel)))
+
+
+def with_needs(extras):
+    """*extras* with those they answer through (serve: infer's inputs and answers), in EXTRAS'
+    order."""
+    wanted = set(extras) | set(sum((NEEDS.get(extra, ()) for extra in extras), ()))
+    return tuple(extra for extra in EXTRAS if extra in wanted)
 
 
 def runner_needed(manifest):
@@ -135,7 +147,7 @@ def shipped(manifest, rel):
 
 
 def extra_module(name, manifest):
-    """The module *name* of one of the runner's extras (serve, tune, profile): a BundleError
+    """The module *name* of one of the runner's extras (EXTRAS): a BundleError
     (exit 2) saying how to get it when the bundle was built without it."""
     extra = EXTRA_OF.get(name, name)
     if not shipped(manifest, "%s/%s.py" % (RUNNER_DIR, name)):

@@ -1,10 +1,16 @@
-"""Exit codes and the errors the runner turns into them: one line on stderr, no traceback."""
+"""Exit codes and the errors the runner turns into them: one line on stderr, no traceback; the
+image inputs' kinds and pixel limit that infer, serve, bench and the cascade share."""
 
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130   # Ctrl-C, as shells and `edgepack build` report it
 EXIT_BUG = 3             # an unexpected exception: a bug, as in `edgepack`
 EXIT_BROKEN_PIPE = 141   # stdout's reader left early (| head): 128 + SIGPIPE, as a shell says
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")   # files read as images
+# A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
+MAX_PIXELS = 50 * 1000 * 1000
 
 
 class BundleError(Exception):

@@ -11,8 +11,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .errors import BundleError, TooLarge
-from .inputs import IMAGE_SUFFIXES, MAX_PIXELS  # noqa: F401 (the packager reads them here too)
+from .errors import IMAGE_SUFFIXES, MAX_PIXELS, BundleError, TooLarge  # noqa: F401 (the packager reads them here)
 
 # The preprocessing vocabulary, defined once (the packager's preprocessing.py imports it).
 RESIZE = ("stretch", "letterbox", "center-crop")

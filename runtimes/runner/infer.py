@@ -9,9 +9,8 @@ except ImportError:
     np = None
 
 from .contents import optional_module, task_kind, wants_pipeline
-from .errors import BundleError, one_line
+from .errors import IMAGE_SUFFIXES, BundleError, one_line
 from .inputs import (
-    IMAGE_SUFFIXES,
     describe_outputs,
     image_batch,
     image_row,
@@ -177,3 +176,22 @@ def cmd_infer(bundle, manifest, args):
         if not getattr(args, "json", False):   # said once, before the answers
             print(report["batching"])
     return report
+
+
+def print_infer(report):
+    """infer's report as lines a person reads."""
+    for entry in report["results"]:
+        if "summary" in entry:   # a part with a task: its result in a few words
+            print("%s: %s" % (entry["file"], entry["summary"]))
+        for output, item in entry.get("outputs", {}).items():
+            if "top" in item:
+                best = item["top"][0]
+                print("%s: %s = class %d%s (score %.4g)" % (
+                    entry["file"], output, best["index"],
+                    " '%s'" % best["label"] if best["label"] else "", best["score"]))
+            else:
+                print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
+        for note in entry.get("notes", ()):   # NaN or infinity in an output
+            print("%s: %s" % (entry["file"], note))
+    if report.get("out"):
+        print("outputs written to %s" % report["out"])

@@ -13,12 +13,9 @@ except ImportError:
     np = None
 
 from .contents import optional_module
-from .errors import BundleError, TooLarge, one_line
+from .errors import IMAGE_SUFFIXES, MAX_PIXELS, BundleError, TooLarge, one_line
 from .metrics import looks_like_scores
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-# A 1 MB PNG can decode to 20000x20000 (1.2 GB): images are measured from their header first.
-MAX_PIXELS = 50 * 1000 * 1000
 MAX_UNPACKED = 256 * 1024 * 1024   # bytes an .npz may inflate to
 MAX_NPZ_MEMBERS = 256              # arrays in one .npz (100,000 took 16 s of CPU to list)
 SHOWN_KEYS = 10                    # names echoed in a message about a body's keys

@@ -64,14 +64,6 @@ def reproduce_line(entry, rep):
         rep, rep["min_cosine"], why=" (a kernel computes differently on this device)"))
 
 
-def pipeline_line(entry):
-    """'pipeline: 19 of the original's 19 text lines read alike ... on 4 golden photo(s) ...:
-    ok' (the verdict's text says FAILED itself)."""
-    return "pipeline: %s: %s%s" % (entry["kind"], entry["text"], (
-        "" if not entry["passed"] or not entry.get("checked") else ": ok" if entry["shown"]
-        else ": NOT PROVEN (too few golden answers to show it)"))
-
-
 def load_line(entry, report):
     """How the figure was taken and how busy the machine was, and 'noisy' when it was."""
     load = entry.get("load") or {}
@@ -85,21 +77,11 @@ def load_line(entry, report):
     return text
 
 
-def stages_line(part, stages):
-    """'model: photo to answer p50 9.1 ms (p10-p90 ...) = decode 1.2 + preprocess 0.8 + model
-    6.5 + post-processing (classify) 0.1 ms, over 3 file(s)': each stage's own p50."""
-    total = stages["total"]
-    return "%s: photo to answer p50 %.3f ms (p10-p90 %.3f-%.3f) = decode %.3f + preprocess " \
-        "%.3f + model %.3f + post-processing%s %.3f ms (each stage's p50), over %d file(s)" % (
-            part, total["p50"], total["p10"], total["p90"], stages["decode"]["p50"],
-            stages["preprocess"]["p50"], stages["model"]["p50"],
-            " (%s)" % stages["post_task"] if stages["post_task"] != "raw" else "",
-            stages["post"]["p50"], stages["files"])
-
-
 def print_human(command, report):
-    """The report of `run.py check`, `bench` or `infer` as lines a person reads."""
-    {"check": _print_check, "bench": _print_bench}.get(command, _print_infer)(report)
+    """The report of `run.py check`, `bench` or `infer` (infer.py's) as lines a person reads."""
+    if command == "infer":
+        return optional_module("infer").print_infer(report)
+    {"check": _print_check, "bench": _print_bench}[command](report)
 
 
 def _print_check(report):
@@ -128,7 +110,7 @@ def _print_check(report):
                 "" if not task["passed"] else ": ok" if task["shown"] else
                 ": NOT PROVEN (too few golden samples to show it)"))
     if report.get("pipeline"):
-        print(pipeline_line(report["pipeline"]))
+        print(optional_module("cascade_judge").pipeline_line(report["pipeline"]))
     note = report.get("target_note")
     print("check %s%s" % ("passed" if report["passed"] else "FAILED",
                           " (not on the target: %s)" % note if note else ""))
@@ -172,16 +154,11 @@ def _print_bench(report):
         if entry.get("profile"):   # bench --profile: only a bundle that ships profile.py
             optional_module("profile").print_profile(part, entry["profile"])
         if entry.get("stages"):
-            print(stages_line(part, entry["stages"]))
+            print(optional_module("stages").stages_line(part, entry["stages"]))
         if entry.get("gpu_memory_mb") is not None:
             print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
-    ceiling = report.get("roofline")
-    if ceiling:
-        print("roofline (best of %d graphs, %d threads, CPU): FP32 %.1f GOP/s (%s), %s "
-              "integer %.1f GOP/s (%s)" % (
-                  len(ceiling.get("graphs") or ()), ceiling["threads"], ceiling["fp32_gops"],
-                  ceiling.get("fp32_best"), ceiling["int8_kind"], ceiling["int8_gops"],
-                  ceiling.get("int8_best")))
+    if report.get("roofline"):   # bench --roofline: only a bundle that ships roofline.py
+        optional_module("roofline").print_ceiling(report["roofline"])
     gpu = report.get("gpu")
     if gpu:
         print("GPU %s (compute %s), driver %s, CUDA %s runtime / %s driver, cuDNN %s, "
@@ -190,21 +167,3 @@ def _print_bench(report):
                   "cudnn", "tensorrt")))
     rss = report["peak_rss_mb"]
     print("peak RSS %s MB" % ("%.1f" % rss if rss is not None else "n/a"))
-
-
-def _print_infer(report):
-    for entry in report["results"]:
-        if "summary" in entry:   # a part with a task: its result in a few words
-            print("%s: %s" % (entry["file"], entry["summary"]))
-        for output, item in entry.get("outputs", {}).items():
-            if "top" in item:
-                best = item["top"][0]
-                print("%s: %s = class %d%s (score %.4g)" % (
-                    entry["file"], output, best["index"],
-                    " '%s'" % best["label"] if best["label"] else "", best["score"]))
-            else:
-                print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
-        for note in entry.get("notes", ()):   # NaN or infinity in an output
-            print("%s: %s" % (entry["file"], note))
-    if report.get("out"):
-        print("outputs written to %s" % report["out"])

@@ -10,9 +10,8 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .errors import BundleError, TooLarge, one_line
+from .errors import MAX_PIXELS, BundleError, TooLarge, one_line
 from .inputs import (
-    MAX_PIXELS,
     MAX_UNPACKED,
     check_feed,
     image_feed,

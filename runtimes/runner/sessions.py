@@ -1,9 +1,6 @@
 """Sessions: their options (manifest, tuned, command line), the provider plan with its graphs
 and TensorRT caches, and opening the first provider that really starts here."""
 
-import glob
-import hashlib
-import json
 import os
 import re
 import sys
@@ -24,7 +21,8 @@ OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 SESSION_OVERRIDES = (("intra_op_threads", "threads"), ("inter_op_threads", "inter_threads"),
                      ("graph_optimization_level", "opt_level"),
                      ("execution_mode", "execution_mode"))
-TUNED = "session.tuned.json"
+TUNED = "session.tuned.json"   # bench --tune's choice on this device (tuning.py, tuned.py)
+TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
 
 
 def session_settings(manifest, args=None):
@@ -80,31 +78,6 @@ def session_origin(manifest, args):
     return "the manifest"
 
 
-def trt_cache_key(part, trt_version, gpu):
-    """Engines depend on the model, its input shapes, the TensorRT version and the GPU."""
-    shapes = ";".join("%s:%s:%s" % (i["name"], "x".join(map(str, i["shape"])), i["dtype"])
-                      for i in part["inputs"])
-    raw = "|".join([part["model"]["sha256"], shapes, trt_version, gpu])
-    return "%s-%s" % (part["name"], hashlib.sha256(raw.encode()).hexdigest()[:16])
-
-
-def trt_cache_dir(bundle, part, graph):
-    """cache/trt/<key>/ for *part*'s *graph* (not created here)."""
-    gpu = optional_module("gpu_facts")   # shipped where a GPU provider is listed
-    key = trt_cache_key(dict(part, model=graph), gpu.tensorrt_version(), gpu.gpu_name())
-    return os.path.join(bundle, "cache", "trt", key)
-
-
-def write_cache_key(path, part, graph):
-    """key.json: what the engines in *path* were built for (once TensorRT really runs)."""
-    target = os.path.join(path, "key.json")
-    if not os.path.exists(target):
-        with open(target, "w") as f:
-            json.dump({"model_sha256": graph["sha256"], "inputs": part["inputs"],
-                       "tensorrt": optional_module("gpu_facts").tensorrt_version(),
-                       "gpu": optional_module("gpu_facts").gpu_name()}, f, indent=2)
-
-
 CPU = "CPUExecutionProvider"
 
 
@@ -151,7 +124,7 @@ def provider_plan(bundle, manifest, part):
         opts = dict(entry.get("options", {}))
         for key, value in list(opts.items()):
             if value == "{cache}":
-                opts[key] = trt_cache_dir(bundle, part, graph)
+                opts[key] = optional_module("tensorrt").trt_cache_dir(bundle, part, graph)
             elif isinstance(value, str) and value.startswith("{bundle}"):
                 opts[key] = os.path.join(bundle, value[len("{bundle}/"):])
                 inside = os.path.realpath(bundle) + os.sep
@@ -244,7 +217,7 @@ def open_session(bundle, manifest, part, args=None):
             if out.text.strip():
                 sys.stderr.write(out.text if out.text.endswith("\n") else out.text + "\n")
             if cache:
-                write_cache_key(cache, part, graph)
+                optional_module("tensorrt").write_cache_key(cache, part, graph)
             break
         if name == CPU:
             raise BundleError("onnxruntime cannot load %s: %s" % (
@@ -272,19 +245,15 @@ def open_session(bundle, manifest, part, args=None):
 
 def _provider_places(bundle, part, name, options):
     """(folders made for *name*'s path options inside the bundle, its TensorRT engine cache or
-    None), saying when the engine is built on this first run (it takes minutes)."""
+    None: tensorrt.py's, which says when the engine is built on this first run)."""
     folders = sorted(set(v for k, v in options.items() if k.endswith(("_path", "_dir")) and
                          isinstance(v, str) and v.startswith(bundle) and
                          not os.path.isdir(v)))
     for folder in folders:
         os.makedirs(folder)
     cache = options.get("trt_engine_cache_path") if name == TENSORRT else None
-    if cache and not glob.glob(os.path.join(cache, "*.engine")) and \
-            optional_module("gpu_facts").tensorrt_version() != "unknown":   # (libnvinfer: tried)
-        sys.stderr.write(
-            "edgepack: building the TensorRT engine for %s: first run with this model, "
-            "input shape, TensorRT and GPU; this takes minutes on a Jetson and is "
-            "cached in %s\n" % (part["name"], os.path.relpath(cache, bundle)))
+    if cache:
+        optional_module("tensorrt").say_engine_build(bundle, part, cache)
     return folders, cache
 
 

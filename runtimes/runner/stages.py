@@ -13,8 +13,8 @@ except ImportError:
     np = None
 
 from .contents import optional_module, task_kind
-from .errors import BundleError
-from .inputs import IMAGE_SUFFIXES, check_feed, read_npz_input, single_input
+from .errors import IMAGE_SUFFIXES, BundleError
+from .inputs import check_feed, read_npz_input, single_input
 from .metrics import latency_stats
 
 STAGES = ("decode", "preprocess", "model", "post")
@@ -78,3 +78,15 @@ def stage_times(session, part, paths, args):
     result["files"] = len(paths)
     result["post_task"] = task_kind(part.get("task"))
     return result
+
+
+def stages_line(part, stages):
+    """'model: photo to answer p50 9.1 ms (p10-p90 ...) = decode 1.2 + preprocess 0.8 + model
+    6.5 + post-processing (classify) 0.1 ms, over 3 file(s)': each stage's own p50."""
+    total = stages["total"]
+    return "%s: photo to answer p50 %.3f ms (p10-p90 %.3f-%.3f) = decode %.3f + preprocess " \
+        "%.3f + model %.3f + post-processing%s %.3f ms (each stage's p50), over %d file(s)" % (
+            part, total["p50"], total["p10"], total["p90"], stages["decode"]["p50"],
+            stages["preprocess"]["p50"], stages["model"]["p50"],
+            " (%s)" % stages["post_task"] if stages["post_task"] != "raw" else "",
+            stages["post"]["p50"], stages["files"])

@@ -1,5 +1,6 @@
-"""session.tuned.json read back: the session options `run.py bench --tune` (tuning.py) kept on
-this device, applied by every command while they still fit the bundle, onnxruntime and cores."""
+"""session.tuned.json read back (shipped with tune): the session options `run.py bench --tune`
+(tuning.py) kept on this device, applied by every command while they still fit the bundle,
+onnxruntime and cores."""
 
 import json
 import os
@@ -7,10 +8,7 @@ import sys
 
 from .errors import BundleError, one_line
 from .manifest import manifest_digest, session_value_problem
-from .sessions import TUNED
-
-TUNE_MARGIN = 0.03   # a setting replaces the current one only when this much faster
-
+from .sessions import TUNE_MARGIN, TUNED  # noqa: F401 (tuning.py reads TUNE_MARGIN here)
 
 TUNED_FIELDS = {"manifest": str, "onnxruntime": str, "cores": int, "session": dict,
                 "tuned": str, "device": dict, "tried": list, "speedup": (int, float)}
