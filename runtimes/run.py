@@ -38,12 +38,12 @@ CORE_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "contents.py", 
                 "facts.py", "load.py", "manifest.py", "metrics.py", "places.py", "report.py",
                 "sessions.py")
 OPTIONAL_MODULES = ("cascade.py", "cascade_face.py", "cascade_judge.py", "cascade_ocr.py",
-                    "cascade_spec.py", "closing.py", "gpu_facts.py", "images.py", "infer.py",
-                    "inputs.py", "profile.py", "roofline.py", "serve.py", "serve_body.py",
-                    "serve_http.py", "stages.py", "task_classify.py", "task_ctc.py",
-                    "task_detect.py", "task_embed.py", "task_figures.py", "task_multilabel.py",
-                    "task_segment.py", "task_spec.py", "task_tts.py", "task_vad.py", "tasks.py",
-                    "tensorrt.py", "tuned.py", "tuning.py")
+                    "cascade_spec.py", "cascade_tts.py", "closing.py", "gpu_facts.py",
+                    "images.py", "infer.py", "inputs.py", "profile.py", "roofline.py", "serve.py",
+                    "serve_body.py", "serve_http.py", "stages.py", "task_classify.py",
+                    "task_ctc.py", "task_detect.py", "task_embed.py", "task_figures.py",
+                    "task_multilabel.py", "task_segment.py", "task_spec.py", "task_tts.py",
+                    "task_vad.py", "tasks.py", "tensorrt.py", "tuned.py", "tuning.py")
 RUNNER_MODULES = CORE_MODULES + OPTIONAL_MODULES
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2   # runner/errors.py's, which is not loaded before this check
 

@@ -23,3 +23,48 @@ class TinyTTS(nn.Module):
 def tiny_tts():
     torch.manual_seed(0)
     return TinyTTS().eval()
+
+
+class Encoder(nn.Module):
+    """Token ids (1, T) -> hidden states (1, T, D) and durations (1, T), frames a token."""
+
+    def __init__(self, vocab=32, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim))
+        self.duration = nn.Linear(dim, 1)
+
+    def forward(self, tokens):
+        h = self.encoder(self.embed(tokens))
+        return h, torch.clamp(torch.ceil(torch.relu(self.duration(h))), max=3)[..., 0]
+
+
+class Vocoder(nn.Module):
+    """Frames (1, C, D) -> samples (1, C x hop), frame by frame."""
+
+    def __init__(self, dim=16, hop=256):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, 64), nn.Tanh(), nn.Linear(64, hop), nn.Tanh())
+
+    def forward(self, frames):
+        return (0.5 * self.net(frames)).reshape(frames.shape[0], -1)
+
+
+class TTSParts(nn.Module):
+    """TinyTTS as its pure-tensor parts (encoder, vocoder) and the length regulation between
+    them, the glue a pipeline bundle ships: forward() is the whole model, the original a
+    bundle built from the parts is checked against."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.vocoder = Encoder(), Vocoder()
+
+    def forward(self, tokens):
+        h, d = self.encoder(tokens)
+        frames = torch.repeat_interleave(h[0], d[0].long(), dim=0)
+        return self.vocoder(frames[None])
+
+
+def tts_parts():
+    torch.manual_seed(1)
+    return TTSParts().eval()

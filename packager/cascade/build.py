@@ -10,12 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from ..build.job import BuildResult, build
+from ..build.plan import DEFAULT_EXPORT
 from ..errors import BudgetMissed
 from ..quantization.request import QuantRequest
 from .face_calib import batched_inputs, face_calibration
 from .host import crop_calibration, photos
 from .judge import end_to_end
 from .spec import PipelineSpec, load_pipeline
+from .speech import (
+    original_speech,
+    read_sentence,
+    sentence_files,
+    speech_calibration,
+    speech_end_to_end,
+    speech_sources,
+    stage_of,
+)
 
 HELD_OUT_EVERY = 5   # every 5th photo of the detect stage's calib judges the pipeline end to end
 
@@ -36,6 +46,8 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
     the crops the original detector finds in the detect stage's (other) photos. Returns (the
     build, the figure)."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    if spec.kind == "tts":
+        return build_speech(spec, output, log, options)
     detect = spec.stages[0]
     assert detect.calib is not None   # load_pipeline requires it of the detect stage
     found = photos(detect.calib)
@@ -66,17 +78,53 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
         return _build(spec, output, made, log, options, _judge(spec, held, log, False))
 
 
+def build_speech(spec: PipelineSpec, output: Path, log: Callable[[str], None],
+                 options: dict[str, Any]) -> tuple[BuildResult, dict[str, Any]]:
+    """build_pipeline() of a tts pipeline (speech.py): every 5th sentence of the encode
+    stage's calib held out to judge the bundle end to end by how it sounds; both stages
+    calibrate on the others (the vocoder on the frames the original encoder makes of them)."""
+    encode = stage_of(spec, "encode")
+    assert encode.calib is not None   # load_pipeline requires it of the encode stage
+    found = sentence_files(encode.calib)
+    if not found:
+        from ..errors import CalibrationError
+
+        raise CalibrationError(f"{encode.calib}: no sentences (.npy files of token ids)",
+                               "save each sentence's token ids with numpy.save")
+    held = found[HELD_OUT_EVERY - 1::HELD_OUT_EVERY] if len(found) >= 2 * HELD_OUT_EVERY else []
+    original = original_speech(spec)
+    with tempfile.TemporaryDirectory(prefix="edgepack-pipeline-") as tmp:
+        made = speech_calibration(spec, original, [read_sentence(p) for p in found
+                                                   if p not in held], Path(tmp))
+        log(f"[{spec.stages[1].part}] calibration: the frames the original {encode.part} "
+            f"makes of the sentences in {encode.calib}, {original.chunk} at a time")
+        if not held:
+            log(f"end to end: not judged: {encode.calib} holds {len(found)} sentence(s); "
+                f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
+            return _build(spec, output, made, log, options, None)
+        lower = [s.part for s in spec.stages if s.precision != "fp32"]
+        try:
+            return _build(spec, output, made, log, options,
+                          _judge(spec, held, log, bool(lower), speech_end_to_end))
+        except Missed:
+            log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
+        spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
+        return _build(spec, output, made, log, options,
+                      _judge(spec, held, log, False, speech_end_to_end))
+
+
 class Missed(BudgetMissed):
     """The staged bundle misses its end-to-end budget with a stage below FP32: built again."""
 
 
-def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], retry: bool
+def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], retry: bool,
+           figure_of: Callable[[PipelineSpec, Path, list[Path]], dict[str, Any]] = end_to_end
            ) -> Callable[[Path], dict[str, Any]]:
     """bundle()'s judge: the staged bundle end to end on *held*, its figure logged; a miss
     raises (nothing is published): Missed when *retry* (a stage is below FP32), else
     BudgetMissed."""
     def judge(staged: Path) -> dict[str, Any]:
-        figure = end_to_end(spec, staged, held)
+        figure = figure_of(spec, staged, held)
         log(figure["text"])
         if not figure["passed"]:
             if retry:
@@ -85,7 +133,10 @@ def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], ret
                                f"every stage at FP32 ({figure['text']})",
                                "check the glue parameters against the models' own pipeline")
         golden = figure.get("golden")
-        if golden:
+        if golden and spec.kind == "tts":
+            log(f"end to end: {golden['count']} of the held-out sentences and the original's "
+                "speech kept in golden/pipeline/ for `run.py check`")
+        elif golden:
             log(f"end to end: {golden['count']} of the held-out photos and the original's "
                 f"answers ({golden['wanted']} to find) kept in golden/pipeline/ for `run.py check`"
                 + ("" if golden["wanted"] else ": the original finds nothing on them at "
@@ -98,10 +149,19 @@ def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], ret
 def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callable[[str], None],
            options: dict[str, Any], judge: Callable[[Path], dict[str, Any]] | None
            ) -> tuple[BuildResult, dict[str, Any]]:
-    result = build(spec.path, output, parts={s.part: str(s.model) for s in spec.stages},
-                   inputs=batched_inputs(spec),
+    if spec.kind == "tts":   # each stage's static input given; no images to preprocess
+        sources = speech_sources(spec)
+        inputs = [s.input for s in spec.stages if s.input is not None]
+    else:
+        sources = {"source": spec.path, "parts": {s.part: str(s.model) for s in spec.stages}}
+        inputs = batched_inputs(spec)
+    source, weights = sources.pop("source"), sources.pop("weights", None)
+    if weights is not None:   # a tts pipeline's PyTorch weights, for both of its parts
+        options = dict(options, export_options=replace(
+            options.get("export_options", DEFAULT_EXPORT), weights=weights))
+    result = build(source, output, **sources, inputs=inputs,
                    part_calib={s.part: made.get(s.part) or s.calib for s in spec.stages},
-                   part_preprocess={s.part: s.preprocess for s in spec.stages},
+                   part_preprocess={s.part: s.preprocess for s in spec.stages if s.preprocess},
                    part_quant={s.part: QuantRequest(precision=s.precision) for s in spec.stages
                                if s.precision},
                    tasks={s.part: s.task for s in spec.stages if s.task},

@@ -1,7 +1,8 @@
 """A pipeline file (`build --pipeline PIPELINE.toml`): the parts of one bundle that run as a
 cascade, each with its model, data, preprocessing, task, precision and glue parameters.
-Two kinds: "ocr" (below) and "face" (MTCNN: steps propose, refine, output; each stage's
-preprocess gives its input's size and normalisation, the propose stage's calib the photos).
+Three kinds: "ocr" (below), "face" (MTCNN: steps propose, refine, output; each stage's
+preprocess gives its input's size and normalisation, the propose stage's calib the photos) and
+"tts" (speech.py: steps encode and vocode, each an .onnx or a part of one PyTorch model).
 
     kind = "ocr"
 
@@ -33,10 +34,13 @@ from .._runtimes.runner.cascade_spec import (
 )
 from ..errors import PackagerError, SpecError
 from ..quantization.preprocessing import parse_preprocess
+from ..source.specs import TensorSpec, parse_input
+from ..source.torchload import is_torch_source
 from ..tasks.declare import parse_task
 from ..textfile import read_text
 
 PART_KEYS = ("part", "step", "model", "calib", "preprocess", "task", "precision", "batch")
+SPEECH_KEYS = ("part", "step", "model", "module", "input", "calib", "task", "precision")
 BATCHED_STEPS = ("refine", "output")   # crops of one photo run in batches of `batch`
 MAX_BATCH = 256
 PRECISIONS = ("int8", "fp16", "fp32", "auto")
@@ -56,6 +60,8 @@ class Stage:
     precision: str | None = None
     glue: Mapping[str, Any] = field(default_factory=dict)
     batch: int = 1   # the part's static batch (a face pipeline's crop stages)
+    input: TensorSpec | None = None   # a tts stage's static input (tokens, or frames)
+    module: str | None = None         # a tts stage's part of the pipeline's PyTorch model
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class PipelineSpec:
     path: Path
     kind: str
     stages: tuple[Stage, ...]
+    model: str | None = None     # a tts pipeline's PyTorch model (file.py:factory), its stages
+    weights: Path | None = None  # its parts; its weights (.safetensors, .pt)
 
     def section(self) -> dict[str, Any]:
         """The manifest's `pipeline` section (runner/cascade_spec.py reads it)."""
@@ -108,10 +116,12 @@ def _task(path: Path, value: Any, where: str) -> dict[str, Any]:
         raise _fail(path, where, f"({exc.message})", exc.hint) from None
 
 
-def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
+def _stage(path: Path, i: int, kind: str, raw: Any, torch_model: bool = False) -> Stage:
     where = f"stage[{i}]"
     if not isinstance(raw, dict):
         raise _fail(path, where, "is not a table", "write [[stage]] and its keys under it")
+    if kind == "tts":
+        return _speech_stage(path, where, raw, torch_model)
     step = raw.get("step")
     if step is None:
         raise _fail(path, f"{where}.step", "is missing: each stage says which step it is",
@@ -174,6 +184,79 @@ def _stage(path: Path, i: int, kind: str, raw: Any) -> Stage:
     return Stage(part, step, model, preprocess, calib, task, precision, glue, batch)
 
 
+def _speech_stage(path: Path, where: str, raw: dict[str, Any], torch_model: bool) -> Stage:
+    """A tts stage: its part, step, model (an .onnx) or module (a part of the pipeline's
+    PyTorch model), static input, calib (the encode stage's: .npy files of token ids)."""
+    step, part = raw.get("step"), raw.get("part")
+    if step not in STEPS["tts"]:
+        raise _fail(path, f"{where}.step", f"= {step!r:.40} is not a step of a tts pipeline",
+                    "use encode, then vocode")
+    if not isinstance(part, str) or not part:
+        raise _fail(path, f"{where}.part", "must name the part", f"e.g. part = \"{step[:3]}\"")
+    unknown = [k for k in raw if k not in SPEECH_KEYS and k not in STEP_PARAMETERS[step]]
+    if unknown:
+        raise _fail(path, f"{where}.{unknown[0][:40]}", f"is not a key of a {step} stage",
+                    f"its keys: {', '.join(list(SPEECH_KEYS) + sorted(STEP_PARAMETERS[step]))}")
+    if torch_model == ("model" in raw) or torch_model != ("module" in raw):
+        raise _fail(path, where, "needs either its own model (an .onnx) or, under the "
+                    "pipeline's PyTorch model, a module", "e.g. model = \"encoder.onnx\", or "
+                    "model = \"tts.py:make\" at the top and module = \"encoder\" here")
+    model = _relative(path, raw["model"], f"{where}.model", folder=False) \
+        if "model" in raw else path
+    if "model" in raw and model.suffix.lower() != ".onnx":
+        raise _fail(path, f"{where}.model", f"= {raw['model']!r:.80} is not an .onnx file",
+                    "export it first, or name the PyTorch model at the top (model = ...)")
+    if not isinstance(raw.get("input"), str):
+        raise _fail(path, f"{where}.input", "must give the static input, like --input's",
+                    "e.g. input = \"tokens:1x32:int64\" (encode) or \"frames:1x16x192\" "
+                    "(vocode: 16 frames at a time)")
+    try:
+        spec = parse_input(raw["input"])
+    except PackagerError as exc:
+        raise _fail(path, f"{where}.input", f"({exc.message})", exc.hint) from None
+    calib = _relative(path, raw["calib"], f"{where}.calib", folder=True) \
+        if "calib" in raw else None
+    if (calib is None) == (step == "encode"):
+        raise _fail(path, f"{where}.calib", "is missing" if calib is None else
+                    "is not a key of a vocode stage", "give the encode stage calib = "
+                    "\"sentences/\" (.npy files of token ids); the vocoder calibrates on "
+                    "the frames the original encoder makes of them")
+    precision = raw.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
+                    f"use one of {', '.join(PRECISIONS)}")
+    glue = {k: v for k, v in raw.items() if k not in SPEECH_KEYS}
+    for key, value in glue.items():
+        problem = parameter_problem(step, key, value)
+        if problem:
+            raise _fail(path, f"{where}.{key}", problem, f"{step} stages take "
+                        f"{', '.join(list(SPEECH_KEYS) + sorted(STEP_PARAMETERS[step]))}")
+    task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
+    return Stage(part, step, model, {}, calib, task, precision, glue,
+                 input=TensorSpec(spec.name, spec.shape, spec.dtype, part=part),
+                 module=raw.get("module") if isinstance(raw.get("module"), str) else None)
+
+
+def _torch_model(path: Path, data: dict[str, Any]) -> tuple[str | None, Path | None]:
+    """A tts pipeline file's PyTorch model (file.py:factory, its file relative to *path*)
+    and weights, or (None, None)."""
+    if "model" not in data:
+        if "weights" in data:
+            raise _fail(path, "weights", "needs the PyTorch model they are for",
+                        "add model = \"tts.py:make_tts\"")
+        return None, None
+    text = data["model"]
+    if not isinstance(text, str) or not is_torch_source(text):
+        raise _fail(path, "model", f"= {str(text)!r:.80} is not a PyTorch model",
+                    "give file.py:factory (its stages then name their module)")
+    file, _, factory = text.rpartition(":")
+    if file.endswith(".py"):
+        text = f"{_relative(path, file, 'model', folder=False)}:{factory}"
+    weights = _relative(path, data["weights"], "weights", folder=False) \
+        if "weights" in data else None
+    return text, weights
+
+
 def load_pipeline(path: Path | str) -> PipelineSpec:
     """The pipeline file at *path*, checked: SpecError naming the file and key."""
     path = Path(path)
@@ -188,14 +271,17 @@ def load_pipeline(path: Path | str) -> PipelineSpec:
     if kind not in PIPELINE_KINDS:
         raise _fail(path, "kind", f"= {kind!r:.40} is not a pipeline kind",
                     f"use one of {', '.join(PIPELINE_KINDS)}")
-    unknown = sorted(set(data) - {"kind", "stage"})
+    unknown = sorted(set(data) - {"kind", "stage"} - ({"model", "weights"} if kind == "tts"
+                                                      else set()))
     if unknown:
         raise _fail(path, unknown[0][:40], "is not a key of a pipeline file",
-                    "its keys: kind and [[stage]] tables")
+                    "its keys: kind and [[stage]] tables" + (
+                        ", and a tts pipeline's model and weights" if kind == "tts" else ""))
     raw = data.get("stage")
     if not isinstance(raw, list) or not raw:
         raise _fail(path, "stage", "is missing", "add one [[stage]] table per part")
-    stages = tuple(_stage(path, i, kind, s) for i, s in enumerate(raw))
+    model, weights = _torch_model(path, data) if kind == "tts" else (None, None)
+    stages = tuple(_stage(path, i, kind, s, model is not None) for i, s in enumerate(raw))
     steps = [s.step for s in stages]
     wanted = [s for s in STEPS[kind] if s in steps or s not in OPTIONAL_STEPS[kind]]
     if steps != wanted:
@@ -211,4 +297,4 @@ def load_pipeline(path: Path | str) -> PipelineSpec:
                           not rec.task.get("alphabet")):
         raise _fail(path, f"stage[{len(stages) - 1}].task", "must be a ctc task with its "
                     "alphabet (the text comes from it)", "e.g. task = \"ctc:alphabet=@chars.txt\"")
-    return PipelineSpec(path, kind, stages)
+    return PipelineSpec(path, kind, stages, model, weights)

@@ -37,6 +37,8 @@ from .cascade_ocr import (
     text_quads,
 )
 from .cascade_spec import stage_settings
+from .cascade_tts import Speech, read_tokens, write_speech
+from .cascade_tts import answer as speech_answer
 from .errors import BundleError, one_line
 from .images import MAX_PIXELS, decode_image
 from .manifest import require_intact
@@ -231,8 +233,11 @@ def printable(path):
 
 
 def cmd_infer_pipeline(bundle, manifest, args, keys):
-    """`infer` of a pipeline bundle: each file (a photo, or an .npy of its pixels) read whole;
-    *keys*: infer's result key for each file."""
+    """`infer` of a pipeline bundle: each file (a photo, or an .npy of its pixels; a tts
+    pipeline's: an .npy of a sentence's token ids) read whole; *keys*: infer's result key for
+    each file."""
+    if manifest["pipeline"].get("kind") == "tts":
+        return infer_speech(bundle, manifest, args, keys)
     if getattr(args, "out", None):
         raise BundleError("--out writes output tensors; a pipeline bundle answers in %s "
                           "(--json prints them), or pass --part NAME --out %s for one part's"
@@ -259,6 +264,37 @@ def cmd_infer_pipeline(bundle, manifest, args, keys):
             "providers": providers, "passed": True}
 
 
+def read_file(path):
+    try:
+        return np.fromfile(path, dtype=np.uint8)
+    except (OSError, ValueError) as exc:
+        raise BundleError("%s: cannot read it (%s)" % (printable(path), one_line(exc))) from None
+
+
+def infer_speech(bundle, manifest, args, keys):
+    """`infer` of a tts pipeline: each .npy of token ids spoken, with each stage's time (the
+    encoder, the glue, the vocoder) and the real-time factor; --out writes OUT.npz and a WAV
+    file a sentence."""
+    require_intact(bundle, manifest)
+    opened = pipeline_sessions(bundle, manifest, args)
+    speech = Speech(Cascade(manifest, session_runner(opened)))
+    results, audios = [], []
+    for path, key in zip(args.files, keys):
+        tokens = read_tokens(read_file(path), printable(path))
+        timing, start = {}, time.perf_counter()
+        result, audio = speech_answer(speech, tokens, timing)
+        took = time.perf_counter() - start
+        results.append(dict(result, file=printable(path), key=key,
+                            real_time_factor=round(result["seconds"] / max(took, 1e-9), 2),
+                            latency_ms=dict((k, round(v, 3)) for k, v in timing.items())))
+        audios.append((key, audio))
+    report = {"results": results, "pipeline": "tts", "passed": True,
+              "providers": dict((name, s.get_providers()) for name, s in opened.items())}
+    if getattr(args, "out", None):
+        report["out"], report["wav"] = write_speech(args.out, audios, speech.voc_conf["rate"])
+    return report
+
+
 class ServedCascade(object):
     """The pipeline as `serve` runs it: a (part, session, names) triple of its own, whose
     "session" answers a request's body (a photo, or an .npy of its pixels)."""
@@ -267,7 +303,8 @@ class ServedCascade(object):
         def run_part(part, feed):
             return sessions[part["name"]][1].run([o["name"] for o in part["outputs"]], feed)
         self.cascade = Cascade(manifest, run_part)
-        self.spec = self.cascade.stages[0][0]["preprocess"]
+        self.speech = Speech(self.cascade) if self.cascade.kind == "tts" else None
+        self.spec = self.cascade.stages[0][0].get("preprocess")
         self.part = {"name": "pipeline", "inputs": [], "outputs": []}
 
     def __getitem__(self, index):   # serve's (part, session, names): names None marks it
@@ -276,8 +313,11 @@ class ServedCascade(object):
     def serve(self, body, max_pixels):
         """(HTTP status, answer) for one request's body."""
         if not body:
-            return 400, {"error": "empty request body; POST a photo (an image file, or an .npy "
-                                  "of its (H, W, 3) uint8 pixels)"}
+            return 400, {"error": "empty request body; POST %s" % (
+                "an .npy of a sentence's token ids" if self.speech else
+                "a photo (an image file, or an .npy of its (H, W, 3) uint8 pixels)")}
+        if self.speech:
+            return self.speak(body)
         try:
             start, timing = time.perf_counter(), {}
             result = self.cascade.read(load_photo(np.frombuffer(body, dtype=np.uint8),
@@ -285,6 +325,19 @@ class ServedCascade(object):
         except BundleError as exc:
             return exc.status, {"error": str(exc)}
         return 200, dict(result, summary=summary(result), pipeline=self.cascade.kind,
+                         latency_ms=round((time.perf_counter() - start) * 1000.0, 3),
+                         stages_ms=dict((k, round(v, 3)) for k, v in timing.items()))
+
+    def speak(self, body):
+        """(HTTP status, answer) of a tts pipeline for one request's .npy of token ids: the
+        answer's samples ride along as "_audio" (serve answers audio/wav unless JSON is asked)."""
+        try:
+            start, timing = time.perf_counter(), {}
+            result, audio = speech_answer(self.speech, read_tokens(np.frombuffer(
+                body, dtype=np.uint8), "request body"), timing)
+        except BundleError as exc:
+            return exc.status, {"error": str(exc)}
+        return 200, dict(result, pipeline="tts", _audio=audio,
                          latency_ms=round((time.perf_counter() - start) * 1000.0, 3),
                          stages_ms=dict((k, round(v, 3)) for k, v in timing.items()))
 

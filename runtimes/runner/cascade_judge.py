@@ -21,6 +21,7 @@ import math
 import os
 
 from .cascade import Cascade
+from .cascade_tts import Speech, alike, speech_figure
 from .errors import BundleError, one_line
 from .images import MAX_PIXELS
 from .manifest import read_npz
@@ -28,6 +29,10 @@ from .task_detect import matched_pairs
 
 KEEP = 0.99   # the original's answers the bundle must give alike, unless the manifest says
 GOLDEN_DIR = "golden/pipeline"
+# The golden files of a pipeline kind (pipeline.accuracy.golden's keys, each file's suffix):
+# photos and the original's answers; a tts pipeline's sentences (token ids) and its speech.
+GOLDEN_FILES = {"tts": (("tokens", ".npz"), ("audio", ".npz"))}
+PHOTO_FILES = (("photos", ".npz"), ("answers", ".json"))
 # Per kind: the answer's list, its items as a figure names them, and what "alike" means.
 WORDS = {"ocr": ("lines", "text lines", "read alike (box IoU >= 0.5, same text)"),
          "face": ("faces", "faces", "found alike (box IoU >= 0.5)")}
@@ -120,10 +125,11 @@ def is_count(value):
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10 ** 9
 
 
-def golden_problem(accuracy):
+def golden_problem(accuracy, kind=None):
     """'' when the manifest's pipeline.accuracy can be read as the build left it: its `keep`
     a share in (0, 1], its `golden` entry (when it has one) {"photos": an .npz file, "answers":
-    a .json file, "count", "wanted", "same": counts}; else one line naming the key."""
+    a .json file (a tts pipeline's: "tokens" and "audio", .npz files), "count", "wanted",
+    "same": counts}; else one line naming the key."""
     if not isinstance(accuracy, dict):
         return ""   # cascade_spec.pipeline_problem names it
     keep = accuracy.get("keep", KEEP)
@@ -132,10 +138,11 @@ def golden_problem(accuracy):
     if "golden" not in accuracy:
         return ""
     golden = accuracy["golden"]
+    files = GOLDEN_FILES.get(kind, PHOTO_FILES)
     if not isinstance(golden, dict):
-        return "pipeline.accuracy.golden must be an object {photos, answers, count, wanted, " \
-               "same}"
-    for key, suffix in (("photos", ".npz"), ("answers", ".json")):
+        return "pipeline.accuracy.golden must be an object {%s, count, wanted, same}" % (
+            ", ".join(key for key, _ in files))
+    for key, suffix in files:
         value = golden.get(key)
         if not isinstance(value, str) or not value.startswith(GOLDEN_DIR + "/") or \
                 not value.endswith(suffix) or ".." in value.replace("\\", "/").split("/"):
@@ -177,6 +184,8 @@ def pipeline_verdict(bundle, manifest, run_part):
     kind = manifest["pipeline"]["kind"]
     accuracy = manifest["pipeline"].get("accuracy") or {}
     golden = accuracy.get("golden")
+    if kind == "tts" and golden:
+        return speech_verdict(bundle, manifest, run_part, golden)
     if not golden or agreement_of(kind) is None:
         return {"kind": kind, "checked": False, "passed": True,
                 "text": "not checked: the bundle keeps no golden photos (%s)" % (
@@ -189,6 +198,24 @@ def pipeline_verdict(bundle, manifest, run_part):
     figure = verdict(kind, tally(kind, pairs), accuracy.get("keep", KEEP), "golden photo(s)",
                      floor=golden["same"])
     return dict(figure, kind=kind, checked=True)
+
+
+def speech_verdict(bundle, manifest, run_part, golden):
+    """`run.py check` of a tts pipeline: the golden sentences spoken on this device, each
+    judged against the original's speech there by the vocode stage's budget (length and
+    log-mel distance): every one must sound alike."""
+    tokens, audio = read_npz(bundle, golden["tokens"]), read_npz(bundle, golden["audio"])
+    speech = Speech(Cascade(manifest, run_part))
+    results = []
+    for i in range(golden["count"]):
+        key = "sentence%d" % i
+        if key not in tokens or key not in audio or tokens[key].dtype.kind not in "iu" or \
+                audio[key].ndim != 1 or tokens[key].ndim != 1:
+            raise BundleError("%s: holds no sentence %s with its speech in %s; rebuild the "
+                              "bundle with edgepack" % (golden["tokens"], key, golden["audio"]))
+        results.append(alike(speech.voc_conf, audio[key], speech.speak(tokens[key], {})))
+    figure = speech_figure(speech.voc_conf, results, "golden sentence(s)")
+    return dict(figure, kind="tts", checked=True)
 
 
 def golden_answers(bundle, golden, kind, photos):

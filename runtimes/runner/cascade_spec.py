@@ -1,7 +1,8 @@
 """A bundle's pipeline: its parts run as one cascade. The manifest's `pipeline` section, its
 defaults, and its check against the parts (one line naming the key that is wrong).
 
-Two kinds: "ocr" (below) and "face", an MTCNN cascade (runner/cascade_face.py):
+Three kinds: "ocr" (below), "face", an MTCNN cascade (runner/cascade_face.py), and "tts",
+token ids to speech through an encoder, length regulation and a vocoder (cascade_tts.py):
 
     {"kind": "face",
      "stages": [{"part": "pnet", "step": "propose", "min_face": 20, "factor": 0.709, ...},
@@ -20,10 +21,11 @@ has a preprocess object: the detector's resizes the photo; a crop's size, colour
 normalisation come from it too, its resize is always "keep the height's ratio, pad the width".
 """
 
-PIPELINE_KINDS = ("ocr", "face")
+PIPELINE_KINDS = ("ocr", "face", "tts")
 # The steps of each kind in the order they run; the optional ones may be left out.
-STEPS = {"ocr": ("detect", "direction", "recognize"), "face": ("propose", "refine", "output")}
-OPTIONAL_STEPS = {"ocr": ("direction",), "face": ()}
+STEPS = {"ocr": ("detect", "direction", "recognize"), "face": ("propose", "refine", "output"),
+         "tts": ("encode", "vocode")}
+OPTIONAL_STEPS = {"ocr": ("direction",), "face": (), "tts": ()}
 # Each step's parameters and defaults (rapidocr's for PP-OCR: config.yaml of rapidocr 1.4).
 STEP_PARAMETERS = {
     # threshold: a map pixel is text above it; box_threshold: a box's mean probability;
@@ -44,6 +46,14 @@ STEP_PARAMETERS = {
     "refine": {"threshold": 0.7, "nms": 0.7},
     # O-Net keeps a 48x48 crop over threshold, then NMS at nms over the smaller box ("Min")
     "output": {"threshold": 0.7, "nms": 0.7},
+    # durations: the encoder's output of frames per token (default: its 2-dimensional one);
+    # max_repeat: a token's frames at most (0: no cap); pad: the id a short sentence is padded
+    # with to the encoder's static length
+    "encode": {"durations": "", "max_repeat": 0, "pad": 0},
+    # context: frames of overlap either side of each chunk the vocoder runs (a convolutional
+    # vocoder's receptive field); rate: samples a second; a sentence sounds alike when its
+    # length is within length_tolerance and its log-mel distance within mel_db (task_tts)
+    "vocode": {"context": 0, "rate": 24000, "length_tolerance": 0.02, "mel_db": 2.0},
 }
 MAX_BOXES = 100000
 
@@ -91,6 +101,52 @@ def parameter_problem(step, key, value):
             return "must be a number from 0.1 to 0.95, got %r" % (str(value)[:40],)
     elif key in ("dilate", "split") and not isinstance(value, bool):
         return "must be true or false"
+    return speech_parameter_problem(key, value)
+
+
+def speech_parameter_problem(key, value):
+    """What is wrong with one parameter of a tts stage, or ''."""
+    if key == "durations" and not isinstance(value, str):
+        return "must name one of the encoder's outputs (or be empty)"
+    if key in ("max_repeat", "context") and (not is_count(value) or not 0 <= value <= 10000):
+        return "must be a whole number from 0 to 10000, got %r" % (str(value)[:40],)
+    if key == "pad" and (not is_count(value) or not 0 <= value < 1 << 31):
+        return "must be a token id (a whole number from 0), got %r" % (str(value)[:40],)
+    if key == "rate" and (not is_count(value) or not 1000 <= value <= 384000):
+        return "must be samples a second from 1000 to 384000, got %r" % (str(value)[:40],)
+    if key == "length_tolerance" and (not is_number(value) or not 0.0 <= value <= 1.0):
+        return "must be a share from 0 to 1, got %r" % (str(value)[:40],)
+    if key == "mel_db" and (not is_number(value) or not 0.0 < value <= 100.0):
+        return "must be decibels above 0 (at most 100), got %r" % (str(value)[:40],)
+    return ""
+
+
+def speech_part_problem(step, part, conf):
+    """What keeps *part* from running a tts *step* (its inputs and outputs), or ''."""
+    inputs = part.get("inputs") if isinstance(part.get("inputs"), list) else []
+    shape = inputs[0].get("shape") if len(inputs) == 1 and isinstance(inputs[0], dict) else None
+    dims = 2 if step == "encode" else 3
+    if not isinstance(shape, list) or len(shape) != dims or shape[0] != 1 or \
+            not all(is_count(d) and d > 0 for d in shape):
+        return "takes %s, not one static %s" % (
+            "%d input(s)" % len(inputs) if shape is None else "an input of shape %s" % shape,
+            "(1, T) of token ids" if step == "encode" else "(1, C, D) of frames")
+    if step == "vocode" and shape[1] <= 2 * conf.get("context", 0):
+        return "runs %d frames at a time: not more than twice the context (%d)" % (
+            shape[1], conf.get("context", 0))
+    outputs = [o for o in part.get("outputs") or () if isinstance(o, dict)]
+    names = [o.get("name") for o in outputs]
+    if step == "encode":
+        wanted = conf.get("durations") or None
+        ranks = dict((o.get("name"), len(o.get("shape") or ())) for o in outputs)
+        if wanted is not None and wanted not in names:
+            return "has no output %r (durations); its outputs: %s" % (
+                str(wanted)[:40], ", ".join(str(n)[:40] for n in names[:10]))
+        if not (wanted or 2 in ranks.values()) or 3 not in [
+                r for n, r in ranks.items() if n != wanted]:
+            return "has no (1, T, D) hidden states and (1, T) durations among its outputs"
+    elif not outputs:
+        return "has no output (the chunk's samples)"
     return ""
 
 
@@ -161,6 +217,9 @@ def stage_problem(kind, i, stage, parts):
         if problem:
             return "%s.%s %s" % (where, key[:40], problem)
     part = parts[name]
+    if kind == "tts":
+        problem = speech_part_problem(step, part, stage_settings(stage))
+        return "%s.part %s %s" % (where, name[:40], problem) if problem else ""
     problem = image_input_problem(part)
     if problem:
         return "%s.part %s %s" % (where, name[:40], problem)

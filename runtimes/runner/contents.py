@@ -48,10 +48,13 @@ NEEDS = {"serve": ("infer",)}   # an extra that answers through another's module
 EXTRA_OF = {"infer": "infer", "stages": "infer", "serve": "serve", "tuning": "tune",
             "tuned": "tune", "profile": "profile", "roofline": "roofline"}   # module -> extra
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
-                   "runner/cascade_ocr.py", "runner/cascade_spec.py")
-# the cascade decodes photos, and reads boxes and text with the detect and ctc heads' functions
-RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + RUNNER_TASKS + (RUNNER_HEADS["ctc"],
-                                                                   RUNNER_HEADS["detect"])
+                   "runner/cascade_ocr.py", "runner/cascade_spec.py", "runner/cascade_tts.py")
+# what every pipeline bundle since the cascade's split lists (cascade_tts.py came later)
+CASCADE_NEEDED = CASCADE_MODULES[:5]
+# the cascade decodes photos, reads boxes and text with the detect and ctc heads' functions,
+# and judges speech with the tts head's
+RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + RUNNER_TASKS + (
+    RUNNER_HEADS["ctc"], RUNNER_HEADS["detect"], RUNNER_HEADS["tts"])
 RUNNER_FILES = tuple(sorted(set(RUNNER_CORE + tuple(RUNNER_HEADS.values()) + RUNNER_CASCADE +
                                 RUNNER_GPU + RUNNER_IMAGES + RUNNER_TASKS +
                                 sum(RUNNER_EXTRAS.values(), ()))))   # every file a runner may hold
@@ -116,7 +119,7 @@ def with_needs(extras):
 def runner_needed(manifest):
     """The runner files a bundle's file table must list: the entry modules, and the cascade's
     when its manifest has a pipeline (bundles of every edgepack since the split shipped them)."""
-    return RUNNER_ENTRY + (CASCADE_MODULES if manifest.get("pipeline") else ())
+    return RUNNER_ENTRY + (CASCADE_NEEDED if manifest.get("pipeline") else ())
 
 
 def wants_pipeline(manifest, args):

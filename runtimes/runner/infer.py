@@ -193,5 +193,13 @@ def print_infer(report):
                 print("%s: %s shape %s" % (entry["file"], output, item["shape"]))
         for note in entry.get("notes", ()):   # NaN or infinity in an output
             print("%s: %s" % (entry["file"], note))
+        stages = entry.get("latency_ms")
+        if isinstance(stages, dict) and stages:   # a pipeline's: each part, and the glue
+            print("%s: %.3f ms = %s%s" % (
+                entry["file"], sum(stages.values()), " + ".join(
+                    "%s %.3f" % (k, v) for k, v in stages.items()),
+                "; %.1fx real time" % entry["real_time_factor"]
+                if "real_time_factor" in entry else ""))
     if report.get("out"):
-        print("outputs written to %s" % report["out"])
+        print("outputs written to %s%s" % (report["out"], " and %d WAV file(s) beside it" % len(
+            report["wav"]) if report.get("wav") else ""))

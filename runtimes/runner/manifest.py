@@ -115,7 +115,8 @@ def check_manifest(manifest):
     if "pipeline" in manifest:
         problem = optional_module("cascade_spec").pipeline_problem(
             manifest["pipeline"], manifest["parts"]) or \
-            optional_module("cascade_judge").golden_problem(manifest["pipeline"].get("accuracy"))
+            optional_module("cascade_judge").golden_problem(manifest["pipeline"].get("accuracy"),
+                                                            manifest["pipeline"].get("kind"))
         if problem:
             raise BundleError("%s: %s; rebuild the bundle with edgepack" % (MANIFEST, problem))
 
@@ -314,7 +315,8 @@ def pipeline_golden_files(manifest):
         golden = golden.get(key) if isinstance(golden, dict) else None
     if not isinstance(golden, dict):
         return []
-    return [golden[k] for k in ("photos", "answers") if isinstance(golden.get(k), str)]
+    return [golden[k] for k in ("photos", "answers", "tokens", "audio")
+            if isinstance(golden.get(k), str)]
 
 
 def folder_entries(path):

@@ -292,7 +292,11 @@ class Handler(BaseHTTPRequestHandler):
         """(status, answer) for one request's *body* to the part in *entry*."""
         part, session, names = entry
         if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
-            return session.serve(body, self.serving.max_pixels)
+            code, result = session.serve(body, self.serving.max_pixels)
+            audio = result.pop("_audio", None)   # a tts pipeline's speech: audio/wav
+            if audio is not None and "json" not in self.headers.get("Accept", ""):
+                result["_wav"] = optional_module("task_tts").wav_bytes(audio, result["rate"])
+            return code, result
         stages = {}
 
         def clock(stage, call, *args):

@@ -1,0 +1,187 @@
+"""Issue 37, item 3: a TTS model from PyTorch in parts. tests/tts_torch.py's TTSParts (an
+encoder with its duration predictor, a vocoder; weights as safetensors) is built with
+`build --pipeline` as two parts, each exported separately, the length regulation between them
+shipped in the runner (runner/cascade_tts.py); its speech matches the PyTorch model's own
+forward() end to end, `run.py check` judges the golden sentences as speech, `infer` writes a
+WAV file a sentence with each stage's time, and `serve` answers audio/wav."""
+
+import io
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packager.cli import main
+
+RATE = 16000
+TOKENS, CHUNK = 12, 16
+
+
+def write_pipeline(root: Path, extra: str = "") -> Path:
+    from safetensors.torch import save_file
+    from tts_torch import tts_parts
+
+    save_file(tts_parts().state_dict(), root / "tts.safetensors")
+    sentences = root / "sentences"
+    sentences.mkdir()
+    rng = np.random.RandomState(3)
+    for i in range(15):   # 15 sentences of 3 to 20 tokens: every 5th judges end to end
+        np.save(sentences / f"s{i:02d}.npy", rng.randint(1, 32, size=rng.randint(3, 21)))
+    path = root / "tts.toml"
+    path.write_text(f"""kind = "tts"
+model = "{Path(__file__).parent / 'tts_torch.py'}:tts_parts"
+weights = "tts.safetensors"
+
+[[stage]]
+part = "enc"
+step = "encode"
+module = "encoder"
+input = "tokens:1x{TOKENS}:int64"
+calib = "sentences"
+{extra}
+[[stage]]
+part = "voc"
+step = "vocode"
+module = "vocoder"
+input = "frames:1x{CHUNK}x16"
+rate = {RATE}
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tts_pipeline")
+    path = write_pipeline(root)
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(path), "-o", str(root / "out")],
+                             catch_exceptions=False)
+    return root, run
+
+
+def run_py(bundle: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(bundle / "run.py"), *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_parts_build_as_one_bundle_judged_end_to_end_as_speech(speech):
+    root, run = speech
+    assert run.exit_code == 0, run.output
+    manifest = json.loads((root / "out" / "manifest.json").read_text())
+    assert [p["name"] for p in manifest["parts"]] == ["enc", "voc"]
+    for part in manifest["parts"]:   # each exported on its own, from the safetensors weights
+        assert part["source"]["export"]["weights"]["file"] == "tts.safetensors"
+        assert part["source"]["export"]["validation"]["cosine_min"] > 0.9999
+    accuracy = manifest["pipeline"]["accuracy"]
+    assert accuracy["passed"] and accuracy["sentences"] == 3 and accuracy["same"] == 3
+    assert "runner/cascade_tts.py" in manifest["files"]
+    assert "end to end: 3 of 3 held-out sentence(s) sound alike" in run.output
+    r = run_py(root / "out", "check")
+    assert r.returncode == 0 and "golden sentence(s) sound alike" in r.stdout, \
+        r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_the_bundle_speaks_as_the_pytorch_model_does(speech, tmp_path):
+    """The whole PyTorch model (its forward(): encoder, repeat_interleave, vocoder) against the
+    bundle's infer on sentences shorter and longer than the encoder's 12 tokens: the same
+    length, within the speech budget; a WAV file a sentence; each stage timed."""
+    import torch
+    from safetensors.torch import load_file
+    from tts_torch import tts_parts
+
+    from packager._runtimes.runner.task_tts import mel_distance
+
+    root, _ = speech
+    model = tts_parts()
+    model.load_state_dict(load_file(root / "tts.safetensors"))
+    files = []
+    for n in (5, 12, 30):   # 30 tokens: three pieces of the encoder's 12
+        path = tmp_path / f"say{n}.npy"
+        np.save(path, np.random.RandomState(n).randint(1, 32, size=n))
+        files.append(path)
+    r = run_py(root / "out", "infer", *map(str, files), "--json", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    audio = np.load(tmp_path / "o.npz")
+    for path, result in zip(files, report["results"], strict=True):
+        with torch.no_grad():
+            want = model(torch.from_numpy(np.load(path))[None]).numpy().reshape(-1)
+        got = audio[f"{result['key']}/audio"]
+        assert len(got) == len(want) == result["samples"] > 0
+        assert mel_distance(want, got, RATE) < 0.5 and np.abs(got - want).max() < 0.05
+        assert set(result["latency_ms"]) == {"enc", "glue", "voc"}, result
+        assert result["real_time_factor"] > 1
+        with wave.open(str(tmp_path / f"o.{result['key']}.wav")) as f:
+            assert f.getframerate() == RATE and f.getnframes() == len(want)
+
+
+def test_serve_answers_audio_wav(speech, tmp_path):
+    import urllib.request
+
+    from conftest import start_server
+
+    root, _ = speech
+    body = io.BytesIO()
+    np.save(body, np.arange(1, 9))
+    proc, url = start_server(root / "out", tmp_path / "serve.log")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/infer", data=body.getvalue(),
+                headers={"Content-Type": "application/octet-stream"}), timeout=60) as answer:
+            assert answer.headers["Content-Type"] == "audio/wav"
+            stages = json.loads(answer.headers["X-Edgepack-Stages-Ms"])
+            data = answer.read()
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/infer", data=body.getvalue(),
+                headers={"Accept": "application/json"}), timeout=60) as answer:
+            as_json = json.loads(answer.read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert set(stages) == {"enc", "glue", "voc"}
+    with wave.open(io.BytesIO(data)) as f:
+        assert f.getframerate() == RATE and f.getnframes() == as_json["samples"] > 0
+
+
+def test_a_tts_pipeline_file_names_what_is_wrong(tmp_path):
+    """A stage with both a module and a model, an unknown key, and a vocode stage with calib
+    are each one line naming the key (exit 2), nothing written."""
+    path = write_pipeline(tmp_path, extra='max_repeat = "x"\n')
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(path), "-o",
+                                    str(tmp_path / "out")])
+    assert run.exit_code == 2 and "stage[0].max_repeat must be a whole number" in run.output, \
+        run.output
+    assert not (tmp_path / "out").exists() and "Traceback" not in run.output
+
+
+def test_a_damaged_speech_bundle_or_input_is_one_line(speech, tmp_path):
+    """Golden speech named outside golden/pipeline/, a golden sentence that is not one, and
+    an infer input of floats: each one line, exit 2 or a failed check, no traceback."""
+    import shutil
+
+    from test_runner import resign
+
+    root, _ = speech
+    floats = tmp_path / "floats.npy"
+    np.save(floats, np.zeros((1, 4), np.float32))
+    r = run_py(root / "out", "infer", str(floats))
+    assert r.returncode == 2 and "not one sentence's token ids" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    bundle = tmp_path / "b"
+    shutil.copytree(root / "out", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["pipeline"]["accuracy"]["golden"]["audio"] = "golden/x/../../audio.npz"
+    resign(bundle, manifest)
+    r = run_py(bundle, "check")
+    assert r.returncode == 2 and "pipeline.accuracy.golden.audio must name a .npz file in " \
+        "golden/pipeline/" in r.stderr, r.stderr[-2000:]
+    manifest["pipeline"]["accuracy"]["golden"]["audio"] = "golden/pipeline/audio.npz"
+    np.savez(bundle / "golden" / "pipeline" / "tokens.npz", sentence0=np.zeros(3, np.float32))
+    resign(bundle, manifest)
+    r = run_py(bundle, "check")
+    assert r.returncode == 2 and "holds no sentence sentence0" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
