@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ._runtimes.runner.roofline import ceiling_share
-from .bundle.assemble import write_roofline
+from .bundle.roofline import write_roofline
 from .compare_openvino import OPENVINO_ROWS, OV_CPU, OV_INT8, openvino_rows
 from .compare_samples import agreement, batched
 from .errors import PackagerError, ShapeError

@@ -244,8 +244,7 @@ def test_the_ceiling_holds_the_models_heaviest_conv_and_no_row_exceeds_it(tmp_pa
 
 def test_roofline_graphs_load_and_run_as_the_runner_times_them(tmp_path):
     from packager._runtimes.runner.roofline import best_rates, roofline_graphs, time_roofline
-    from packager.bundle.assemble import write_roofline
-    from packager.bundle.roofline import GENERIC_CONVS, heaviest_convs
+    from packager.bundle.roofline import GENERIC_CONVS, heaviest_convs, write_roofline
     from packager.targets import load_target
 
     model = onnx.load(conv_model(tmp_path / "conv.onnx", channels=8, size=16))

@@ -11,6 +11,7 @@ from ..targets import Target
 from ..tasks.part import recorded_task
 from .data import golden_samples, part_data
 from .insight import insight
+from .length import length_part
 from .load import freeze_part, load_part
 from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
@@ -68,6 +69,8 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)
+    length = length_part(plan, frozen, data, [decision.candidate.path,
+                                              *(g.model for g in picked.graphs)], ctx)
     seen = insight(req, data, ref, decision, shaped.simplified.graph,
                    int(target.session.get("intra_op_threads", 0)), ctx)
     ctx.clock.lap("profile")
@@ -83,7 +86,7 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
                           None if config.mode == "given" else ref.path,
                           golden, precision.to_manifest(), accuracy,
                           req.preprocess, req.labels, frozen.source, list(picked.graphs),
-                          recorded_task(plan.task, ctx.keep), bounded)
+                          recorded_task(plan.task, ctx.keep), bounded, length)
     result = PartResult(req.name, frozen.nodes, len(shaped.simplified.graph.node),
                         shaped.simplifier, shaped.fallback, plan.family, accuracy, config,
                         precision.calibration_samples, loaded.export,

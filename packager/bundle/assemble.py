@@ -31,6 +31,7 @@ from ..graph.offline import offline_graph
 from ..hashing import sha256
 from ..targets import Target
 from .manifest import MANIFEST, NAME_RULE, Manifest, name_problem, safe_name
+from .roofline import write_roofline
 
 # the staged bundle folder -> the manifest's "tuning" record (its "chosen" is the session)
 Tuner = Callable[[Path], dict[str, Any]]
@@ -190,6 +191,7 @@ class PartPayload:
     graphs: Sequence[Any] = ()        # ProviderGraph: float graphs for providers INT8 serves badly
     task: dict[str, Any] | None = None   # the declared task with what it keeps (tasks/part.py)
     golden_bound: str | None = None   # why fewer golden samples than the default were kept
+    length: dict[str, Any] | None = None   # a tts part's token length: open or fixed, and why
 
 
 def _io_lines(values: Sequence[dict[str, Any]]) -> str:
@@ -469,50 +471,6 @@ def _operations(part: PartPayload, proto: Any) -> dict[str, Any]:
             "counted": "2 x multiply-adds of Conv, ConvTranspose, Gemm, MatMul, Attention"}
 
 
-ROOFLINE_SIZE = 512   # M = K = N: large enough to reach a CPU's GEMM rate, 0.27 GOP a call
-
-
-def write_roofline(tmp: Path, parts: Sequence[PartPayload], target: Target,
-                   model: Any = None) -> dict[str, Any]:
-    """The graphs `run.py bench --roofline` times for the machine's best rate (bundle/roofline.py):
-    an FP32 MatMul and a MatMulInteger of the bundle's integer types at 512x512 (roofline.fp32,
-    roofline.int8), then roofline.graphs: more MatMul shapes, QLinearMatMul, and FP32 and
-    QLinearConv convolutions, the heaviest of *model*'s (else of the parts' reference graphs)
-    among them. Inputs are fed at run time: no weights, a few hundred bytes a graph."""
-    from onnx import TensorProto, helper
-
-    from .roofline import heaviest_convs, write_graphs
-
-    int8 = next((p.precision for p in parts if p.precision.get("precision") == "int8"), None)
-    activation = (int8 or {}).get("activation_type") or target.quantization.activation_type
-    types = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
-    n = ROOFLINE_SIZE
-    (tmp / "roofline").mkdir()
-    graphs = {}
-    for kind, a, b, out, op in (
-            ("fp32", TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.FLOAT, "MatMul"),
-            ("int8", types.get(activation, TensorProto.UINT8), TensorProto.INT8,
-             TensorProto.INT32, "MatMulInteger")):
-        graph = helper.make_graph(
-            [helper.make_node(op, ["a", "b"], ["y"])], f"roofline_{kind}",
-            [helper.make_tensor_value_info("a", a, [n, n]),
-             helper.make_tensor_value_info("b", b, [n, n])],
-            [helper.make_tensor_value_info("y", out, [n, n])])
-        model_ = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
-                                   ir_version=7)
-        save_model(model_, tmp / "roofline" / f"matmul_{kind}.onnx")
-        graphs[kind] = f"roofline/matmul_{kind}.onnx"
-    convs = []
-    for source in ([model] if model is not None else
-                   [load_model(p.reference or p.model, check=False, external_data=False)
-                    for p in parts]):
-        convs += heaviest_convs(source)
-    convs = sorted({repr(sorted(c.items())): c for c in convs}.values(),
-                   key=lambda c: -c["ops"])[:3]
-    integer = "u8s8" if activation == "uint8" else "s8s8"
-    return {"size": n, "ops_per_call": 2 * n ** 3, "fp32": graphs["fp32"],
-            "int8": graphs["int8"], "int8_kind": integer,
-            "graphs": write_graphs(tmp / "roofline", "roofline", activation, convs)}
 
 
 def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
@@ -554,7 +512,7 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
         "model": {"file": model_file, "sha256": sha256(tmp / model_file),
                   "bytes": (tmp / model_file).stat().st_size, "ir_version": proto.ir_version,
                   "opset": opset_of(proto)},
-        "inputs": [{**s, "shape": dims_of(v)} for s, v in
+        "inputs": [{**s, "shape": _recorded_dims(v, part.length)} for s, v in
                    zip(io_specs(inputs), inputs, strict=True)],
         "outputs": io_specs(proto.graph.output),
         "preprocess": part.preprocess,
@@ -566,7 +524,17 @@ def _write_part(tmp: Path, part: PartPayload, proto: Any, opt_level: str,
         "operations": _operations(part, proto),
         "source": part.source,
         **({"graphs": entry_graphs} if entry_graphs else {}),
+        **({"length": part.length} if part.length else {}),
     }
+
+
+def _recorded_dims(value: Any, length: dict[str, Any] | None) -> list[int | str]:
+    """An input's dims for the manifest: an open length axis (length.py) as the build's static
+    length, which the golden data have; the manifest's `length` says the axis is open."""
+    dims = dims_of(value)
+    if length and length.get("dynamic") and value.name == length["input"]:
+        dims[length["axis"]] = length["static"]
+    return dims
 
 
 def _write_graph(tmp: Path, part: PartPayload, graph: Any, golden: dict[str, Any],

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..graph.modelio import save_model
+from ..graph.modelio import load_model, save_model
+from ..targets import Target
 
 # (M, K, N): square, and the im2col shapes of a ResNet's 3x3 convs at 56, 28, 14 px
 MATMUL_SHAPES = ((512, 512, 512), (256, 256, 256), (1024, 1024, 1024), (3136, 576, 64),
@@ -30,6 +31,7 @@ GENERIC_CONVS = tuple({"x": [1, 128, size, size], "w": [128, 128, 3, 3], "stride
                       for size in (28, 56))
 MODEL_CONVS = 3          # the model's heaviest distinct conv shapes added to the set
 MAX_CONV_OPS = 16e9      # larger single convs are left out (each would take long to time)
+ROOFLINE_SIZE = 512   # M = K = N: large enough to reach a CPU's GEMM rate, 0.27 GOP a call
 
 
 def heaviest_convs(model: onnx.ModelProto, count: int = MODEL_CONVS) -> list[dict[str, Any]]:
@@ -190,3 +192,44 @@ def write_graphs(folder: Path, prefix: str, activation: str,
             add(_conv(kind, conv, act, qdq=op == "QDQ Conv"), kind, op, shape, conv_ops(conv),
                 {"x": [x, conv["x"]]})
     return entries
+
+
+def write_roofline(tmp: Path, parts: Sequence[Any], target: Target,
+                   model: Any = None) -> dict[str, Any]:
+    """The graphs `run.py bench --roofline` times for the machine's best rate (below):
+    an FP32 MatMul and a MatMulInteger of the bundle's integer types at 512x512 (roofline.fp32,
+    roofline.int8), then roofline.graphs: more MatMul shapes, QLinearMatMul, and FP32 and
+    QLinearConv convolutions, the heaviest of *model*'s (else of the parts' reference graphs)
+    among them. Inputs are fed at run time: no weights, a few hundred bytes a graph."""
+    from onnx import TensorProto, helper
+
+    int8 = next((p.precision for p in parts if p.precision.get("precision") == "int8"), None)
+    activation = (int8 or {}).get("activation_type") or target.quantization.activation_type
+    types = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
+    n = ROOFLINE_SIZE
+    (tmp / "roofline").mkdir()
+    graphs = {}
+    for kind, a, b, out, op in (
+            ("fp32", TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.FLOAT, "MatMul"),
+            ("int8", types.get(activation, TensorProto.UINT8), TensorProto.INT8,
+             TensorProto.INT32, "MatMulInteger")):
+        graph = helper.make_graph(
+            [helper.make_node(op, ["a", "b"], ["y"])], f"roofline_{kind}",
+            [helper.make_tensor_value_info("a", a, [n, n]),
+             helper.make_tensor_value_info("b", b, [n, n])],
+            [helper.make_tensor_value_info("y", out, [n, n])])
+        model_ = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                   ir_version=7)
+        save_model(model_, tmp / "roofline" / f"matmul_{kind}.onnx")
+        graphs[kind] = f"roofline/matmul_{kind}.onnx"
+    convs = []
+    for source in ([model] if model is not None else
+                   [load_model(p.reference or p.model, check=False, external_data=False)
+                    for p in parts]):
+        convs += heaviest_convs(source)
+    convs = sorted({repr(sorted(c.items())): c for c in convs}.values(),
+                   key=lambda c: -c["ops"])[:3]
+    integer = "u8s8" if activation == "uint8" else "s8s8"
+    return {"size": n, "ops_per_call": 2 * n ** 3, "fp32": graphs["fp32"],
+            "int8": graphs["int8"], "int8_kind": integer,
+            "graphs": write_graphs(tmp / "roofline", "roofline", activation, convs)}

@@ -19,6 +19,7 @@ from .metrics import looks_like_scores
 MAX_UNPACKED = 256 * 1024 * 1024   # bytes an .npz may inflate to
 MAX_NPZ_MEMBERS = 256              # arrays in one .npz (100,000 took 16 s of CPU to list)
 SHOWN_KEYS = 10                    # names echoed in a message about a body's keys
+MAX_LENGTH = 1 << 16               # tokens in one sentence, where a part keeps its length open
 
 
 def input_values(part):
@@ -61,11 +62,16 @@ def image_row(outputs, i, rows):
 def check_feed(feed, part, source, rows=None):
     """Check names and shapes against the part's inputs, with *rows* as the batch axis where given
     (1: one image, to be stacked for a part with a batch of N); cast to its dtypes."""
-    out = {}
+    out, length = {}, part.get("length") or {}
     for spec in part["inputs"]:
         want = list(spec["shape"])
         if rows is not None and want:
             want[0] = rows
+        arr = feed.get(spec["name"])
+        if length.get("dynamic") and spec["name"] == length["input"] and \
+                len(getattr(arr, "shape", ())) == len(want) and \
+                1 <= arr.shape[1] <= MAX_LENGTH:   # a sentence of its own length
+            want[1] = arr.shape[1]
         if spec["name"] not in feed:
             raise BundleError("%s: no input named %s (has: %s)"
                               % (source, spec["name"], some_keys(feed)))

@@ -221,6 +221,11 @@ def _check_part(m, i, part):
                 m.pop()
             m.pop()
         m.pop()
+    length = m.table(part, "length")   # a tts part's token length: open, or fixed
+    if length and (length.get("input") not in [v.get("name") for v in part["inputs"]] or
+                   length.get("axis") != 1 or not isinstance(length.get("dynamic"), bool)):
+        m.fail("{input: one of the part's inputs, axis: 1, dynamic: true or false}")
+    m.pop()
     for key in ("preprocess", "precision", "accuracy"):
         m.table(part, key, nullable=key == "preprocess")
         m.pop()

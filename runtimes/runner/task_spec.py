@@ -20,8 +20,9 @@ PARAMETERS = {
     "multilabel": {"output": None, "threshold": 0.5, "labels": None, "sigmoid": "auto"},
     # a waveform: its sample rate, and what counts as the same length, and close (task_tts.py)
     # (the spreads: the original's own, between thread counts, which the build measures)
+    # pad: the token id a shorter sentence is padded with (the build measures what it changes)
     "tts": {"output": 0, "rate": 24000, "length_tolerance": 0.02, "mel_db": 2.0, "snr_db": 10.0,
-            "mel_spread_db": None, "snr_spread_db": None},
+            "mel_spread_db": None, "snr_spread_db": None, "pad": 0},
 }
 # Each kind's figures (runner/task_figures.py): what `keep` (and --keep) may name for it.
 FIGURES = {
@@ -160,7 +161,7 @@ def value_problem(kind, key, value, output_names):
         if not is_number(value) or not 0.0 <= value <= top:
             return "must be a number from 0 to %g, got %r" % (top, str(value)[:40])
         return ""
-    if key == "blank":
+    if key in ("blank", "pad"):
         if not is_count(value) or value < 0:
             return "must be a class index (0 or more), got %r" % (str(value)[:40],)
         return ""

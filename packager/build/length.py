@@ -1,0 +1,147 @@
+"""Lengths that fit the model (a tts part): the build runs at one static token length, but a
+sentence has its own. Measured on the original: does padding a shorter sentence to that length
+change its speech? Where it does not, padded sentences speak within the budget; where it does
+(a model without a mask input) and the original takes any length, the shipped graphs keep the
+length axis open, each checked at a shorter and a longer length against the original there;
+where that fails the bundle speaks exactly the build's length. The manifest's part["length"]
+says which, with the measurements."""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .._runtimes.runner.task_spec import settings
+from .._runtimes.runner.task_tts import mel_distance, waveform
+from ..graph.inspection import graph_inputs
+from ..graph.modelio import save_model
+from .records import BuildContext, Frozen, PartData, PartPlan
+
+PROBES = 4       # samples the padding is measured on
+LENGTH = "length"   # the symbol a shipped graph's open axis gets
+
+
+def cpu_session(model: bytes) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+def token_axis(model: onnx.ModelProto) -> str | None:
+    """The original's token input when it takes any length: an integer input of shape
+    (1, T) whose T is not fixed; else None."""
+    for value in graph_inputs(model):
+        kind = value.type.tensor_type.elem_type
+        dims = value.type.tensor_type.shape.dim
+        if kind in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(dims) == 2 and \
+                not dims[1].HasField("dim_value"):
+            return value.name
+    return None
+
+
+def speak(session: Any, feed: dict[str, np.ndarray], conf: dict[str, Any]) -> np.ndarray:
+    names = [o.name for o in session.get_outputs()]
+    return waveform(conf, dict(zip(names, session.run(names, feed), strict=True)))
+
+
+def padding_effect(session: Any, name: str, samples: list[dict[str, np.ndarray]],
+                   conf: dict[str, Any], pad: int) -> float:
+    """The worst log-mel distance (dB) padding moves a sentence's speech by: the original on a
+    sample's first 3/4 of its tokens, against the same tokens padded back to its length (the
+    padded speech's first part, as long as the unpadded one's)."""
+    worst = 0.0
+    for sample in samples[:PROBES]:
+        tokens = np.asarray(sample[name])
+        count = max(1, 3 * tokens.shape[1] // 4)
+        short = speak(session, dict(sample, **{name: tokens[:, :count]}), conf)
+        padded = np.full_like(tokens, pad)
+        padded[:, :count] = tokens[:, :count]
+        long = speak(session, dict(sample, **{name: padded}), conf)
+        if len(short) and len(long):
+            worst = max(worst, mel_distance(short, long[:len(short)], conf["rate"]))
+    return worst
+
+
+def reopened(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """*model* with input *name*'s length axis (1) open and no stored intermediate shapes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for value in out.graph.input:
+        if value.name == name:
+            value.type.tensor_type.shape.dim[1].Clear()
+            value.type.tensor_type.shape.dim[1].dim_param = LENGTH
+    del out.graph.value_info[:]
+    return out
+
+
+def other_lengths(model: onnx.ModelProto, original: Any, name: str,
+                  samples: list[dict[str, np.ndarray]], conf: dict[str, Any]
+                  ) -> tuple[list[int], float, str]:
+    """(the lengths tried, the worst log-mel distance to the original there, what failed or
+    ''): *model* run at half and one and a half times each probe's length."""
+    try:
+        session = cpu_session(model.SerializeToString())
+    except Exception as exc:   # a graph whose shapes were fixed at build time
+        return [], 0.0, f"onnxruntime cannot load it with the length open ({exc})"[:300]
+    tried, worst = [], 0.0
+    for sample in samples[:PROBES]:
+        tokens = np.asarray(sample[name])
+        for count in (max(1, tokens.shape[1] // 2), tokens.shape[1] * 3 // 2):
+            ids = np.resize(tokens[0], count)[None].astype(tokens.dtype)
+            feed = dict(sample, **{name: ids})
+            try:
+                got = speak(session, feed, conf)
+            except Exception as exc:
+                return tried, worst, f"it fails at {count} tokens ({exc})"[:300]
+            want = speak(original, feed, conf)
+            if abs(len(got) - len(want)) > conf["length_tolerance"] * max(1, len(want)):
+                return tried, worst, f"at {count} tokens it speaks {len(got)} samples, the " \
+                    f"original {len(want)}"
+            worst = max(worst, mel_distance(want, got, conf["rate"]) if len(want) else 0.0)
+            tried.append(count)
+    if worst > conf["mel_db"]:
+        return tried, worst, f"its speech is {worst:.2f} dB from the original's there"
+    return tried, worst, ""
+
+
+def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Path],
+                ctx: BuildContext) -> dict[str, Any] | None:
+    """The manifest's part["length"] for a tts part whose original takes any length (else
+    None); where padding changes the answer, *graphs* (the shipped files) are rewritten with
+    the length open when each keeps the budget at other lengths."""
+    if (plan.task or {}).get("kind") != "tts":
+        return None
+    task = settings(plan.task)
+    name = token_axis(frozen.proto)
+    if name is None:
+        return None
+    original = cpu_session(frozen.proto.SerializeToString())
+    samples = (data.held or data.samples)[:PROBES]
+    length = int(np.asarray(samples[0][name]).shape[1])
+    pad = int(task.get("pad", 0))
+    effect = padding_effect(original, name, samples, task, pad)
+    section: dict[str, Any] = {"input": name, "axis": 1, "static": length,
+                               "padding_mel_db": round(effect, 4), "pad": pad}
+    if effect <= task["mel_db"]:
+        ctx.log(f"length: padding a sentence to {length} tokens moves its speech {effect:.2f} "
+                f"dB at most (within {task['mel_db']} dB): the bundle takes {length} tokens, "
+                f"shorter sentences padded with {pad}")
+        return dict(section, dynamic=False, why="padding keeps the speech within the budget")
+    models = [onnx.load(str(path)) for path in graphs]
+    opened = [reopened(model, name) for model in models]
+    for model in opened:
+        tried, worst, problem = other_lengths(model, original, name, samples, task)
+        if problem:
+            ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; "
+                    f"the model has no mask for it), but the shipped graph cannot keep the "
+                    f"length open: {problem}; the bundle speaks exactly {length} tokens")
+            return dict(section, dynamic=False, why=problem)
+    for path, model in zip(graphs, opened, strict=True):
+        save_model(model, path)
+    ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; the "
+            f"model has no mask for it): the bundle keeps {name}'s length open, checked at "
+            f"{', '.join(map(str, sorted(set(tried))))} tokens against the original (worst "
+            f"{worst:.2f} dB)")
+    return dict(section, dynamic=True, checked=sorted(set(tried)), worst_mel_db=round(worst, 4),
+                why="padding changes the speech: the model has no mask input")

@@ -1,0 +1,153 @@
+"""Issue 37, item 6: lengths that fit the model. A TTS model without a mask input (every
+token's frames depend on all the tokens: padding changes the whole waveform) builds at a static
+length of 8 tokens; the build measures what padding does on the original, keeps the length
+axis open in the shipped graph, checks it at other lengths, and the bundle then speaks a
+sentence of any length as the original does. A model whose tokens do not see each other keeps
+its static length (padding moves nothing), and says so."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from conftest import save
+from packager._runtimes.runner.task_tts import mel_distance
+from packager.cli import main
+
+RATE, HOP, VOCAB = 16000, 256, 32
+
+
+def tts_any_length(path: Path, mixed: bool) -> Path:
+    """tokens (1, T), T free -> frames, durations (1-3 a token) -> length regulation -> 256
+    samples a frame. *mixed*: each token's state is added 8 times the mean of all of them (a model
+    without a mask: padding changes every frame)."""
+    rng = np.random.default_rng(7)
+    t = TensorProto
+    const = [helper.make_tensor("emb", t.FLOAT, [VOCAB, 8],
+                                rng.standard_normal((VOCAB, 8)).ravel()),
+             helper.make_tensor("w1", t.FLOAT, [8, 8], rng.standard_normal((8, 8)).ravel() * .5),
+             helper.make_tensor("v", t.FLOAT, [8, 1], rng.standard_normal(8) * .8),
+             helper.make_tensor("w2", t.FLOAT, [8, HOP],
+                                rng.standard_normal((8, HOP)).ravel() * .4),
+             helper.make_tensor("flat", t.INT64, [2], [1, -1]),
+             helper.make_tensor("three", t.FLOAT, [], [3.0]),
+             helper.make_tensor("mix", t.FLOAT, [], [8.0]),
+             helper.make_tensor("onef", t.FLOAT, [], [1.0]),
+             helper.make_tensor("half", t.FLOAT, [], [0.5]),
+             helper.make_tensor("zero", t.INT64, [], [0]),
+             helper.make_tensor("one", t.INT64, [], [1]),
+             helper.make_tensor("ax0", t.INT64, [1], [0]),
+             helper.make_tensor("ax1", t.INT64, [1], [1])]
+    n = helper.make_node
+    nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Squeeze", ["e", "ax0"], ["h0"])]
+    if mixed:
+        nodes += [n("ReduceMean", ["h0"], ["mean"], axes=[0], keepdims=1),
+                  n("Mul", ["mean", "mix"], ["mean3"]), n("Add", ["h0", "mean3"], ["h"])]
+    else:
+        nodes += [n("Identity", ["h0"], ["h"])]
+    nodes += [n("MatMul", ["h", "w1"], ["f"]), n("Tanh", ["f"], ["frames8"]),
+              n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
+              n("Max", ["dr", "onef"], ["dl"]),
+              n("Min", ["dl", "three"], ["dm"]), n("Ceil", ["dm"], ["dc"]),
+              n("Cast", ["dc"], ["d2"], to=t.INT64), n("Squeeze", ["d2", "ax1"], ["dur"]),
+              n("CumSum", ["dur", "zero"], ["ends"]),
+              n("ReduceSum", ["dur"], ["total"], keepdims=0),
+              n("Range", ["zero", "total", "one"], ["pos"]),
+              n("Unsqueeze", ["pos", "ax1"], ["pos2"]),
+              n("GreaterOrEqual", ["pos2", "ends"], ["past"]),
+              n("Cast", ["past"], ["pasti"], to=t.INT64),
+              n("ReduceSum", ["pasti", "ax1"], ["idx"], keepdims=0),
+              n("Gather", ["frames8", "idx"], ["frames"], axis=0),
+              n("MatMul", ["frames", "w2"], ["voc"]), n("Tanh", ["voc"], ["vt"]),
+              n("Mul", ["vt", "half"], ["vh"]), n("Reshape", ["vh", "flat"], ["waveform"])]
+    graph = helper.make_graph(
+        nodes, "tts_any_length", [helper.make_tensor_value_info("tokens", t.INT64, [1, "T"])],
+        [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])], const)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def build(root: Path, mixed: bool):
+    model = tts_any_length(root / "tts.onnx", mixed)
+    (root / "calib").mkdir()
+    np.save(root / "calib" / "tokens.npy",
+            np.random.default_rng(1).integers(1, VOCAB, (40, 1, 8)).astype(np.int64))
+    run = CliRunner().invoke(main, ["build", str(model), "--input", "tokens:1x8:int64",
+                                    "--calib", str(root / "calib"), "--task",
+                                    f"tts:rate={RATE}", "-o", str(root / "out")],
+                             catch_exceptions=False)
+    return model, run
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tts_mixed")
+    return root, *build(root, True)
+
+
+def original(model: Path, tokens: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return session.run(None, {"tokens": tokens})[0].reshape(-1)
+
+
+def test_a_model_without_a_mask_keeps_its_length_open_and_speaks_any_sentence(mixed, tmp_path):
+    root, model, run = mixed
+    assert run.exit_code == 0, run.output
+    assert "the bundle keeps tokens's length open, checked at" in run.output, run.output
+    manifest = json.loads((root / "out" / "manifest.json").read_text())
+    length = manifest["parts"][0]["length"]
+    assert length["dynamic"] is True and length["input"] == "tokens" and length["static"] == 8
+    assert length["padding_mel_db"] > 2.0 and length["worst_mel_db"] < 0.5
+    check = subprocess.run([sys.executable, str(root / "out" / "run.py"), "check"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    for count in (3, 8, 21):   # shorter, the build's and longer sentences, none padded
+        tokens = np.random.default_rng(count).integers(1, VOCAB, (1, count)).astype(np.int64)
+        np.save(tmp_path / f"t{count}.npy", tokens)
+        r = subprocess.run([sys.executable, str(root / "out" / "run.py"), "infer",
+                            str(tmp_path / f"t{count}.npy"), "--out", str(tmp_path / f"o{count}")],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = np.load(tmp_path / f"o{count}.npz")[f"t{count}.npy/waveform"].reshape(-1)
+        want = original(model, tokens)
+        assert len(got) == len(want) and mel_distance(want, got, RATE) < 0.5
+
+
+def test_padding_such_a_model_changes_its_speech(mixed):
+    """What the build measured: the original on 6 tokens against the same 6 padded to 8."""
+    _, model, _ = mixed
+    tokens = np.random.default_rng(5).integers(1, VOCAB, (1, 8)).astype(np.int64)
+    short = original(model, tokens[:, :6])
+    padded = np.concatenate([tokens[:, :6], np.zeros((1, 2), np.int64)], axis=1)
+    assert mel_distance(short, original(model, padded)[:len(short)], RATE) > 2.0
+
+
+def test_a_model_whose_tokens_do_not_see_each_other_keeps_its_static_length(tmp_path):
+    _, run = build(tmp_path, False)
+    assert run.exit_code == 0, run.output
+    assert "length: padding a sentence to 8 tokens moves its speech" in run.output, run.output
+    length = json.loads((tmp_path / "out" / "manifest.json").read_text())["parts"][0]["length"]
+    assert length["dynamic"] is False and length["padding_mel_db"] <= 2.0
+
+
+def test_a_length_section_that_is_not_one_is_refused_in_one_line(mixed, tmp_path):
+    import shutil
+
+    from test_runner import resign
+
+    root, _, _ = mixed
+    bundle = tmp_path / "b"
+    shutil.copytree(root / "out", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["parts"][0]["length"]["input"] = "nothing"
+    resign(bundle, manifest)
+    r = subprocess.run([sys.executable, str(bundle / "run.py"), "check"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "parts[0].length is not {input: one of the part's inputs" in \
+        r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
