@@ -24,44 +24,56 @@ from packager.device.verify import verify
 RATE, HOP, VOCAB = 16000, 256, 32
 
 
+def tts_constants(rng):
+    """The tiny TTS models' weights (embedding, encoder, durations, vocoder) and constants."""
+    t = TensorProto
+    return [helper.make_tensor("emb", t.FLOAT, [VOCAB, 8],
+                               rng.standard_normal((VOCAB, 8)).ravel()),
+            helper.make_tensor("w1", t.FLOAT, [8, 8], rng.standard_normal((8, 8)).ravel() * .5),
+            helper.make_tensor("v", t.FLOAT, [8, 1], rng.standard_normal(8) * .8),
+            helper.make_tensor("w2", t.FLOAT, [8, HOP],
+                               rng.standard_normal((8, HOP)).ravel() * .4),
+            helper.make_tensor("s88", t.INT64, [2], [8, 8]),
+            helper.make_tensor("flat", t.INT64, [2], [1, -1]),
+            helper.make_tensor("three", t.FLOAT, [], [3.0]),
+            helper.make_tensor("half", t.FLOAT, [], [0.5]),
+            helper.make_tensor("zero", t.INT64, [], [0]),
+            helper.make_tensor("one", t.INT64, [], [1]),
+            helper.make_tensor("ax0", t.INT64, [1], [0]),
+            helper.make_tensor("ax1", t.INT64, [1], [1])]
+
+
+def regulated_waveform(durations):
+    """Nodes from hidden states "h" (T, 8) and *durations* ((T, 1) floats, frames a token, at
+    most 3) to the waveform: frames, durations rounded up, the frames repeated by them (a
+    cumulative sum), 256 samples a frame."""
+    t, n = TensorProto, helper.make_node
+    return [n("MatMul", ["h", "w1"], ["f"]), n("Tanh", ["f"], ["frames8"]),
+            n("Min", [durations, "three"], ["dm"]), n("Ceil", ["dm"], ["dc"]),
+            n("Cast", ["dc"], ["d2"], to=t.INT64), n("Squeeze", ["d2", "ax1"], ["dur"]),
+            n("CumSum", ["dur", "zero"], ["ends"]),
+            n("ReduceSum", ["dur"], ["total"], keepdims=0),
+            n("Range", ["zero", "total", "one"], ["pos"]),
+            n("Unsqueeze", ["pos", "ax1"], ["pos2"]),
+            n("GreaterOrEqual", ["pos2", "ends"], ["past"]),
+            n("Cast", ["past"], ["pasti"], to=t.INT64),
+            n("ReduceSum", ["pasti", "ax1"], ["idx"], keepdims=0),
+            n("Gather", ["frames8", "idx"], ["frames"], axis=0),
+            n("MatMul", ["frames", "w2"], ["voc"]), n("Tanh", ["voc"], ["vt"]),
+            n("Mul", ["vt", "half"], ["vh"]), n("Reshape", ["vh", "flat"], ["waveform"])]
+
+
 def tiny_tts(path):
     """tokens (1, 8) int64 -> embeddings -> 8 frames and a duration each (0-3) -> frames
     repeated by their durations -> 256 samples a frame: waveform (1, 256 x sum of durations)."""
-    rng = np.random.default_rng(0)
-    t = TensorProto
-    const = [helper.make_tensor("emb", t.FLOAT, [VOCAB, 8],
-                                rng.standard_normal((VOCAB, 8)).ravel()),
-             helper.make_tensor("w1", t.FLOAT, [8, 8], rng.standard_normal((8, 8)).ravel() * .5),
-             helper.make_tensor("v", t.FLOAT, [8, 1], rng.standard_normal(8) * .8),
-             helper.make_tensor("w2", t.FLOAT, [8, HOP],
-                                rng.standard_normal((8, HOP)).ravel() * .4),
-             helper.make_tensor("s88", t.INT64, [2], [8, 8]),
-             helper.make_tensor("flat", t.INT64, [2], [1, -1]),
-             helper.make_tensor("three", t.FLOAT, [], [3.0]),
-             helper.make_tensor("half", t.FLOAT, [], [0.5]),
-             helper.make_tensor("zero", t.INT64, [], [0]),
-             helper.make_tensor("one", t.INT64, [], [1]),
-             helper.make_tensor("ax0", t.INT64, [1], [0]),
-             helper.make_tensor("ax1", t.INT64, [1], [1])]
-    n = helper.make_node
+    t, n = TensorProto, helper.make_node
     nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Reshape", ["e", "s88"], ["h"]),
-             n("MatMul", ["h", "w1"], ["f"]), n("Tanh", ["f"], ["frames8"]),
              n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
-             n("Min", ["dr", "three"], ["dm"]), n("Ceil", ["dm"], ["dc"]),
-             n("Cast", ["dc"], ["d2"], to=t.INT64), n("Squeeze", ["d2", "ax1"], ["dur"]),
-             n("CumSum", ["dur", "zero"], ["ends"]),
-             n("ReduceSum", ["dur"], ["total"], keepdims=0),
-             n("Range", ["zero", "total", "one"], ["pos"]),
-             n("Unsqueeze", ["pos", "ax1"], ["pos2"]),
-             n("GreaterOrEqual", ["pos2", "ends"], ["past"]),
-             n("Cast", ["past"], ["pasti"], to=t.INT64),
-             n("ReduceSum", ["pasti", "ax1"], ["idx"], keepdims=0),
-             n("Gather", ["frames8", "idx"], ["frames"], axis=0),
-             n("MatMul", ["frames", "w2"], ["voc"]), n("Tanh", ["voc"], ["vt"]),
-             n("Mul", ["vt", "half"], ["vh"]), n("Reshape", ["vh", "flat"], ["waveform"])]
+             *regulated_waveform("dr")]
     graph = helper.make_graph(
         nodes, "tiny_tts", [helper.make_tensor_value_info("tokens", t.INT64, [1, 8])],
-        [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])], const)
+        [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])],
+        tts_constants(np.random.default_rng(0)))
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 

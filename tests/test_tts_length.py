@@ -14,57 +14,31 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
+from test_tts import regulated_waveform, tts_constants
 
 from conftest import save
 from packager._runtimes.runner.task_tts import mel_distance
 from packager.cli import main
 
-RATE, HOP, VOCAB = 16000, 256, 32
+RATE, VOCAB = 16000, 32
 
 
 def tts_any_length(path: Path, mixed: bool) -> Path:
     """tokens (1, T), T free -> frames, durations (1-3 a token) -> length regulation -> 256
-    samples a frame. *mixed*: each token's state is added 8 times the mean of all of them (a model
-    without a mask: padding changes every frame)."""
-    rng = np.random.default_rng(7)
-    t = TensorProto
-    const = [helper.make_tensor("emb", t.FLOAT, [VOCAB, 8],
-                                rng.standard_normal((VOCAB, 8)).ravel()),
-             helper.make_tensor("w1", t.FLOAT, [8, 8], rng.standard_normal((8, 8)).ravel() * .5),
-             helper.make_tensor("v", t.FLOAT, [8, 1], rng.standard_normal(8) * .8),
-             helper.make_tensor("w2", t.FLOAT, [8, HOP],
-                                rng.standard_normal((8, HOP)).ravel() * .4),
-             helper.make_tensor("flat", t.INT64, [2], [1, -1]),
-             helper.make_tensor("three", t.FLOAT, [], [3.0]),
-             helper.make_tensor("mix", t.FLOAT, [], [8.0]),
+    samples a frame. *mixed*: each token's state is added 8 times the mean of all of them (a
+    model without a mask: padding changes every frame)."""
+    t, n = TensorProto, helper.make_node
+    const = [*tts_constants(np.random.default_rng(7)),
              helper.make_tensor("onef", t.FLOAT, [], [1.0]),
-             helper.make_tensor("half", t.FLOAT, [], [0.5]),
-             helper.make_tensor("zero", t.INT64, [], [0]),
-             helper.make_tensor("one", t.INT64, [], [1]),
-             helper.make_tensor("ax0", t.INT64, [1], [0]),
-             helper.make_tensor("ax1", t.INT64, [1], [1])]
-    n = helper.make_node
+             helper.make_tensor("mix", t.FLOAT, [], [8.0])]
     nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Squeeze", ["e", "ax0"], ["h0"])]
     if mixed:
         nodes += [n("ReduceMean", ["h0"], ["mean"], axes=[0], keepdims=1),
                   n("Mul", ["mean", "mix"], ["mean3"]), n("Add", ["h0", "mean3"], ["h"])]
     else:
         nodes += [n("Identity", ["h0"], ["h"])]
-    nodes += [n("MatMul", ["h", "w1"], ["f"]), n("Tanh", ["f"], ["frames8"]),
-              n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
-              n("Max", ["dr", "onef"], ["dl"]),
-              n("Min", ["dl", "three"], ["dm"]), n("Ceil", ["dm"], ["dc"]),
-              n("Cast", ["dc"], ["d2"], to=t.INT64), n("Squeeze", ["d2", "ax1"], ["dur"]),
-              n("CumSum", ["dur", "zero"], ["ends"]),
-              n("ReduceSum", ["dur"], ["total"], keepdims=0),
-              n("Range", ["zero", "total", "one"], ["pos"]),
-              n("Unsqueeze", ["pos", "ax1"], ["pos2"]),
-              n("GreaterOrEqual", ["pos2", "ends"], ["past"]),
-              n("Cast", ["past"], ["pasti"], to=t.INT64),
-              n("ReduceSum", ["pasti", "ax1"], ["idx"], keepdims=0),
-              n("Gather", ["frames8", "idx"], ["frames"], axis=0),
-              n("MatMul", ["frames", "w2"], ["voc"]), n("Tanh", ["voc"], ["vt"]),
-              n("Mul", ["vt", "half"], ["vh"]), n("Reshape", ["vh", "flat"], ["waveform"])]
+    nodes += [n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
+              n("Max", ["dr", "onef"], ["dl"]), *regulated_waveform("dl")]
     graph = helper.make_graph(
         nodes, "tts_any_length", [helper.make_tensor_value_info("tokens", t.INT64, [1, "T"])],
         [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])], const)

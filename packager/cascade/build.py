@@ -69,13 +69,7 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
             log(f"end to end: not judged: {detect.calib} holds {len(found)} photo(s); "
                 f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
             return _build(spec, output, made, log, options, None)
-        lower = [s.part for s in spec.stages if s.precision != "fp32"]
-        try:
-            return _build(spec, output, made, log, options, _judge(spec, held, log, bool(lower)))
-        except Missed:
-            log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
-        spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
-        return _build(spec, output, made, log, options, _judge(spec, held, log, False))
+        return _judged(spec, output, made, log, options, held, end_to_end)
 
 
 def build_speech(spec: PipelineSpec, output: Path, log: Callable[[str], None],
@@ -102,15 +96,23 @@ def build_speech(spec: PipelineSpec, output: Path, log: Callable[[str], None],
             log(f"end to end: not judged: {encode.calib} holds {len(found)} sentence(s); "
                 f"{2 * HELD_OUT_EVERY} or more let every {HELD_OUT_EVERY}th judge the pipeline")
             return _build(spec, output, made, log, options, None)
-        lower = [s.part for s in spec.stages if s.precision != "fp32"]
-        try:
-            return _build(spec, output, made, log, options,
-                          _judge(spec, held, log, bool(lower), speech_end_to_end))
-        except Missed:
-            log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
-        spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
+        return _judged(spec, output, made, log, options, held, speech_end_to_end)
+
+
+def _judged(spec: PipelineSpec, output: Path, made: dict[str, Path],
+            log: Callable[[str], None], options: dict[str, Any], held: list[Path],
+            figure_of: Callable[[PipelineSpec, Path, list[Path]], dict[str, Any]]
+            ) -> tuple[BuildResult, dict[str, Any]]:
+    """The bundle built and judged end to end on *held* (figure_of); one that misses with a
+    stage below FP32 is built again with every stage at FP32, said in one line."""
+    lower = [s.part for s in spec.stages if s.precision != "fp32"]
+    try:
         return _build(spec, output, made, log, options,
-                      _judge(spec, held, log, False, speech_end_to_end))
+                      _judge(spec, held, log, bool(lower), figure_of))
+    except Missed:
+        log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
+    spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
+    return _build(spec, output, made, log, options, _judge(spec, held, log, False, figure_of))
 
 
 class Missed(BudgetMissed):

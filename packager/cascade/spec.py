@@ -164,10 +164,7 @@ def _stage(path: Path, i: int, kind: str, raw: Any, torch_model: bool = False) -
                     f"{'proposal net' if kind == 'face' else 'detector'} needs images, and the "
                     "later stages' crops come from them")
     task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
-    precision = raw.get("precision")
-    if precision is not None and precision not in PRECISIONS:
-        raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
-                    f"use one of {', '.join(PRECISIONS)}")
+    precision = _precision(path, where, raw)
     batch = raw.get("batch", 1)
     if "batch" in raw and step not in BATCHED_STEPS:
         raise _fail(path, f"{where}.batch", f"is not a key of a {step} stage",
@@ -175,13 +172,28 @@ def _stage(path: Path, i: int, kind: str, raw: Any, torch_model: bool = False) -
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
         raise _fail(path, f"{where}.batch", f"= {str(batch)!r:.40} is not a batch size",
                     f"give a whole number from 1 to {MAX_BATCH} (the crops run at a time)")
-    glue = {k: v for k, v in raw.items() if k not in PART_KEYS}
+    glue = _glue(path, where, step, raw, PART_KEYS)
+    return Stage(part, step, model, preprocess, calib, task, precision, glue, batch)
+
+
+def _precision(path: Path, where: str, raw: dict[str, Any]) -> str | None:
+    precision = raw.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
+                    f"use one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def _glue(path: Path, where: str, step: str, raw: dict[str, Any], keys: tuple[str, ...]
+          ) -> dict[str, Any]:
+    """The stage's glue parameters: its keys that are not *keys*, each checked."""
+    glue = {k: v for k, v in raw.items() if k not in keys}
     for key, value in glue.items():
         problem = parameter_problem(step, key, value)
         if problem:
             raise _fail(path, f"{where}.{key}", problem, f"{step} stages take "
-                        f"{', '.join(list(PART_KEYS) + sorted(STEP_PARAMETERS[step]))}")
-    return Stage(part, step, model, preprocess, calib, task, precision, glue, batch)
+                        f"{', '.join(list(keys) + sorted(STEP_PARAMETERS[step]))}")
+    return glue
 
 
 def _speech_stage(path: Path, where: str, raw: dict[str, Any], torch_model: bool) -> Stage:
@@ -221,16 +233,8 @@ def _speech_stage(path: Path, where: str, raw: dict[str, Any], torch_model: bool
                     "is not a key of a vocode stage", "give the encode stage calib = "
                     "\"sentences/\" (.npy files of token ids); the vocoder calibrates on "
                     "the frames the original encoder makes of them")
-    precision = raw.get("precision")
-    if precision is not None and precision not in PRECISIONS:
-        raise _fail(path, f"{where}.precision", f"= {precision!r:.40} is not a precision",
-                    f"use one of {', '.join(PRECISIONS)}")
-    glue = {k: v for k, v in raw.items() if k not in SPEECH_KEYS}
-    for key, value in glue.items():
-        problem = parameter_problem(step, key, value)
-        if problem:
-            raise _fail(path, f"{where}.{key}", problem, f"{step} stages take "
-                        f"{', '.join(list(SPEECH_KEYS) + sorted(STEP_PARAMETERS[step]))}")
+    precision = _precision(path, where, raw)
+    glue = _glue(path, where, step, raw, SPEECH_KEYS)
     task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
     return Stage(part, step, model, {}, calib, task, precision, glue,
                  input=TensorSpec(spec.name, spec.shape, spec.dtype, part=part),
