@@ -21,6 +21,7 @@ original parts run the same way, and the user's PyTorch model against the bundle
 """
 
 import io
+import time
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
     import numpy as np
@@ -128,22 +129,26 @@ class Speech(object):
         milliseconds added to *timing* (encoder and vocoder by part name, and glue)."""
         frames = self.frames(np.asarray(tokens, np.int64).reshape(-1), timing)
         dtype = self.vocoder["inputs"][0].get("dtype", "float32")
-        return vocode(frames.astype(dtype),
-                      lambda window: list(self.cascade.run(self.vocoder, window,
-                                                           timing).values())[0],
-                      self.chunk, self.voc_conf["context"])
+        name, clock = self.vocoder["name"], _Clock(timing, "glue")
+        ran = timing.get(name, 0.0)
+        audio = vocode(frames.astype(dtype),
+                       lambda window: list(self.cascade.run(self.vocoder, window,
+                                                            timing).values())[0],
+                       self.chunk, self.voc_conf["context"])
+        clock.stop()   # the windows cut and joined are glue; the vocoder's runs are its own
+        timing["glue"] -= timing.get(name, 0.0) - ran
+        return audio
 
 
 class _Clock(object):
-    def __init__(self, timing, key):
-        import time
+    """Milliseconds from its start to stop() added to timing[key]."""
 
-        self.time, self.timing, self.key = time, timing, key
-        self.start = time.perf_counter()
+    def __init__(self, timing, key):
+        self.timing, self.key, self.start = timing, key, time.perf_counter()
 
     def stop(self):
         self.timing[self.key] = self.timing.get(self.key, 0.0) + \
-            (self.time.perf_counter() - self.start) * 1000.0
+            (time.perf_counter() - self.start) * 1000.0
 
 
 def alike(conf, want, got):
