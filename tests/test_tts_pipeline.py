@@ -185,3 +185,43 @@ def test_a_damaged_speech_bundle_or_input_is_one_line(speech, tmp_path):
     r = run_py(bundle, "check")
     assert r.returncode == 2 and "holds no sentence sentence0" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def test_a_tts_pipeline_of_onnx_parts_builds_and_speaks(tmp_path):
+    """The same parts exported first (edgepack export --submodule), each stage its own .onnx
+    with its outputs named: the build takes them as they are; the encoder's durations output
+    is named in the pipeline file."""
+    root = tmp_path
+    write_pipeline(root)
+    source = f"{Path(__file__).parent / 'tts_torch.py'}:tts_parts"
+    for module, spec, names in (("encoder", f"tokens:1x{TOKENS}:int64", ["hidden", "dur"]),
+                                ("vocoder", f"frames:1x{CHUNK}x16", ["audio"])):
+        run = CliRunner().invoke(main, ["export", source, "--weights", str(root / "tts.safetensors"),
+                                        "--submodule", module, "--input", spec,
+                                        *sum((["--output-name", n] for n in names), []),
+                                        "-o", str(root / f"{module}.onnx")],
+                                 catch_exceptions=False)
+        assert run.exit_code == 0, run.output
+    (root / "onnx.toml").write_text(f"""kind = "tts"
+
+[[stage]]
+part = "enc"
+step = "encode"
+model = "encoder.onnx"
+input = "tokens:1x{TOKENS}:int64"
+calib = "sentences"
+durations = "dur"
+
+[[stage]]
+part = "voc"
+step = "vocode"
+model = "vocoder.onnx"
+input = "frames:1x{CHUNK}x16"
+rate = {RATE}
+""")
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(root / "onnx.toml"), "-o",
+                                    str(root / "out")], catch_exceptions=False)
+    assert run.exit_code == 0 and "3 of 3 held-out sentence(s) sound alike" in run.output, \
+        run.output
+    r = run_py(root / "out", "check")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
