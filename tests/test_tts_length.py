@@ -23,18 +23,26 @@ from packager.cli import main
 RATE, VOCAB = 16000, 32
 
 
-def tts_any_length(path: Path, mixed: bool) -> Path:
+def tts_any_length(path: Path, mixed: bool, by_shape: bool = False) -> Path:
     """tokens (1, T), T free -> frames, durations (1-3 a token) -> length regulation -> 256
     samples a frame. *mixed*: each token's state is added 8 times the mean of all of them (a
-    model without a mask: padding changes every frame)."""
+    model without a mask: padding changes every frame); *by_shape*: that mean is the sum over
+    the token count read from the input's shape (which simplification at a static length folds
+    into a constant)."""
     t, n = TensorProto, helper.make_node
     const = [*tts_constants(np.random.default_rng(7)),
              helper.make_tensor("onef", t.FLOAT, [], [1.0]),
              helper.make_tensor("mix", t.FLOAT, [], [8.0])]
     nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Squeeze", ["e", "ax0"], ["h0"])]
+    if mixed and by_shape:
+        nodes += [n("ReduceSum", ["h0", "ax0"], ["sum"], keepdims=1),
+                  n("Shape", ["tokens"], ["shape"]), n("Gather", ["shape", "one"], ["count"]),
+                  n("Cast", ["count"], ["countf"], to=t.FLOAT),
+                  n("Div", ["sum", "countf"], ["mean"])]
+    elif mixed:
+        nodes += [n("ReduceMean", ["h0"], ["mean"], axes=[0], keepdims=1)]
     if mixed:
-        nodes += [n("ReduceMean", ["h0"], ["mean"], axes=[0], keepdims=1),
-                  n("Mul", ["mean", "mix"], ["mean3"]), n("Add", ["h0", "mean3"], ["h"])]
+        nodes += [n("Mul", ["mean", "mix"], ["mean3"]), n("Add", ["h0", "mean3"], ["h"])]
     else:
         nodes += [n("Identity", ["h0"], ["h"])]
     nodes += [n("MatMul", ["h", "v"], ["dv"]), n("Relu", ["dv"], ["dr"]),
@@ -45,14 +53,14 @@ def tts_any_length(path: Path, mixed: bool) -> Path:
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def build(root: Path, mixed: bool):
-    model = tts_any_length(root / "tts.onnx", mixed)
+def build(root: Path, mixed: bool, *options: str, by_shape: bool = False):
+    model = tts_any_length(root / "tts.onnx", mixed, by_shape)
     (root / "calib").mkdir()
     np.save(root / "calib" / "tokens.npy",
             np.random.default_rng(1).integers(1, VOCAB, (40, 1, 8)).astype(np.int64))
     run = CliRunner().invoke(main, ["build", str(model), "--input", "tokens:1x8:int64",
                                     "--calib", str(root / "calib"), "--task",
-                                    f"tts:rate={RATE}", "-o", str(root / "out")],
+                                    f"tts:rate={RATE}", *options, "-o", str(root / "out")],
                              catch_exceptions=False)
     return model, run
 
@@ -73,7 +81,8 @@ def original(model: Path, tokens: np.ndarray) -> np.ndarray:
 def test_a_model_without_a_mask_keeps_its_length_open_and_speaks_any_sentence(mixed, tmp_path):
     root, model, run = mixed
     assert run.exit_code == 0, run.output
-    assert "the bundle keeps tokens's length open, checked at" in run.output, run.output
+    assert "the bundle keeps tokens's length open in the shipped graph, checked at" in \
+        run.output, run.output
     manifest = json.loads((root / "out" / "manifest.json").read_text())
     length = manifest["parts"][0]["length"]
     assert length["dynamic"] is True and length["input"] == "tokens" and length["static"] == 8
@@ -125,3 +134,28 @@ def test_a_length_section_that_is_not_one_is_refused_in_one_line(mixed, tmp_path
                        text=True, timeout=300)
     assert r.returncode == 2 and "parts[0].length is not {input: one of the part's inputs" in \
         r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_length_folded_by_simplification_ships_the_original_graph_open(tmp_path):
+    """The mean over the tokens divides by the count read from the input's shape: simplified
+    at 8 tokens, the shipped graph divides by 8 at every length, which the check at other
+    lengths catches; an FP32 bundle then ships the original graph itself with its length
+    open, and speaks a 13-token sentence as the original does."""
+    model, run = build(tmp_path, True, "--precision", "fp32", by_shape=True)
+    assert run.exit_code == 0, run.output
+    assert "keeps tokens's length open in the original graph (unsimplified" in run.output, \
+        run.output
+    length = json.loads((tmp_path / "out" / "manifest.json").read_text())["parts"][0]["length"]
+    assert length["dynamic"] is True and length["graph"] == "original"
+    tokens = np.random.default_rng(13).integers(1, VOCAB, (1, 13)).astype(np.int64)
+    np.save(tmp_path / "t13.npy", tokens)
+    r = subprocess.run([sys.executable, str(tmp_path / "out" / "run.py"), "infer",
+                        str(tmp_path / "t13.npy"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = np.load(tmp_path / "o.npz")["t13.npy/waveform"].reshape(-1)
+    want = original(model, tokens)
+    assert len(got) == len(want) and mel_distance(want, got, RATE) < 0.5
+    check = subprocess.run([sys.executable, str(tmp_path / "out" / "run.py"), "check"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]

@@ -106,10 +106,13 @@ def other_lengths(model: onnx.ModelProto, original: Any, name: str,
 
 
 def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Path],
-                ctx: BuildContext) -> dict[str, Any] | None:
+                ctx: BuildContext, original_fits: bool = False) -> dict[str, Any] | None:
     """The manifest's part["length"] for a tts part whose original takes any length (else
     None); where padding changes the answer, *graphs* (the shipped files) are rewritten with
-    the length open when each keeps the budget at other lengths."""
+    the length open when each keeps the budget at other lengths. *original_fits*: the part
+    ships the original's own arithmetic (FP32, or quantized as given) in one graph, so where
+    the shipped graph cannot keep the length open (simplified at the static length) the
+    original graph itself ships in its place, checked the same way."""
     if (plan.task or {}).get("kind") != "tts":
         return None
     task = settings(plan.task)
@@ -128,20 +131,41 @@ def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Pat
                 f"dB at most (within {task['mel_db']} dB): the bundle takes {length} tokens, "
                 f"shorter sentences padded with {pad}")
         return dict(section, dynamic=False, why="padding keeps the speech within the budget")
-    models = [onnx.load(str(path)) for path in graphs]
-    opened = [reopened(model, name) for model in models]
-    for model in opened:
-        tried, worst, problem = other_lengths(model, original, name, samples, task)
+    opened = [reopened(onnx.load(str(path)), name) for path in graphs]
+    tried, worst, problem = checked(opened, original, name, samples, task)
+    source = "the shipped graph"
+    if problem and original_fits and len(graphs) == 1:
+        first = problem
+        opened = [reopened(frozen.proto, name)]   # its own dims: open already
+        tried, worst, problem = checked(opened, original, name, samples, task)
+        source = "the original graph (unsimplified: the simplified one " + first + ")"
         if problem:
-            ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; "
-                    f"the model has no mask for it), but the shipped graph cannot keep the "
-                    f"length open: {problem}; the bundle speaks exactly {length} tokens")
-            return dict(section, dynamic=False, why=problem)
+            problem = f"{first}; the original graph too: {problem}"
+    if problem:
+        ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; "
+                f"the model has no mask for it), but the shipped graph cannot keep the "
+                f"length open: {problem}; the bundle speaks exactly {length} tokens")
+        return dict(section, dynamic=False, why=problem)
     for path, model in zip(graphs, opened, strict=True):
         save_model(model, path)
     ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; the "
-            f"model has no mask for it): the bundle keeps {name}'s length open, checked at "
-            f"{', '.join(map(str, sorted(set(tried))))} tokens against the original (worst "
-            f"{worst:.2f} dB)")
+            f"model has no mask for it): the bundle keeps {name}'s length open in {source}, "
+            f"checked at {', '.join(map(str, sorted(set(tried))))} tokens against the original "
+            f"(worst {worst:.2f} dB)")
     return dict(section, dynamic=True, checked=sorted(set(tried)), worst_mel_db=round(worst, 4),
+                graph="original" if source != "the shipped graph" else "shipped",
                 why="padding changes the speech: the model has no mask input")
+
+
+def checked(models: list[onnx.ModelProto], original: Any, name: str,
+            samples: list[dict[str, np.ndarray]], conf: dict[str, Any]
+            ) -> tuple[list[int], float, str]:
+    """other_lengths() of every model in *models*: the first problem, or the lengths tried and
+    the worst distance."""
+    tried, worst = [], 0.0
+    for model in models:
+        tried, found, problem = other_lengths(model, original, name, samples, conf)
+        worst = max(worst, found)
+        if problem:
+            return tried, worst, problem
+    return tried, worst, ""

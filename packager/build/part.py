@@ -70,7 +70,8 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)
     length = length_part(plan, frozen, data, [decision.candidate.path,
-                                              *(g.model for g in picked.graphs)], ctx)
+                                              *(g.model for g in picked.graphs)], ctx,
+                         decision.config.mode == "given" or decision.config.precision == "fp32")
     seen = insight(req, data, ref, decision, shaped.simplified.graph,
                    int(target.session.get("intra_op_threads", 0)), ctx)
     ctx.clock.lap("profile")
