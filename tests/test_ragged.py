@@ -145,3 +145,31 @@ def test_serve_answers_each_request_at_its_own_length(built, tmp_path):
     session = ort.InferenceSession(str(root / "regulator.onnx"))
     assert shapes == [list(session.run(None, {"x": np.random.default_rng(s).standard_normal(
         (1, 8)).astype(np.float32)})[0].shape) for s in (3, 4, 5)]
+
+
+def test_a_length_two_runs_share_by_chance_stays_dynamic(tmp_path):
+    """Two samples whose durations add up alike (8 frames each) gave the frames one size, and
+    the graph was given that size as static: a third sample's 24 frames then failed inside
+    onnxruntime ("Shape mismatch attempting to re-use buffer"), an exit 3 seen once in a build
+    that picked the unsimplified FP32 graph. What a Range (or another op whose output shape
+    follows values) makes stays dynamic however the runs at hand agree."""
+    import onnx
+    import onnxruntime as ort
+
+    from packager.graph.shapes import fix_shapes_proto, shapes_from_run
+
+    model = fix_shapes_proto(onnx.load(str(length_regulator(tmp_path / "lr.onnx"))),
+                             {"x": [1, 8]}, batch=1, strict=False)
+    rng = np.random.default_rng(3)
+    feeds, lengths = [], set()
+    while len(feeds) < 3:   # two samples of the same frame count, then one of another
+        x = rng.standard_normal((1, 8)).astype(np.float32)
+        frames = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+        if (len(feeds) < 2 and len(frames) == 8) or (len(feeds) == 2 and len(frames) != 8):
+            feeds.append({"x": x})
+            lengths.add(len(frames))
+    filled, varying = shapes_from_run(model, feeds[:2])
+    assert "frames" in varying and len(lengths) == 2
+    session = ort.InferenceSession(filled.SerializeToString())
+    for feed in feeds:
+        session.run(None, feed)   # every frame count runs

@@ -55,8 +55,9 @@ def test_the_profiler_gives_the_shapes_the_tensors_themselves_give(tmp_path):
     assert {n: profiled[n] for n in open_ if n in profiled} == \
         {n: fetched[n] for n in open_ if n in profiled}
     assert profiled["t4"] == {(1000,)} and types["t4"] == kinds["t4"] == TensorProto.FLOAT
+    # a length a Range makes from values stays dynamic, though these two runs agree on it
     fixed, varying = shapes_from_run(model, feeds())
-    assert varying == [] and "t4" not in [n for n, _, _ in dynamic_tensors(fixed)]
+    assert {"r", "t0", "t4"} <= set(varying) and "t4" in [n for n, _, _ in dynamic_tensors(fixed)]
 
 
 def peak_mb(tmp_path, call: str) -> float:

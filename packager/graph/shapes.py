@@ -180,13 +180,32 @@ def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
     return found
 
 
+# Ops whose output shape can follow their inputs' values (a count, a shape or sizes computed
+# from the data): an open tensor they make, or one made from it, is data-dependent even where
+# the runs at hand happened to agree on its size.
+VALUE_SHAPED = ("Range", "NonZero", "Compress", "Unique", "TopK", "NonMaxSuppression", "Expand",
+                "Tile", "ConstantOfShape", "Reshape", "Slice", "Pad", "Resize", "Upsample",
+                "OneHot", "Loop")
+
+
+def value_shaped(model: onnx.ModelProto, open_: Sequence[str]) -> set[str]:
+    """The *open_* tensors made by a VALUE_SHAPED op, or downstream of one (in graph order)."""
+    opened, tainted = set(open_), set()
+    for node in model.graph.node:
+        if node.op_type in VALUE_SHAPED or any(i in tainted for i in node.input):
+            tainted.update(o for o in node.output if o in opened)
+    return tainted
+
+
 def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]],
                     sizes: dict[str, int] | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """Fill in the shapes shape inference left open (through If/Loop, custom-domain ops) from
     real onnxruntime runs at the static input shapes.
 
-    Returns the model and the tensors whose shape differed between *feeds*: data-dependent
-    (e.g. a detector's box count), which stay dynamic.
+    Returns the model and the data-dependent tensors, which stay dynamic: those whose shape
+    differed between *feeds* (e.g. a detector's box count), and those a VALUE_SHAPED op makes
+    (or made from one), whose sizes two runs can share by chance (a length regulator's frame
+    count where both samples' durations add up alike).
     """
 
     open_ = [name for name, _, _ in dynamic_tensors(model)]
@@ -209,7 +228,8 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]],
         raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
                          "inferred, and running the model at the static shapes failed: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None
-    varying = [n for n in dict.fromkeys(open_) if len(shapes.get(n, ())) > 1]
+    tainted = value_shaped(model, open_)
+    varying = [n for n in dict.fromkeys(open_) if len(shapes.get(n, ())) > 1 or n in tainted]
     if sizes is not None:   # the data-dependent tensors' bytes, from these same runs
         sizes.update((n, _largest_bytes(shapes, types, n)) for n in varying)
     infos = {v.name: v for v in model.graph.value_info}
