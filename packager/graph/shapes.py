@@ -180,12 +180,13 @@ def dynamic_tensors(model: onnx.ModelProto) -> list[tuple[str, str, list]]:
     return found
 
 
-# Ops whose output shape can follow their inputs' values (a count, a shape or sizes computed
-# from the data): an open tensor they make, or one made from it, is data-dependent even where
-# the runs at hand happened to agree on its size.
-VALUE_SHAPED = ("Range", "NonZero", "Compress", "Unique", "TopK", "NonMaxSuppression", "Expand",
-                "Tile", "ConstantOfShape", "Reshape", "Slice", "Pad", "Resize", "Upsample",
-                "OneHot", "Loop")
+# Ops whose output's size is a count taken from their inputs' values (a range's end, the
+# elements that pass, k, the boxes kept, a loop's trips): an open tensor they make, or one made
+# from it, is data-dependent even where the runs at hand happened to agree on its size. (Ops
+# that take a shape as an input, Expand or Reshape, are left out: after onnxsim at static
+# input shapes, a shape computed from the input's own shape is folded, and a BERT's Expand,
+# seen open in a fused graph, would be kept dynamic for nothing.)
+VALUE_SHAPED = ("Range", "NonZero", "Compress", "Unique", "TopK", "NonMaxSuppression", "Loop")
 
 
 def value_shaped(model: onnx.ModelProto, open_: Sequence[str]) -> set[str]:
