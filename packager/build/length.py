@@ -16,16 +16,11 @@ from .._runtimes.runner.task_spec import settings
 from .._runtimes.runner.task_tts import mel_distance, waveform
 from ..graph.inspection import graph_inputs
 from ..graph.modelio import save_model
+from ..graph.shapes import probe_session
 from .records import BuildContext, Frozen, PartData, PartPlan
 
 PROBES = 4       # samples the padding is measured on
 LENGTH = "length"   # the symbol a shipped graph's open axis gets
-
-
-def cpu_session(model: bytes) -> Any:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
 
 def token_axis(model: onnx.ModelProto) -> str | None:
@@ -75,31 +70,38 @@ def reopened(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     return out
 
 
-def other_lengths(model: onnx.ModelProto, original: Any, name: str,
-                  samples: list[dict[str, np.ndarray]], conf: dict[str, Any]
-                  ) -> tuple[list[int], float, str]:
-    """(the lengths tried, the worst log-mel distance to the original there, what failed or
-    ''): *model* run at half and one and a half times each probe's length."""
-    try:
-        session = cpu_session(model.SerializeToString())
-    except Exception as exc:   # a graph whose shapes were fixed at build time
-        return [], 0.0, f"onnxruntime cannot load it with the length open ({exc})"[:300]
-    tried, worst = [], 0.0
+def other_lengths(original: Any, name: str, samples: list[dict[str, np.ndarray]],
+                  conf: dict[str, Any]) -> list[tuple[int, dict[str, np.ndarray], np.ndarray]]:
+    """[(token count, feed, the original's speech)] at half and one and a half times each
+    probe's length: what every graph kept open is checked against, run once."""
+    out = []
     for sample in samples[:PROBES]:
         tokens = np.asarray(sample[name])
         for count in (max(1, tokens.shape[1] // 2), tokens.shape[1] * 3 // 2):
-            ids = np.resize(tokens[0], count)[None].astype(tokens.dtype)
-            feed = dict(sample, **{name: ids})
-            try:
-                got = speak(session, feed, conf)
-            except Exception as exc:
-                return tried, worst, f"it fails at {count} tokens ({exc})"[:300]
-            want = speak(original, feed, conf)
-            if abs(len(got) - len(want)) > conf["length_tolerance"] * max(1, len(want)):
-                return tried, worst, f"at {count} tokens it speaks {len(got)} samples, the " \
-                    f"original {len(want)}"
-            worst = max(worst, mel_distance(want, got, conf["rate"]) if len(want) else 0.0)
-            tried.append(count)
+            feed = dict(sample, **{name: np.resize(tokens[0], count)[None].astype(tokens.dtype)})
+            out.append((count, feed, speak(original, feed, conf)))
+    return out
+
+
+def at_other_lengths(model: onnx.ModelProto, wanted: list[tuple[int, dict, np.ndarray]],
+                     conf: dict[str, Any]) -> tuple[list[int], float, str]:
+    """(the lengths tried, the worst log-mel distance to the original there, what failed or
+    ''): *model* run on other_lengths()'s feeds."""
+    try:
+        session = probe_session(model)
+    except Exception as exc:   # a graph whose shapes were fixed at build time
+        return [], 0.0, f"onnxruntime cannot load it with the length open ({exc})"[:300]
+    tried, worst = [], 0.0
+    for count, feed, want in wanted:
+        try:
+            got = speak(session, feed, conf)
+        except Exception as exc:
+            return tried, worst, f"it fails at {count} tokens ({exc})"[:300]
+        if abs(len(got) - len(want)) > conf["length_tolerance"] * max(1, len(want)):
+            return tried, worst, f"at {count} tokens it speaks {len(got)} samples, the " \
+                f"original {len(want)}"
+        worst = max(worst, mel_distance(want, got, conf["rate"]) if len(want) else 0.0)
+        tried.append(count)
     if worst > conf["mel_db"]:
         return tried, worst, f"its speech is {worst:.2f} dB from the original's there"
     return tried, worst, ""
@@ -119,7 +121,7 @@ def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Pat
     name = token_axis(frozen.proto)
     if name is None:
         return None
-    original = cpu_session(frozen.proto.SerializeToString())
+    original = probe_session(frozen.proto)
     samples = (data.held or data.samples)[:PROBES]
     length = int(np.asarray(samples[0][name]).shape[1])
     pad = int(task.get("pad", 0))
@@ -132,15 +134,14 @@ def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Pat
                 f"shorter sentences padded with {pad}")
         return dict(section, dynamic=False, why="padding keeps the speech within the budget")
     opened = [reopened(onnx.load(str(path)), name) for path in graphs]
-    tried, worst, problem = checked(opened, original, name, samples, task)
-    source = "the shipped graph"
+    tried, worst, problem = checked(opened, other_lengths(original, name, samples, task), task)
+    graph, where = "shipped", f", checked at {', '.join(map(str, sorted(set(tried))))} tokens " \
+        f"against the original (worst {worst:.2f} dB)"
     if problem and original_fits and len(graphs) == 1:
-        first = problem
-        opened = [reopened(frozen.proto, name)]   # its own dims: open already
-        tried, worst, problem = checked(opened, original, name, samples, task)
-        source = "the original graph (unsimplified: the simplified one " + first + ")"
-        if problem:
-            problem = f"{first}; the original graph too: {problem}"
+        # the original itself: its length is open, and it is what the checks compare against
+        graph, where = "original", f" (unsimplified: the simplified one {problem}), the " \
+            "graph the checks compare against"
+        opened, tried, worst, problem = [frozen.proto], [], 0.0, ""
     if problem:
         ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; "
                 f"the model has no mask for it), but the shipped graph cannot keep the "
@@ -149,22 +150,19 @@ def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Pat
     for path, model in zip(graphs, opened, strict=True):
         save_model(model, path)
     ctx.log(f"length: padding moves the speech {effect:.2f} dB (over {task['mel_db']}; the "
-            f"model has no mask for it): the bundle keeps {name}'s length open in {source}, "
-            f"checked at {', '.join(map(str, sorted(set(tried))))} tokens against the original "
-            f"(worst {worst:.2f} dB)")
+            f"model has no mask for it): the bundle keeps {name}'s length open in the {graph} "
+            f"graph{where}")
     return dict(section, dynamic=True, checked=sorted(set(tried)), worst_mel_db=round(worst, 4),
-                graph="original" if source != "the shipped graph" else "shipped",
-                why="padding changes the speech: the model has no mask input")
+                graph=graph, why="padding changes the speech: the model has no mask input")
 
 
-def checked(models: list[onnx.ModelProto], original: Any, name: str,
-            samples: list[dict[str, np.ndarray]], conf: dict[str, Any]
-            ) -> tuple[list[int], float, str]:
-    """other_lengths() of every model in *models*: the first problem, or the lengths tried and
-    the worst distance."""
+def checked(models: list[onnx.ModelProto], wanted: list[tuple[int, dict, np.ndarray]],
+            conf: dict[str, Any]) -> tuple[list[int], float, str]:
+    """at_other_lengths() of every model in *models*: the first problem, or the lengths tried
+    and the worst distance."""
     tried, worst = [], 0.0
     for model in models:
-        tried, found, problem = other_lengths(model, original, name, samples, conf)
+        tried, found, problem = at_other_lengths(model, wanted, conf)
         worst = max(worst, found)
         if problem:
             return tried, worst, problem

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..build.job import BuildResult, build
 from ..build.plan import DEFAULT_EXPORT
-from ..errors import BudgetMissed
+from ..errors import BudgetMissed, CalibrationError
 from ..quantization.request import QuantRequest
 from .face_calib import batched_inputs, face_calibration
 from .host import crop_calibration, photos
@@ -81,8 +81,6 @@ def build_speech(spec: PipelineSpec, output: Path, log: Callable[[str], None],
     assert encode.calib is not None   # load_pipeline requires it of the encode stage
     found = sentence_files(encode.calib)
     if not found:
-        from ..errors import CalibrationError
-
         raise CalibrationError(f"{encode.calib}: no sentences (.npy files of token ids)",
                                "save each sentence's token ids with numpy.save")
     held = found[HELD_OUT_EVERY - 1::HELD_OUT_EVERY] if len(found) >= 2 * HELD_OUT_EVERY else []

@@ -14,6 +14,9 @@ import numpy as np
 from .._runtimes.runner.cascade import Cascade, pipeline_sessions, session_runner
 from .._runtimes.runner.cascade_judge import GOLDEN_DIR
 from .._runtimes.runner.cascade_tts import Speech, alike, read_tokens, speech_figure
+from .._runtimes.runner.cascade_tts import pieces as sentence_pieces
+from .._runtimes.runner.cascade_tts import windows as frame_windows
+from .._runtimes.runner.errors import BundleError
 from .._runtimes.runner.manifest import load_manifest
 from ..errors import CalibrationError
 from .spec import PipelineSpec, Stage
@@ -29,8 +32,6 @@ def sentence_files(folder: Path) -> list[Path]:
 
 def read_sentence(path: Path) -> np.ndarray:
     """(n,) int64 token ids of one sentence file (one line naming it when it is not one)."""
-    from .._runtimes.runner.errors import BundleError
-
     try:
         return read_tokens(np.fromfile(path, dtype=np.uint8), str(path))
     except BundleError as exc:
@@ -97,20 +98,13 @@ def speech_calibration(spec: PipelineSpec, original: Speech, sentences: list[np.
     sentences, and the vocoder's windows of the frames the original encoder makes of them."""
     encode, vocode = spec.stages
     pieces, windows = [], []
-    for tokens in sentences:
-        for start in range(0, len(tokens), original.tokens):
-            piece = np.full((1, original.tokens), original.enc_conf["pad"], encode.input.dtype)
-            piece[0, :len(tokens[start:start + original.tokens])] = \
-                tokens[start:start + original.tokens]
-            pieces.append(piece)
-        frames = original.frames(tokens, {})
-        step = original.chunk - 2 * original.voc_conf["context"]
-        for start in range(0, len(frames), step):
-            window = np.zeros((original.chunk, frames.shape[1]), vocode.input.dtype)
-            lo = start - original.voc_conf["context"]
-            got = frames[max(lo, 0):lo + original.chunk]
-            window[max(lo, 0) - lo:max(lo, 0) - lo + len(got)] = got
-            windows.append(window[None])
+    for tokens in sentences:   # cut as the runner's glue cuts them (cascade_tts)
+        pieces += [feed for feed, _ in sentence_pieces(tokens, original.tokens,
+                                                       original.enc_conf["pad"],
+                                                       encode.input.dtype)]
+        windows += [window for window, _ in frame_windows(
+            original.frames(tokens, {}).astype(vocode.input.dtype), original.chunk,
+            original.voc_conf["context"])]
     if not windows:
         raise CalibrationError(f"{encode.calib}: the original encoder gives no frames for its "
                                "sentences (every duration rounds to 0)",

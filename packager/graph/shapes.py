@@ -94,7 +94,7 @@ def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
     dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
               for i in graph_inputs(probe)}
     try:
-        _session(probe).run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
+        probe_session(probe).run(None, {k: np.zeros(v, dtypes[k]) for k, v in resolved.items()})
     except Exception as exc:
         name, dims = next(iter(declared.items()))
         raise ShapeError(
@@ -104,7 +104,7 @@ def check_runs_at(model: onnx.ModelProto, resolved: Mapping[str, Sequence[int]],
             "use the model's declared size, or export it with a dynamic axis") from None
 
 
-def _session(model: onnx.ModelProto) -> Any:
+def probe_session(model: onnx.ModelProto) -> Any:
     """A quiet onnxruntime CPU session over *model*, for probing runs."""
     import onnxruntime as ort
 
@@ -327,7 +327,7 @@ def fetched_shapes(model: onnx.ModelProto, names: Sequence[str],
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
-    session = _session(probe)
+    session = probe_session(probe)
     shapes: dict[str, set] = {n: set() for n in names}
     types: dict[str, int] = {}
     for feed in feeds:

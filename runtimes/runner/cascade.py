@@ -249,13 +249,8 @@ def cmd_infer_pipeline(bundle, manifest, args, keys):
     spec = cascade.stages[0][0]["preprocess"]
     results = []
     for path, key in zip(args.files, keys):
-        try:
-            data = np.fromfile(path, dtype=np.uint8)
-        except (OSError, ValueError) as exc:
-            raise BundleError("%s: cannot read it (%s)" % (printable(path), one_line(exc))) \
-                from None
         timing = {}
-        result = cascade.read(load_photo(data, spec, printable(path),
+        result = cascade.read(load_photo(read_file(path), spec, printable(path),
                                          args.max_megapixels * 1e6), timing)
         results.append(dict(result, file=printable(path), key=key, summary=summary(result),
                             latency_ms=dict((k, round(v, 3)) for k, v in timing.items())))

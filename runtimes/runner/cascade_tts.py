@@ -29,7 +29,7 @@ except ImportError:
     np = None
 
 from .errors import BundleError, one_line
-from .task_tts import mel_distance, snr
+from .task_tts import mel_distance, snr, write_wavs
 
 MAX_TOKENS = 100000   # ids in one sentence file
 MAX_FRAMES = 1 << 20  # frames one sentence may regulate to (x hop samples: hours of audio)
@@ -64,26 +64,41 @@ def regulate(hidden, durations, max_repeat=0):
     return np.repeat(np.asarray(hidden), counts, axis=0)
 
 
-def vocode(frames, run, chunk, context=0):
-    """The waveform of *frames* (F, D): run((1, chunk, D) frames) -> that chunk's samples, on
-    windows of *chunk* frames stepping chunk - 2 x context (zeros past either end), each
-    window's middle kept; the samples of F frames."""
+def pieces(tokens, length, pad, dtype):
+    """(the (1, *length*) feed, its tokens' count) for each piece of a sentence's *tokens*:
+    *length* at a time, the last padded with *pad*."""
+    for start in range(0, len(tokens), length):
+        piece = tokens[start:start + length]
+        feed = np.full((1, length), pad, dtype)
+        feed[0, :len(piece)] = piece
+        yield feed, len(piece)
+
+
+def windows(frames, chunk, context=0):
+    """(the (1, chunk, D) window, the frames of its middle to keep) over *frames* (F, D):
+    stepping chunk - 2 x context, zeros past either end."""
     count, width = frames.shape
     step = chunk - 2 * context
-    pieces, hop = [], None
     for start in range(0, count, step):
         window = np.zeros((chunk, width), frames.dtype)
         lo, hi = start - context, start - context + chunk
         window[max(lo, 0) - lo:min(hi, count) - lo] = frames[max(lo, 0):min(hi, count)]
-        samples = np.asarray(run(window[None])).reshape(-1)
+        yield window[None], min(step, count - start)
+
+
+def vocode(frames, run, chunk, context=0):
+    """The waveform of *frames* (F, D): run((1, chunk, D) frames) -> that chunk's samples, on
+    windows(), each window's middle kept; the samples of F frames."""
+    parts, hop = [], None
+    for window, keep in windows(frames, chunk, context):
+        samples = np.asarray(run(window)).reshape(-1)
         if hop is None:
             if samples.size % chunk:
                 raise BundleError("the vocoder gave %d samples for %d frames: not a whole "
                                   "number a frame" % (samples.size, chunk))
             hop = samples.size // chunk
-        keep = min(step, count - start)
-        pieces.append(samples[context * hop:(context + keep) * hop])
-    return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        parts.append(samples[context * hop:(context + keep) * hop])
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
 def encoder_outputs(part, conf):
@@ -111,15 +126,13 @@ class Speech(object):
 
     def frames(self, tokens, timing):
         """(F, D) frames of one sentence: the encoder on pieces of its T tokens, padded."""
-        pad, rows = self.enc_conf["pad"], []
-        for start in range(0, len(tokens), self.tokens):
-            piece = tokens[start:start + self.tokens]
-            feed = np.full((1, self.tokens), pad, self.encoder["inputs"][0].get("dtype", "int64"))
-            feed[0, :len(piece)] = piece
+        rows = []
+        for feed, count in pieces(tokens, self.tokens, self.enc_conf["pad"],
+                                  self.encoder["inputs"][0].get("dtype", "int64")):
             out = self.cascade.run(self.encoder, feed, timing)
             clock = _Clock(timing, "glue")
-            rows.append(regulate(np.asarray(out[self.hidden])[0, :len(piece)],
-                                 np.asarray(out[self.durations])[0, :len(piece)],
+            rows.append(regulate(np.asarray(out[self.hidden])[0, :count],
+                                 np.asarray(out[self.durations])[0, :count],
                                  self.enc_conf["max_repeat"]))
             clock.stop()
         return np.concatenate(rows)
@@ -192,19 +205,12 @@ def answer(speech, tokens, timing):
 
 
 def write_speech(out, audios, rate):
-    """infer --out of a tts pipeline: OUT.npz with each sentence's samples (KEY/audio) and
-    OUT.KEY.wav beside it (task_tts.write_wavs). Returns (the .npz written, the WAV files)."""
-    from .task_tts import write_wavs
+    """infer --out of a tts pipeline: OUT.npz with each sentence's samples (KEY/audio, whole
+    or not at all: infer.save_outputs) and OUT.KEY.wav beside it (task_tts.write_wavs).
+    Returns (the .npz written, the WAV files)."""
+    from .infer import save_outputs  # loaded here: a bundle without infer checks pipelines
 
-    path = out if out.endswith(".npz") else out + ".npz"
-    arrays = dict(("%s/task.audio" % key, audio) for key, audio in audios)
-    try:
-        with open(path + ".tmp", "wb") as f:
-            np.savez(f, **dict((k.replace("/task.audio", "/audio"), v) for k, v in arrays.items()))
-        import os
-
-        os.replace(path + ".tmp", path)
-    except OSError as exc:
-        raise BundleError("%s: cannot write it (%s); pass another --out"
-                          % (path, exc.strerror or one_line(exc))) from None
-    return path, write_wavs(out, arrays, {"task": {"kind": "tts", "rate": rate}})
+    save_outputs(out, dict(("%s/audio" % key, audio) for key, audio in audios))
+    return (out if out.endswith(".npz") else out + ".npz",
+            write_wavs(out, dict(("%s/task.audio" % key, audio) for key, audio in audios),
+                       {"task": {"kind": "tts", "rate": rate}}))

@@ -50,7 +50,8 @@ EXTRA_OF = {"infer": "infer", "stages": "infer", "serve": "serve", "tuning": "tu
 CASCADE_MODULES = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
                    "runner/cascade_ocr.py", "runner/cascade_spec.py", "runner/cascade_tts.py")
 # what every pipeline bundle since the cascade's split lists (cascade_tts.py came later)
-CASCADE_NEEDED = CASCADE_MODULES[:5]
+CASCADE_NEEDED = ("runner/cascade.py", "runner/cascade_face.py", "runner/cascade_judge.py",
+                  "runner/cascade_ocr.py", "runner/cascade_spec.py")
 # the cascade decodes photos, reads boxes and text with the detect and ctc heads' functions,
 # and judges speech with the tts head's
 RUNNER_CASCADE = CASCADE_MODULES + RUNNER_IMAGES + RUNNER_TASKS + (
