@@ -288,7 +288,8 @@ def test_a_missed_cosine_names_the_output_that_missed(tmp_path):
 
 def test_a_few_class_scores_keep_their_top1_instead_of_an_absolute_error():
     """Small outputs (<= 8 values) must stay within 1% of their largest magnitude, but class
-    scores (a Softmax feeds them, or --labels count them) keep their top-1 instead: a 4-class
+    scores (a Softmax feeds them, or --labels count them) are judged by their expected top-1
+    drop instead: a 4-class
     head's INT8 logits moved 1.4% with every top-1 the same, and used to fail."""
     import onnx
     from onnx import TensorProto, helper
@@ -299,9 +300,7 @@ def test_a_few_class_scores_keep_their_top1_instead_of_an_absolute_error():
     moved = {"scores": {"max_abs": 0.13, "top1_agreement": 1.0}}
     assert small_output_failures(ref, moved)                       # as a regression output
     assert small_output_failures(ref, moved, frozenset({"scores"})) == []
-    flipped = {"scores": {"max_abs": 0.13, "top1_agreement": 0.5}}
-    assert "top-1 agrees on 50.0% of 2 samples (needs 99%)" in \
-        small_output_failures(ref, flipped, frozenset({"scores"}))[0]
+    # (their flips are judged by the expected drop: test_task_budget's near-tie test)
     graph = helper.make_graph(
         [helper.make_node("Softmax", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["probs"]),
          helper.make_node("Relu", ["x"], ["mos"])], "g",

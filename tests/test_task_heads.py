@@ -224,21 +224,32 @@ def scores(classes, count=4):
 
 
 def test_top1_agreement_and_what_a_small_set_can_show():
+    """A classify task keeps its expected top-1 drop (1 point); a confident flip costs a whole
+    sample, so 100 samples are needed before one could break it. --keep top1 judges agreement."""
     task = {"kind": "classify"}
     ref = [scores(i % 4) for i in range(100)]
     got = [scores(i % 4) for i in range(99)] + [scores(0)]   # the last one disagrees
     fig = tf.figures(task, ref, got)
     assert fig["top1"] == {"value": 0.99, "n": 100, "matched": 99}
+    assert fig["expected_drop"]["value"] == 0.01 and fig["expected_drop"]["flips"] == [
+        {"sample": 99, "fp32": 3, "candidate": 0, "margin": 1.0}]
     verdict = tf.judge(task, fig)
-    assert verdict["passed"] and verdict["shown"]
+    assert verdict["passed"] and verdict["shown"] and set(verdict["figures"]) == {"expected_drop"}
+    assert verdict["reported"]["top1"] == "top-1 agrees on 99% of 100 samples"
+    assert not tf.judge(task, fig, tf.parse_keep("expected_drop=0.5%"))["passed"]
     assert not tf.judge(task, fig, tf.parse_keep("top1=99.5%"))["passed"]
 
     small = tf.judge(task, tf.figures(task, ref[:64], ref[:64]))
     assert small["passed"] and not small["shown"]
-    assert small["text"] == ("top-1 agrees on 100% of 64 samples (needs 99%; 64 samples cannot "
-                             "show 99%: 100 needed)")
+    assert small["text"].startswith(
+        "expected top-1 drop under FP32's probabilities 0% over 64 samples (needs at most 1%; "
+        "64 samples cannot show 1%: 100 needed); top-1 agrees on 100% of 64 samples (reported)")
     wrong = tf.judge(task, tf.figures(task, ref[:64], got[36:]))   # 63 of 64: fails anyway
-    assert not wrong["passed"] and not wrong["shown"] and wrong["text"].endswith("FAILED")
+    assert not wrong["passed"] and not wrong["shown"] and "FAILED" in wrong["text"]
+    agree = tf.judge(task, tf.figures(task, ref[:64], ref[:64]), tf.parse_keep("top1=99%"))
+    assert agree["text"] == ("top-1 agrees on 100% of 64 samples (needs 99%; 64 samples cannot "
+                             "show 99%: 100 needed); expected top-1 drop under FP32's "
+                             "probabilities 0% over 64 samples (reported)")
 
 
 def test_box_recall_and_precision_at_iou_half():
@@ -433,7 +444,7 @@ def test_needed_counts():
     ({"kind": "detect", "decoder": "centernet"}, "needs heatmap, scale and offset outputs"),
     ("classify", "task must be an object"),
     ({"kind": "classify", "keep": {"recall": 0.9}}, "task.keep names 'recall', not a figure of "
-                                                    "a classify task (top1)"),
+                                                    "a classify task (expected_drop, top1)"),
     ({"kind": "ctc", "keep": {"cer": 2}}, "task.keep cer must be a share from 0 to 1"),
     ({"kind": "vad", "keep": 0.99}, "task.keep must be an object"),
     ({"kind": "multilabel", "output": []}, "task.output must not be an empty list"),

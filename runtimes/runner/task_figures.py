@@ -25,7 +25,9 @@ from .task_spec import FIGURES, settings, task_kind
 # What a user would accept of each kind (shares at least, "cer" at most), on a held-out set
 # large enough to show it.
 DEFAULT_KEEP = {
-    "classify": {"top1": 0.99},
+    # (a classifier: the accuracy expected lost under FP32's own probabilities, 1 point as
+    # NNCF's accuracy control; top-1 agreement is reported beside it, gated only when kept)
+    "classify": {"expected_drop": 0.01},
     "detect": {"recall": 0.95, "precision": 0.95},
     "embed": {"retrieval1": 0.99},
     "ctc": {"exact": 0.99, "cer": 0.01},
@@ -34,12 +36,15 @@ DEFAULT_KEEP = {
     "multilabel": {"f1": 0.99},
     "tts": {"length": 1.0, "mel": 1.0},   # (snr: said, kept only when asked: --keep snr=...)
 }
-AT_MOST = ("cer",)        # lower is better
+AT_MOST = ("cer", "expected_drop")        # lower is better
+# a figure a user's keep names in place of another: keeping top1 judges agreement, not the drop
+INSTEAD = {"top1": "expected_drop"}
 POOLED = ("iou",)         # one figure over all the samples, not a share of them
 NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
 ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1", "miou": "iou"}
 WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "top1": ("top-1 agrees on", "samples"),
+    "expected_drop": ("expected top-1 drop under FP32's probabilities", "samples"),
     "recall": ("box recall (IoU 0.5, same class)", "reference boxes"),
     "precision": ("box precision (IoU 0.5, same class)", "candidate boxes"),
     "retrieval1": ("nearest neighbour agrees on", "samples"),
@@ -123,7 +128,12 @@ def keep_for(task, keep=None):
     --keep."""
     kind = task_kind(task)
     merged = dict(DEFAULT_KEEP.get(kind, {}))
-    merged.update((task or {}).get("keep") or {})
+    own = dict((task or {}).get("keep") or {})
+    for asked in (own, keep or {}):
+        for name, other in INSTEAD.items():
+            if name in asked and other not in asked and other not in own:
+                merged.pop(other, None)
+    merged.update(own)
     for name, value in sorted((keep or {}).items()):
         if name not in FIGURES.get(kind, ()):
             raise BundleError("--keep %s: a %s task has no %s figure (it has: %s)" % (
@@ -172,10 +182,11 @@ def judge_one(name, entry, threshold):
         head = "%s %s over %d %s" % (words, percent(value, at_most), n, unit)
     else:
         head = "%s %s of %d %s" % (words, percent(value), n, unit)
-    text = "%s (needs %s%s%s)" % (
+    text = "%s (needs %s%s%s)%s" % (
         head, "at most " if at_most else "", percent(threshold, at_most),
         "" if shown else "; %d %s cannot show %s: %d needed" % (
-            n, unit, percent(threshold, at_most), need))
+            n, unit, percent(threshold, at_most), need),
+        " [%s]" % entry["detail"] if entry.get("detail") else "")
     return {"value": value, "keep": threshold, "passed": ok, "shown": shown, "needed": need,
             "text": text}
 
@@ -184,13 +195,25 @@ def judge(task, figures, keep=None):
     """*figures* (figures()) against the task's keep (DEFAULT_KEEP, *keep* over it):
     {"passed": no figure breaks its keep, "shown": every figure counted enough units to show
     its keep (a set too small passes nothing: a caller reports it, and a disagreement still
-    fails), "text": one line, "figures": {name: {value, keep, passed, shown, needed, text}}}."""
+    fails), "text": one line, "figures": {name: {value, keep, passed, shown, needed, text}},
+    "reported": {name: text} of the figures measured and not kept (said, never gated)}."""
     kept = keep_for(task, keep)
-    judged = {}
+    judged, reported = {}, {}
     for name in FIGURES.get(task_kind(task), ()):
         if name in kept and name in figures:
             judged[name] = judge_one(name, figures[name], kept[name])
+        elif name in figures and figures[name].get("value") is not None and name in WORDS:
+            reported[name] = reported_text(name, figures[name])
     passed = all(j["passed"] for j in judged.values())
     shown = all(j["shown"] for j in judged.values())
-    text = "; ".join(j["text"] + ("" if j["passed"] else ": FAILED") for j in judged.values())
-    return {"passed": passed, "shown": shown, "text": text, "figures": judged}
+    text = "; ".join([j["text"] + ("" if j["passed"] else ": FAILED") for j in judged.values()]
+                     + [t + " (reported)" for t in reported.values()])
+    return {"passed": passed, "shown": shown, "text": text, "figures": judged,
+            "reported": reported}
+
+
+def reported_text(name, entry):
+    words, unit = WORDS[name]
+    at_most = name in AT_MOST
+    return "%s %s %s %d %s" % (words, percent(entry["value"], at_most), "over" if at_most else
+                               "of", entry["n"], unit)

@@ -27,7 +27,7 @@ PARAMETERS = {
 # Each kind's figures (runner/task_figures.py): what `keep` (and --keep) may name for it.
 FIGURES = {
     "raw": (),
-    "classify": ("top1",),
+    "classify": ("expected_drop", "top1"),
     "detect": ("recall", "precision"),
     "embed": ("retrieval1", "cosine_min"),
     "ctc": ("exact", "cer"),
