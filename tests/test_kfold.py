@@ -1,5 +1,5 @@
 """Evidence that decides: NaN is a miss, thin held-out splits are rotated (k-fold), and INT8 the
-samples cannot prove does not ship on its own say-so."""
+samples cannot show ships with that said (or, with --require-proof, does not ship)."""
 
 from pathlib import Path
 
@@ -74,24 +74,89 @@ def test_too_few_held_out_samples_are_rotated_so_every_sample_judges(tmp_path):
                       held=samples(5)[3:], budget=AccuracyBudget(min_cosine=0.95),
                       timer=fixed_timer)
     record = decision.record
-    assert record["evidence"] == {"method": "k-fold", "samples": 5, "folds": 5}
+    assert record["evidence"] == {"method": "k-fold", "samples": 5, "folds": 5,
+                                  "verdict": "shown"}   # (a cosine floor: every sample shows it)
     assert record["chosen"] != "FP32", record["reason"]
     shipped = next(c for c in record["candidates"] if c["label"] == record["label"])
     assert any("rotation" in n for n in shipped["notes"])
 
 
-def test_int8_the_samples_cannot_prove_does_not_ship_unless_forced(tmp_path):
-    """20 samples cannot show 99 % top-1 (100 needed): INT8 that misses nothing on them is
-    'not proven' and FP32 ships, saying how many would prove it; --precision int8 ships it."""
+def test_thin_evidence_is_said_and_require_proof_keeps_fp32(tmp_path):
+    """20 samples cannot show a 1-point expected drop (100 needed): INT8 within budget on every
+    one of them ships, its evidence 'not proven: 20 samples judged, 100 would show a 1-point
+    drop' in the decision; --require-proof ships FP32 instead, saying how many would prove it;
+    --precision int8 ships it either way."""
     model = mlp(tmp_path / "m.onnx")
     kwargs = dict(target=load_target("x86_64-cpu"), family="default", calib=samples(16),
                   held=samples(4, seed=2), timer=fixed_timer,
                   budget=AccuracyBudget(min_cosine=0.95, task={"kind": "classify"}))
+    lines = []
+    (tmp_path / "said").mkdir()
+    said = decide(model, tmp_path / "said", request={}, log=lines.append, **kwargs).record
+    assert said["chosen"] != "FP32" and said["evidence"]["method"] == "k-fold"
+    assert said["evidence"]["verdict"] == ("not proven: 20 samples judged, 100 would show a "
+                                           "1-point drop")
+    assert any(line.startswith("decision: ") and "evidence not proven: 20 samples" in line
+               for line in lines)
     (tmp_path / "auto").mkdir()
-    auto = decide(model, tmp_path / "auto", request={}, **kwargs).record
-    assert auto["chosen"] == "FP32"
-    assert "INT8 not proven" in auto["reason"] and "100 needed" in auto["reason"]
+    auto = decide(model, tmp_path / "auto", request={}, require_proof=True, **kwargs).record
+    assert auto["chosen"] == "FP32" and auto["evidence"]["verdict"] is None
+    assert "INT8 not proven (--require-proof)" in auto["reason"] and "100 needed" in \
+        auto["reason"]
     assert auto["evidence"]["method"] == "k-fold" and auto["evidence"]["samples"] == 20
+    # a set that can show the budget: 'shown'
+    (tmp_path / "shown").mkdir()
+    shown = decide(model, tmp_path / "shown", request={}, require_proof=True,
+                   **{**kwargs, "calib": samples(96), "held": samples(24, seed=2)}).record
+    assert shown["chosen"] != "FP32" and shown["evidence"]["verdict"] == "shown"
     (tmp_path / "forced").mkdir()
     forced = decide(model, tmp_path / "forced", request={"precision": "int8"}, **kwargs).record
     assert forced["chosen"] != "FP32"
+
+
+def test_the_evidence_is_said_on_the_build_s_last_line_the_page_and_check(cnn_onnx, image_dir,
+                                                                          tmp_path):
+    """INT8 (forced, so that it ships whatever the timing) on a classify task judged by 4
+    held-out samples: the build's last line, the manifest, the page and run.py check all say
+    'not proven: ... 100 would show a 1-point drop'."""
+    import json
+
+    from conftest import PREP, run_py
+    from packager.build.job import build
+
+    lines = []
+    build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          tasks={"model": {"kind": "classify"}}, quant={"precision": "int8"},
+          log=lines.append)
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    verdict = manifest["parts"][0]["precision"]["decision"]["evidence"]["verdict"]
+    assert verdict.startswith("not proven: ") and verdict.endswith(
+        "samples judged, 100 would show a 1-point drop")
+    assert lines[-1].startswith("shipped: INT8") and lines[-1].endswith(f"(evidence {verdict})")
+    page = (tmp_path / "b" / "reports" / "index.html").read_text()
+    assert f"<b>Evidence:</b> {verdict}" in page
+    check = run_py(tmp_path / "b", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"model: the build's accuracy evidence: {verdict}\n" in check.stdout
+
+
+def test_class_folders_make_the_budget_the_labelled_top1_drop(cnn_onnx, tmp_path):
+    """Calibration images in class folders: the build says the budget is the labelled top-1's
+    drop against FP32 (1 point), each candidate carries FP32's and its own labelled top-1, and
+    the evidence names the 100 samples a 1-point drop needs."""
+    import json
+
+    from conftest import PREP, write_images
+    from packager.build.job import build
+
+    for k in range(3):
+        write_images(tmp_path / "calib" / str(k), 6, seed=k)
+    lines = []
+    build(cnn_onnx, tmp_path / "b", target="x86_64-cpu", calib=tmp_path / "calib",
+          preprocess=PREP, quant={"precision": "int8"}, log=lines.append)
+    assert any(line.startswith("budget: the samples are labelled by their class folders: INT8 "
+                               "may lose at most 1 point(s) of labelled top-1") for line in lines)
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert "labelled top-1 drop <= 1 point" in decision["budget"]
+    assert decision["evidence"]["verdict"].endswith("100 would show a 1-point drop")

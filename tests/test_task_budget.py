@@ -195,7 +195,8 @@ def test_a_built_classifier_answers_with_labels_and_its_check_holds_top1(cnn_onn
     check = run_py(tmp_path / "b", "check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "model: classify vs the FP32 reference: top-1 agrees on 100% of 4 samples (needs " \
-           "90%; 4 samples cannot show 90%: 10 needed): NOT PROVEN (too few" in check.stdout
+           "90%; 4 samples cannot show 90%: 10 needed); expected top-1 drop under FP32's " \
+           "probabilities 0% over 4 samples (reported): NOT PROVEN (too few" in check.stdout
     from packager.device.verify import verify
 
     report = verify(tmp_path / "b", runs=3, warmup=1)
@@ -398,3 +399,47 @@ def test_a_built_multilabel_tagger_answers_with_its_labels_on(tmp_path):
     check = run_py(out, "check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "model: multilabel vs the FP32 reference: labels on agree (F1) on " in check.stdout
+
+
+def test_with_labels_the_budget_is_the_labelled_top1_drop(tmp_path):
+    """Samples with labels (class folders): the labelled top-1's drop against FP32 on the same
+    samples gates (1 point by default, as NNCF's accuracy control); agreement is reported. A
+    candidate that flips wrong answers to right ones loses nothing; two right answers made
+    wrong of 100 are 2 points."""
+    from packager.quantization.budget import fingerprint
+    from packager.quantization.kfold import Evidence, verdict
+
+    n = 100
+    held = [{"x": np.eye(n, dtype=np.float32)[i:i + 1]} for i in range(n)]
+    truth = np.arange(n) % 3
+    logits = np.full((n, 3), 0.0)
+    logits[np.arange(n), truth] = 4.0
+    logits[:10] = np.roll(logits[:10], 1, axis=1)           # FP32 is wrong on 10: 90 %
+    fp32 = scored(tmp_path / "fp32.onnx", logits)
+    labels = {fingerprint(s): int(t) for s, t in zip(held, truth, strict=True)}
+    budget = AccuracyBudget(min_cosine=0.99, class_outputs=frozenset({"scores"}), truth=labels,
+                            truth_output="scores")
+    fixes = logits.copy()
+    fixes[:5] = np.roll(fixes[:5], -1, axis=1)              # 5 wrong answers made right
+    fixes[50] = np.roll(fixes[50], 1)                       # 1 right answer made wrong
+    ok = budget.evaluate(scored(tmp_path / "fixes.onnx", fixes), fp32, held)
+    assert ok["budget"]["passed"], ok["budget"]
+    assert ok["labelled"]["fp32"] == 0.9 and ok["labelled"]["candidate"] == 0.94
+    assert ok["drop"] < 0 and ok["labelled"]["shown"] and ok["cosine_reported"] == ["scores"]
+    assert ok["expected_drop"]["scores"]["value"] > 0.05     # said, not gated: labels decide
+    assert verdict(ok, Evidence("held-out", n)) == "shown"
+    assert "labelled top-1 drop <= 1 point" in ok["budget"]["spec"]
+    worse = logits.copy()
+    worse[[40, 41]] = np.roll(worse[[40, 41]], 1, axis=1)   # 2 right answers made wrong
+    miss = budget.evaluate(scored(tmp_path / "worse.onnx", worse), fp32, held)
+    assert not miss["budget"]["passed"] and abs(miss["drop"] - 0.02) < 1e-9
+    assert miss["budget"]["failures"] == ["labelled top-1 88.0% against FP32's 90.0% on 100 "
+                                          "labelled samples: a drop of 2.0 points (needs at "
+                                          "most 1)"]
+    # --max-accuracy-drop 3% lets it through; 20 samples cannot show 1 point
+    loose = AccuracyBudget(min_cosine=0.99, max_drop=0.03, truth=labels, truth_output="scores")
+    found = loose.evaluate(scored(tmp_path / "w2.onnx", worse), fp32, held)
+    assert found["budget"]["passed"], found["budget"]
+    few = budget.evaluate(scored(tmp_path / "f.onnx", logits), fp32, held[:20])
+    assert few["budget"]["passed"] and verdict(few, Evidence("held-out", 20)) == (
+        "not proven: 20 samples judged, 100 would show a 1-point drop")

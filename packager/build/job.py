@@ -27,7 +27,7 @@ from .part import PartResult, build_part
 from .part_shapes import check_task_early
 from .plan import DEFAULT_EXPORT, ExportOptions, PartRequest, input_paths, plan_parts, size_of
 from .provider_choice import check_wanted, with_provider
-from .records import BuildContext, speed_lines
+from .records import BuildContext, evidence_line, speed_lines
 
 QUANT = QuantRequest()   # the target's preset as it is
 
@@ -57,7 +57,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           offline: bool = False, openvino: str = "auto",
           tasks: Mapping[str, Mapping[str, Any]] = {},
           keep: Mapping[str, float] | None = None,
-          runner_extras: Sequence[str] = RUNNER_EXTRAS) -> BuildResult:
+          runner_extras: Sequence[str] = RUNNER_EXTRAS,
+          require_proof: bool = False) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -81,6 +82,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
     judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
     (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
+    *require_proof*: INT8 ships only where the samples could show its budget (a CI gate); by
+    default the fastest candidate within budget ships and the evidence for it is said.
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
@@ -106,7 +109,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                     holdout=holdout, golden=golden, options=export_options,
                     min_cosine=min_cosine, max_drop=max_accuracy_drop, metric=metric,
                     timer=timer, progress=progress, clock=clock, steps=steps, fuse=fuse,
-                    openvino=openvino, keep=keep,
+                    openvino=openvino, keep=keep, require_proof=require_proof,
+                    feeds_part=several and req is not requests[-1],
                     log=(lambda m, n=req.name: log(f"[{n}] {m}")) if several else log)
                 payload, result = build_part(req, target, Path(tmp), ctx)
                 payloads.append(payload)
@@ -190,7 +194,10 @@ def say_outcome(out: BundleResult, clock: Stages, several: bool, offline: bool,
     for part in out.manifest["parts"]:
         for line in speed_lines(part.get("precision", {}), f" of {part['name']}" if several else ""):
             log(line)
+    shipped = [evidence_line(part.get("precision", {}), part["name"] if several else "")
+               for part in out.manifest["parts"]]
     log(f"bundle: {out.directory} and {out.archive}, digest {out.digest} (verify and deploy "
         "take it as --expect-digest)")
     log(f"page: {out.directory / 'reports' / 'index.html'} (what shipped and why, in one page "
         "to open in a browser; verify and deploy refresh it)")
+    log("shipped: " + "; ".join(shipped))

@@ -70,21 +70,9 @@ def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
         return {"skipped": "no output holds one score per class"
                 + (f" for the {len(labels)} --labels" if labels else "")}
     classes = outputs[name].shape[2]
-    if labels:
-        missing = [n for n in names if n not in labels]
-        if missing:
-            return {"skipped": f"class folder '{missing[0]}' is not among --labels"}
-        index = {label: i for i, label in enumerate(labels)}
-        mapping = "folder names matched to --labels"
-    elif all(n.isdigit() for n in names) and max(int(n) for n in names) < classes:
-        index = {label: int(label) for label in names}   # folders 0..9: the class numbers
-        mapping = "folder names as output numbers"
-    elif len(names) == classes:
-        index = {label: i for i, label in enumerate(names)}   # torchvision's ImageFolder order
-        mapping = "class folders in sorted order as outputs 0.." + str(classes - 1)
-    else:
-        return {"skipped": f"{len(names)} class folders for {classes} outputs and no --labels "
-                           "to match them by name"}
+    index, mapping = class_index(names, classes, labels)
+    if index is None:
+        return {"skipped": mapping}
     predicted = outputs[name].reshape(len(picks) * batch, classes).argmax(axis=1)
     wanted = [found[i * batch + j] for i in picks for j in range(batch)]
     hits = int(sum(int(p) == index[w] for p, w in zip(predicted, wanted, strict=True)))
@@ -92,6 +80,44 @@ def labelled_top1(model: Path, samples: Sequence[Sample], source: Path | None,
     return {"top1": hits / n, "hits": hits, "n": n, "classes": classes, "mapping": mapping,
             "output": name, "p_value": chance_p_value(hits, n, 1.0 / classes),
             "confusion": confusion(names, index, wanted, predicted)}
+
+
+def class_index(names: Sequence[str], classes: int, labels: Sequence[str] | None
+                ) -> tuple[dict[str, int] | None, str]:
+    """({class folder: output number}, how they were matched), or (None, why not)."""
+    if labels:
+        missing = [n for n in names if n not in labels]
+        if missing:
+            return None, f"class folder '{missing[0]}' is not among --labels"
+        return {label: i for i, label in enumerate(labels)}, "folder names matched to --labels"
+    if all(n.isdigit() for n in names) and max(int(n) for n in names) < classes:
+        return {label: int(label) for label in names}, "folder names as output numbers"
+    if len(names) == classes:   # torchvision's ImageFolder order
+        return ({label: i for i, label in enumerate(names)},
+                "class folders in sorted order as outputs 0.." + str(classes - 1))
+    return None, (f"{len(names)} class folders for {classes} outputs and no --labels to match "
+                  "them by name")
+
+
+def sample_truth(samples: Sequence[Sample], source: Path | None, result: dict[str, Any] | None,
+                 labels: Sequence[str] | None) -> dict[str, int] | None:
+    """{fingerprint of a sample: its class folder's output number} for every sample of
+    *samples* (one image a sample), from the class folders labelled_top1 judged (*result*), or
+    None where there are none: the budget's labels, wherever a sample is judged (held out, or
+    in a k-fold rotation)."""
+    from ..quantization.budget import fingerprint
+
+    if source is None or not result or "skipped" in result or not samples:
+        return None
+    if int(next(iter(samples[0].values())).shape[0]) != 1:
+        return None
+    found = folder_labels(source, len(samples))
+    if found is None:
+        return None
+    index, _ = class_index(sorted(set(found)), result["classes"], labels)
+    if index is None:
+        return None
+    return {fingerprint(s): index[f] for s, f in zip(samples, found, strict=True)}
 
 
 def confusion(names: Sequence[str], index: dict[str, int], wanted: Sequence[str],

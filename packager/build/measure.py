@@ -23,7 +23,7 @@ from ..targets import Target
 from ..tasks.fit import check_decoder_fits, input_size
 from ..tasks.part import say_suggestion
 from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
-from .label_check import check_labelled, labelled_top1
+from .label_check import check_labelled, labelled_top1, sample_truth
 from .plan import PartRequest
 from .provider_choice import choose_provider, provider_graph, provider_pays
 from .provider_graphs import provider_graphs
@@ -67,7 +67,7 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
                                    tmp / f"{req.name}.fused.onnx", ctx.log, unfused=fp32,
                                    timer=ctx.timer)
         fp32 = fused or fp32
-    guard = _guard(req, shaped, plan, data, outputs, target, ctx)
+    guard = _guard(req, shaped, plan, data, outputs, target, ctx, labelled)
     labels_held = (sample_labels(req.calib, len(data.samples), ctx.holdout)
                    if ctx.metric and req.calib is not None else None)
     return Reference(choice, fp32, outputs, labelled, fusion, time_graphs, why_not,
@@ -75,9 +75,11 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
 
 
 def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, outputs: dict,
-           target: Target, ctx: BuildContext) -> AccuracyBudget:
+           target: Target, ctx: BuildContext, labelled: dict | None = None) -> AccuracyBudget:
     """The accuracy budget: the target's (or --min-cosine's), tighter for embeddings; the
-    data's hygiene notes said; a declared task's decoder proven to fit its head first."""
+    labelled top-1's drop where the samples lie in class folders (*labelled*: FP32's top-1 on
+    them); the data's hygiene notes said; a declared task's decoder proven to fit its head
+    first."""
     budget = target.min_cosine if ctx.min_cosine is None else ctx.min_cosine
     int8 = plan.requested in ("int8", "auto")
     if ctx.min_cosine is None and data.real and int8 and budget < EMBEDDING_COSINE:
@@ -96,12 +98,22 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         check_decoder_fits(plan.task, shaped.simplified, outputs,
                            input_size(req.preprocess, shaped.simplified))
     metric = ctx.metric
+    truth = (sample_truth(data.samples, req.calib, labelled, req.labels)
+             if data.real and int8 and metric is None else None)
+    if truth:
+        drop = ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop
+        ctx.log(f"budget: the samples are labelled by their class folders: INT8 may lose at "
+                f"most {100 * (0.01 if drop is None else drop):g} point(s) of labelled top-1 "
+                f"against FP32 on the same samples (--max-accuracy-drop sets another); "
+                "agreement with FP32 is reported beside it")
     return AccuracyBudget(
         min_cosine=budget,
         max_drop=ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop,
         metric=metric[0] if metric else None, metric_name=metric[1] if metric else "",
         task=plan.task, keep=ctx.keep,
-        class_outputs=class_outputs(shaped.simplified.graph, req.labels))
+        class_outputs=class_outputs(shaped.simplified.graph, req.labels),
+        feeds_part=ctx.feeds_part, truth=truth,
+        truth_output=labelled.get("output") if truth else None)
 
 
 def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference,
@@ -115,7 +127,8 @@ def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference
                       timer=ctx.timer, log=ctx.log, progress=ctx.progress,
                       fp32_outputs=ref.outputs, steps=ctx.steps,
                       provider_pays=provider_pays(target, ref.path, data.held, timer=ctx.timer,
-                                              log=ctx.log, wanted=ctx.openvino))
+                                              log=ctx.log, wanted=ctx.openvino),
+                      require_proof=ctx.require_proof)
     ctx.clock.lap("search")
     ctx.log(f"accuracy vs {'the model as given' if decision.config.mode == 'given' else 'FP32'}"
             " on held-out samples: " + accuracy_line(accuracy_of(decision, data)))

@@ -37,6 +37,8 @@ class BuildContext:
     fuse: bool = True
     openvino: str = "auto"
     keep: Mapping[str, float] | None = None
+    require_proof: bool = False         # INT8 only where the samples could show its budget
+    feeds_part: bool = False            # the part's outputs feed the next part
 
 
 @dataclass(frozen=True)
@@ -188,3 +190,12 @@ def speed_lines(section: Mapping[str, Any], of: str = "") -> list[str]:
             f"{choice['original_p50_ms'] / choice['p50_ms']:.2f}x its speed (one run, "
             f"onnxruntime {choice.get('measured_on', {}).get('onnxruntime', '?')})")
     return lines
+
+
+def evidence_line(section: Mapping[str, Any], name: str = "") -> str:
+    """'INT8 ... (evidence shown)' or '... (evidence not proven: 19 samples judged, 100 would
+    show a 1-point drop)' of a manifest's `precision` *section*; FP32 says only what it is."""
+    decision = section.get("decision") or {}
+    text = f"{name + ' ' if name else ''}{decision.get('label') or section.get('description', '?')}"
+    verdict = (decision.get("evidence") or {}).get("verdict")
+    return text + (f" (evidence {verdict})" if verdict else "")

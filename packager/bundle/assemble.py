@@ -168,7 +168,11 @@ def _floor(part: "PartPayload", cosine_min: float) -> float:
     """What `run.py check` demands on the device: near the host's figure, and never below the
     budget the bundle promises (the golden samples are held-out samples that kept it)."""
     budget = _budget(part)
-    return _tolerance(cosine_min) if budget is None else max(_tolerance(cosine_min), budget)
+    if budget is None or cosine_min < budget:
+        # under the budget on the host: a task's head judged that output and its cosine was
+        # reported, not gated (the device's task figure judges it; the floor is the host's own)
+        return _tolerance(cosine_min)
+    return max(_tolerance(cosine_min), budget)
 
 
 PART_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")

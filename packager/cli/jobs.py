@@ -141,6 +141,10 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
 @click.option("--keep", default=None, metavar="FIGURE=SHARE,...",
               help="what the task must keep against FP32 on the held-out samples, over its "
               "defaults (99%; box recall/precision 95%; CER at most 1%): e.g. top1=98%")
+@click.option("--require-proof", is_flag=True,
+              help="ship INT8 only where the samples could show its budget (else FP32), as a "
+              "CI gate wants; by default the fastest candidate within budget on every sample "
+              "ships and the build says how strong the evidence is (shown / not proven)")
 @budget_options
 @quant_options
 @export_options(dynamic=False)
@@ -153,7 +157,8 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
               labels: Path | None, time_on: str | None, ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
               runner_extras: str, tasks: tuple[str, ...], pipeline: Path | None,
-              keep: str | None, force: bool, as_json: bool, **kw: Any) -> None:
+              keep: str | None, require_proof: bool, force: bool, as_json: bool,
+              **kw: Any) -> None:
     """Build a bundle from MODEL for a target: export, simplify, fix shapes, quantize, bundle.
 
     MODEL is an .onnx file or a PyTorch model (file.py:factory, pkg.module:factory,
@@ -203,7 +208,8 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
                   force=force, log=log, progress=progress_bar("calibration"), fuse=fuse,
                   tune=_tuner(tune, time_on, ssh_config, device_python, target),
                   steps=step_line("build", as_json), offline=offline, openvino=openvino,
-                  keep=kept, consts=parse_consts(consts), runner_extras=extras_of(runner_extras),
+                  keep=kept, require_proof=require_proof, consts=parse_consts(consts),
+                  runner_extras=extras_of(runner_extras),
                   export_options=ExportOptions(**opts), **budget_kwargs(kw))
     if pipeline is not None:
         from ..cascade.build import build_pipeline

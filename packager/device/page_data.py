@@ -103,6 +103,8 @@ def part_data(bundle: Path, part: dict[str, Any]) -> dict[str, Any]:
     return {"name": part.get("name"), "task": (part.get("task") or {}).get("kind"),
             "shipped": precision.get("description"), "label": decision.get("label"),
             "reason": decision.get("reason"),
+            "evidence": (decision.get("evidence") or {}).get("verdict")
+            if isinstance(decision.get("evidence"), dict) else None,
             "provider_choice": {k: decision.get("provider_choice", {}).get(k)
                                 for k in ("provider", "chosen", "reason", "graph")}
             if decision.get("provider_choice") else None,

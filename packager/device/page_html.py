@@ -51,6 +51,10 @@ def header(data: dict[str, Any]) -> str:
 def decision(part: dict[str, Any]) -> str:
     out = [f"<p><b>Shipped:</b> {escape(str(part['shipped']))}.</p>",
            f"<p><b>Why:</b> {escape(str(part['reason'] or 'no decision recorded'))}</p>"]
+    if part.get("evidence"):
+        out.append(f"<p><b>Evidence:</b> {escape(str(part['evidence']))} (whether the samples "
+                   "judged could show the accuracy budget: one confident miss would break "
+                   "it)</p>")
     choice = part.get("provider_choice")
     if choice and choice.get("reason"):
         out.append(f"<p><b>Faster provider:</b> {escape(choice['reason'])}</p>")

@@ -5,7 +5,7 @@ it, and decision.py decides between them and FP32.
 """
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,10 @@ class AccuracyBudget:
     # the part's outputs feed another part (a pipeline's earlier stage): what the next part
     # reads is every value, so the cosine keeps gating the outputs its task's head reads too
     feeds_part: bool = False
+    # labels of the samples ({fingerprint(sample): class number}, from class folders) and the
+    # class-score output they judge: then the budget is the labelled top-1's drop against FP32
+    truth: Mapping[str, int] | None = None
+    truth_output: str | None = None
 
     @property
     def active(self) -> bool:
@@ -73,7 +77,10 @@ class AccuracyBudget:
             parts.append(f"cosine >= {self.min_cosine}" + (
                 " (on outputs the task does not read)" if self.judged and not self.feeds_part
                 else ""))
-        if self.max_drop is not None:
+        if self.truth:
+            parts.append(f"labelled top-1 drop <= {100 * self.drop_limit:g} point"
+                         f"{'s' * (self.drop_limit != 0.01)}")
+        elif self.max_drop is not None:
             parts.append(f"{self.metric_name or 'accuracy'} drop <= {100 * self.max_drop:g}%")
         elif self.class_outputs and not self.judged:
             parts.append(f"expected top-1 drop <= {100 * EXPECTED_DROP:g}%")
@@ -105,12 +112,20 @@ class AccuracyBudget:
         expected = self.expected_drops(reference_outputs, candidate_outputs)
         if expected:
             acc["expected_drop"] = expected
+        labelled = self.labelled_drop(held, reference_outputs, candidate_outputs)
+        if labelled:   # the anchors' budget: what the labels say was lost
+            acc["labelled"] = labelled
+            read = read | {self.truth_output}
+            gated = [n for n in gated if n != self.truth_output]
+            acc["cosine_reported"] = sorted(n for n in acc["outputs"] if n in read)
         if self.metric is not None:
             reference = self.score(reference, labels, "the FP32 model's")
             score = self.score(outputs, labels, "the quantized model's")
             acc.update({"metric": self.metric_name, "metric_fp32": reference,
                         "metric_quantized": score})
             drop = reference - score
+        elif labelled:
+            drop = labelled["value"]
         else:
             drop = expected_drop_of(acc)
             if drop is None:
@@ -127,18 +142,52 @@ class AccuracyBudget:
             worst = min(cosines, key=cosines.get)
             where = f" on output '{worst}'" if len(acc["outputs"]) > 1 else ""
             failures.append(f"cosine {cosines[worst]:.4f} < {self.min_cosine}{where}")
-        if self.max_drop is not None and drop > self.max_drop:
+        if labelled:
+            failures += [] if labelled["passed"] else [labelled["text"]]
+        elif self.max_drop is not None and drop > self.max_drop:
             failures.append(f"drop {100 * drop:.2f}% > {100 * self.max_drop:g}%")
         if not self.judged:   # (a declared task's figure judges its outputs)
-            failures += small_output_failures(reference_outputs, acc.get("outputs", {}),
-                                              self.class_outputs)
-            if self.max_drop is None:   # (else the drop above is this figure)
+            failures += small_output_failures(
+                reference_outputs, acc.get("outputs", {}),
+                self.class_outputs | ({self.truth_output} if labelled else set()))
+            if self.max_drop is None and not labelled:   # (else the drop above is this figure)
                 failures += [f"output '{name}' (class scores): {e['text']}" for name, e in
                              expected.items() if not e["passed"]]
-        if self.judged:
+        if self.judged and not (labelled and task_kind(self.task) == "classify"):
             failures += [f["text"] for f in acc["task"]["figures"].values() if not f["passed"]]
         acc["budget"] = {"spec": self.describe(), "passed": not failures, "failures": failures}
         return acc
+
+    @property
+    def drop_limit(self) -> float:
+        """The largest accuracy drop allowed (--max-accuracy-drop, 1 point by default)."""
+        return EXPECTED_DROP if self.max_drop is None else self.max_drop
+
+    def labelled_drop(self, held: Sequence[Sample], reference: dict[str, np.ndarray],
+                      outputs: dict[str, np.ndarray]) -> dict[str, Any] | None:
+        """FP32's and the candidate's top-1 against the labels of the *held* samples that have
+        one, the drop between them, and whether its count can show the budget (a 1-point drop
+        needs 100 samples: one sample more wrong is then 1 point); None without labels."""
+        if not self.truth or self.truth_output not in reference or not len(held):
+            return None
+        keys = [self.truth.get(fingerprint(s)) for s in held]
+        rows = [i for i, k in enumerate(keys) if k is not None]
+        if not rows:
+            return None
+        truth = np.array([keys[i] for i in rows])
+        fp32, cand = (float(np.mean(a.reshape(len(held), -1)[rows].argmax(axis=1) == truth))
+                      for a in (reference[self.truth_output], outputs[self.truth_output]))
+        limit, n = self.drop_limit, len(rows)
+        need = int(np.ceil(round(1.0 / limit, 6))) if limit > 0 else 1
+        value = fp32 - cand
+        passed, shown = value <= limit + 1e-12, n >= need
+        text = (f"labelled top-1 {100 * cand:.1f}% against FP32's {100 * fp32:.1f}% on {n} "
+                f"labelled samples: a drop of {100 * value:.1f} points (needs at most "
+                f"{100 * limit:g}" + ("" if shown else f"; {n} samples cannot show "
+                                      f"{100 * limit:g}: {need} needed") + ")")
+        return {"value": value, "fp32": fp32, "candidate": cand, "n": n, "keep": limit,
+                "needed": need, "shown": shown, "passed": passed, "text": text,
+                "output": self.truth_output}
 
     def read_by_head(self, names: Sequence[str]) -> set[str]:
         """The outputs the declared task's head reads (none for raw, or where the part feeds
@@ -198,6 +247,17 @@ class AccuracyBudget:
 
 
 EXPECTED_DROP = 0.01    # a classifier's expected top-1 drop under FP32's probabilities
+
+
+def fingerprint(sample: Sample) -> str:
+    """A sample's identity by content (its labels follow it into any split or rotation)."""
+    import hashlib
+
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in sorted(sample):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(sample[name]).tobytes())
+    return digest.hexdigest()
 
 
 def head_outputs(task: dict[str, Any] | None, names: Sequence[str]) -> set[str]:

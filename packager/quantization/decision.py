@@ -99,13 +99,16 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            log: Log = lambda _: None, progress=None,
            fp32_outputs: dict[str, Any] | None = None,
            steps: Progress | None = None,
-           provider_pays: Callable[[list[Candidate]], str] | None = None) -> Decision:
+           provider_pays: Callable[[list[Candidate]], str] | None = None,
+           require_proof: bool = False) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship. *request*: the
     user's quantization options (QuantRequest: its precision forces one, missing the budget is
     then an error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
     known. *steps*: each candidate and timing block shown. *provider_pays*
     (build/provider_choice.py): whether INT8 pays under another provider (OpenVINO) where it
-    does not on the CPU provider; then the search goes on for a variant within budget."""
+    does not on the CPU provider; then the search goes on for a variant within budget.
+    *require_proof*: INT8 ships only where the samples could show its budget (else FP32, as a
+    CI gate wants); by default the fastest within budget ships and its evidence is said."""
     steps = steps or OFF
     started = time.perf_counter()
     request = QuantRequest.of(request)
@@ -149,7 +152,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
                       f"{best.line() if best else 'none ran'}", budget)
     passing, evidence, unsure = _evidence(passing, [*calib, *held] if calib else [], held,
                                           bool(forced), fp32, folder, search, budget, labels,
-                                          log)
+                                          log, require_proof)
 
     def record(chosen: Candidate, reason: str, timing: dict[str, Any],
                asked: str = "auto") -> Decision:
@@ -377,10 +380,12 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
 
 def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sample],
               forced: bool, fp32: Path, folder: Path, search: Search, budget: AccuracyBudget,
-              labels: Any, log: Log) -> tuple[list[Candidate], Evidence, str]:
-    """The candidates within budget that the evidence proves (rotated over *pool* when the
-    held-out split is too thin), what judged them, and why FP32 ships unproven ('' when the
-    evidence decides; a forced precision is never stopped here)."""
+              labels: Any, log: Log, require_proof: bool = False
+              ) -> tuple[list[Candidate], Evidence, str]:
+    """The candidates within budget on every sample there is (rotated over *pool* when the
+    held-out split is too thin), what judged them, and why FP32 ships ('' when INT8 may: a
+    forced precision is never stopped here). Thin evidence is said, not turned into FP32,
+    unless *require_proof* (then only the candidates the count could show ship)."""
     evidence = Evidence("held-out", len(held))
     if forced:
         return passing, evidence, ""
@@ -390,12 +395,14 @@ def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sampl
         return passing, evidence, (
             f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps the "
             f"budget (need {MIN_HELD}); give more --calib samples")
+    if not require_proof:
+        return passing, evidence, ""
     proven = [c for c in passing if kfold.shown(c.accuracy)]
     if passing and not proven:
         return passing, evidence, (
-            f"FP32: INT8 not proven: {passing[0].label} misses nothing on {evidence.words()}, "
-            f"but {_unshown(passing[0])}; give more --calib samples to prove it, or "
-            "--precision int8 to ship it unproven")
+            f"FP32: INT8 not proven (--require-proof): {passing[0].label} misses nothing on "
+            f"{evidence.words()}, but {_unshown(passing[0])}; give more --calib samples to "
+            "prove it, or drop --require-proof to ship it with its evidence said")
     return proven, evidence, ""
 
 
@@ -418,9 +425,8 @@ def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folde
 
 
 def _unshown(cand: Candidate) -> str:
-    """What the candidate's task figures could not show, in the figures' own words."""
-    figures = cand.accuracy.get("task", {}).get("figures", {})
-    return "; ".join(f["text"] for f in figures.values() if not f.get("shown", True))
+    """What the candidate's figures could not show, in the figures' own words."""
+    return "; ".join(f["text"] for f in kfold.unshown_figures(cand.accuracy))
 
 
 def frontier(cands: Sequence[Candidate]) -> list[Candidate]:
@@ -515,12 +521,13 @@ def _record(chosen: Candidate, reference: Candidate, candidates: Sequence[Candid
                      f"{FEW_HELD} or more give a steadier decision")
     for note in notes:
         log(f"warning: {note}")
+    proof = None if chosen is reference else kfold.verdict(chosen.accuracy, evidence)
     log(f"decision: {chosen.config.describe()} - {reason} ({len(candidates)} candidates, "
-        f"{evidence.words()}, {seconds:.1f} s)")
+        f"{evidence.words()}{', evidence ' + proof if proof else ''}, {seconds:.1f} s)")
     record = {"mode": mode, "chosen": chosen.config.describe(), "label": chosen.label,
               "reason": reason, "budget": budget.describe(),
               "budget_min_cosine": budget.min_cosine, "held_out": len(held),
-              "evidence": evidence.to_record(),
+              "evidence": {**evidence.to_record(), "verdict": proof},
               "notes": notes, "search_seconds": round(seconds, 2),
               "fp32_p50_ms": reference.p50_ms, "min_gain_over_fp32": MIN_GAIN,
               "timing": timing, "candidates": [c.summary() for c in candidates]}

@@ -47,10 +47,40 @@ class Evidence:
 
 
 def shown(accuracy: dict[str, Any]) -> bool:
-    """Whether the candidate's task figures counted enough units to show their keep (True
-    when no task judges it: a cosine is shown by every sample)."""
-    task = accuracy.get("task")
-    return not task or bool(task.get("shown", True))
+    """Whether the candidate's figures counted enough units to show their keep (True when
+    only a cosine judges it: a cosine is shown by every sample)."""
+    return not unshown_figures(accuracy)
+
+
+def unshown_figures(accuracy: dict[str, Any]) -> list[dict[str, Any]]:
+    """The gated figures (the task's, a class output's expected drop) whose count cannot show
+    their keep, the one needing most units first."""
+    task = accuracy.get("task") or {}
+    found = [{"name": name, **f} for name, f in task.get("figures", {}).items()]
+    found += [{"name": "expected_drop", **f} for f in accuracy.get("expected_drop", {}).values()]
+    if accuracy.get("labelled"):   # (the labels gate: the agreement figures are reported)
+        found = [{"name": "labelled_drop", **accuracy["labelled"]}]
+    return sorted((f for f in found if not f.get("shown", True)),
+                  key=lambda f: -f.get("needed", 0))
+
+
+def verdict(accuracy: dict[str, Any], evidence: "Evidence") -> str:
+    """How strong the evidence for *accuracy* is: 'shown' where the count could show every
+    gated figure's budget (one confident miss would break it), else 'not proven: 19 samples
+    judged, 100 would show a 1-point drop'."""
+    missing = unshown_figures(accuracy)
+    if not missing:
+        return "shown"
+    from .._runtimes.runner.task_figures import WORDS, percent
+
+    worst = missing[0]
+    unit = WORDS.get(worst["name"], ("", "samples"))[1]
+    judged = evidence.samples if unit == "samples" else worst.get("n", 0)
+    if worst["name"] in ("expected_drop", "labelled_drop"):
+        what = f"a {100 * worst['keep']:g}-point drop"
+    else:
+        what = f"{WORDS[worst['name']][0]} {percent(worst['keep'])}".replace(" on ", " ")
+    return f"not proven: {judged} {unit} judged, {worst['needed']} would show {what}"
 
 
 def wanted(held: int, pool: int, passing: Sequence[Any], min_held: int,

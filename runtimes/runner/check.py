@@ -70,6 +70,7 @@ def cmd_check(bundle, manifest, args):
             passed = passed and entry["task"]["passed"]
         entry["passed"] = all(o["passed"] for o in entry["outputs"].values()) and \
             entry.get("task", {}).get("passed", True)
+        entry["evidence"] = evidence_of(part)
         report["parts"][part["name"]] = entry
     if manifest.get("pipeline") and args.part is None:
         cascade = optional_module("cascade")   # shipped only in a pipeline bundle
@@ -81,6 +82,14 @@ def cmd_check(bundle, manifest, args):
     report["session"] = full_session(session_settings(manifest, args))
     report["session_from"] = session_origin(manifest, args)
     return report
+
+
+def evidence_of(part):
+    """The build's word on its accuracy evidence ('shown', 'not proven: 19 samples judged...')."""
+    found = part.get("precision")
+    for key in ("decision", "evidence", "verdict"):
+        found = found.get(key) if isinstance(found, dict) else None
+    return found if isinstance(found, str) else ""
 
 
 SMALL_OUTPUT = 8          # values a sample: a score, a quality model's few numbers

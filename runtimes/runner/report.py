@@ -109,6 +109,8 @@ def _print_check(report):
                 else "host's outputs", task["text"],
                 "" if not task["passed"] else ": ok" if task["shown"] else
                 ": NOT PROVEN (too few golden samples to show it)"))
+        if entry.get("evidence"):
+            print("%s: the build's accuracy evidence: %s" % (part, entry["evidence"]))
     if report.get("pipeline"):
         print(optional_module("cascade_judge").pipeline_line(report["pipeline"]))
     note = report.get("target_note")

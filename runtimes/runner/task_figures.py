@@ -171,10 +171,10 @@ def judge_one(name, entry, threshold):
         text = "%s %.5f over %d %s (needs %.4f)" % (words, value if value is not None else
                                                    float("nan"), n, unit, threshold)
         return {"value": value, "keep": threshold, "passed": ok, "shown": shown, "needed": need,
-                "text": text}
+                "n": n, "text": text}
     if value is None:
         return {"value": None, "keep": threshold, "passed": True, "shown": False, "needed": need,
-                "text": "%s: no %s among %d samples to judge it (needs %s; %d needed)" % (
+                "n": 0, "text": "%s: no %s among %d samples to judge it (needs %s; %d needed)" % (
                     words, unit, entry.get("samples", 0), percent(threshold, at_most), need)}
     ok = value <= threshold + 1e-12 if at_most else value >= threshold - 1e-12
     shown = n >= need
@@ -188,7 +188,7 @@ def judge_one(name, entry, threshold):
             n, unit, percent(threshold, at_most), need),
         " [%s]" % entry["detail"] if entry.get("detail") else "")
     return {"value": value, "keep": threshold, "passed": ok, "shown": shown, "needed": need,
-            "text": text}
+            "n": n, "text": text}
 
 
 def judge(task, figures, keep=None):
