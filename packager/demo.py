@@ -7,6 +7,7 @@ Nothing is downloaded: the images are drawn here and the weights are trained her
 """
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,14 @@ def draw(label: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def make_dataset(root: Path, *, per_class: dict[str, int], seed: int = 0) -> None:
-    """Write root/{split}/{class}/NNNN.{png,jpg} (calib: unlabelled, flat)."""
+    """Write root/{split}/{class}/NNNN.{png,jpg}: calibration in class folders too, so the build
+    judges INT8 by the labelled top-1 it loses and the page shows a confusion matrix."""
     import cv2
 
     rng = np.random.default_rng(seed)
     for split, count in per_class.items():
         for label, name in enumerate(CLASSES):
-            folder = root / split if split == "calib" else root / split / name
+            folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
                 ext = ".jpg" if i % 3 == 0 else ".png"  # both decoders get exercised
@@ -184,7 +186,8 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
     torch.set_num_threads(2)
     work = Path(work)
     data = work / "data"
-    if not (data / "test").is_dir():
+    if not (data / "test").is_dir() or not (data / "calib" / CLASSES[0]).is_dir():
+        shutil.rmtree(data, ignore_errors=True)   # (an older demo drew calib/ flat)
         log(f"demo: drawing images into {data}")
         make_dataset(data, per_class={"train": TRAIN_PER_CLASS, "calib": 125, "test": 60})
     weights, torch_accuracy = trained_weights(work, data, log)
@@ -219,6 +222,8 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
         "  the build's candidates, measured on held-out images and timed side by side:",
         *decision_table(decision),
         f"  shipped: {decision['reason']}",
+        f"  budget: {decision['budget']}; evidence: "
+        f"{(decision.get('evidence') or {}).get('verdict') or 'FP32 ships (nothing to prove)'}",
         f"  verify: {'passed' if report['passed'] else 'FAILED'}; the bundle's own runner: p50 "
         f"{latency['p50']:.3f} ms, p90 {latency['p90']:.3f} ms",
         f"  bundle: {out}/ and {out}.tar.gz",

@@ -4,6 +4,7 @@ against the original (and eager PyTorch)."""
 
 from pathlib import Path
 
+from ..errors import SpecError
 from ..graph.execute import run_model
 from ..progress import OFF
 from ..quantization.budget import (
@@ -20,6 +21,7 @@ from ..quantization.decision import Decision, decide
 from ..quantization.quantize import check_exclude
 from ..source.eager_timing import against_eager
 from ..targets import Target
+from ..tasks.declare import parse_task
 from ..tasks.fit import check_decoder_fits, input_size
 from ..tasks.part import say_suggestion
 from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
@@ -92,8 +94,10 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
     if data.real and int8:
         for note in hygiene(data.given, data.held):
             ctx.log(f"warning: {note}")
+    suggested = None
     if plan.task is None and req.task is None:
-        say_suggestion(shaped.simplified, outputs, req.labels, ctx.log)
+        text = say_suggestion(shaped.simplified, outputs, req.labels, ctx.log)
+        suggested = _parsed(text) if text else None
     elif data.real:   # a head the decoder does not read is refused, not trusted
         check_decoder_fits(plan.task, shaped.simplified, outputs,
                            input_size(req.preprocess, shaped.simplified))
@@ -112,8 +116,17 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         metric=metric[0] if metric else None, metric_name=metric[1] if metric else "",
         task=plan.task, keep=ctx.keep,
         class_outputs=class_outputs(shaped.simplified.graph, req.labels),
-        feeds_part=ctx.feeds_part, truth=truth,
+        feeds_part=ctx.feeds_part, truth=truth, suggested=suggested,
         truth_output=labelled.get("output") if truth else None)
+
+
+def _parsed(text: str) -> tuple[str, dict] | None:
+    """(--task text, the task) of a suggestion, or None where it does not parse as given (a
+    suggestion that needs the user's alphabet)."""
+    try:
+        return text, parse_task(text)
+    except SpecError:
+        return None
 
 
 def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference,

@@ -61,6 +61,8 @@ class AccuracyBudget:
     # class-score output they judge: then the budget is the labelled top-1's drop against FP32
     truth: Mapping[str, int] | None = None
     truth_output: str | None = None
+    # the task the build suggests for a part that declares none: (--task text, the task)
+    suggested: tuple[str, dict[str, Any]] | None = None
 
     @property
     def active(self) -> bool:

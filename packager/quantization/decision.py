@@ -25,6 +25,7 @@ from ..progress import OFF, Log, Progress
 from ..targets import Target
 from ..timing import SETTLE, calls_per_block, machine, session, time_blocks
 from . import kfold
+from .advice import what_to_try
 from .budget import AccuracyBudget
 from .kfold import Evidence
 from .quantize import QuantConfig, quantize_file
@@ -165,9 +166,10 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         return record(reference, f"FP32: {search.futile}",
                       {"measured": True, "threads": threads, **pays.measured})
     if not passing:
+        advice = what_to_try(candidates[1:], budget, fp32, held, fp32_outputs)
         return record(reference, "FP32: no INT8 variant kept the budget (" + "; ".join(
-            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")",
-            {})
+            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
+            + (f". To try: {advice}" if advice else ""), {})
     ranked = _ranked(passing)
     if why_not:
         return record(*_untimed(ranked[0], target, why_not), forced or "auto")

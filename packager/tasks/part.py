@@ -33,15 +33,18 @@ def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
 
 
 def say_suggestion(graph: onnx.ModelProto, reference: Mapping[str, np.ndarray],
-                   labels: Sequence[str] | None, log: Callable[[str], None]) -> None:
-    """One line where a model that declares no task looks like one (suggest.py)."""
+                   labels: Sequence[str] | None, log: Callable[[str], None]) -> str | None:
+    """One line where a model that declares no task looks like one (suggest.py); returns the
+    --task text suggested (the decision names it again when only the cosine kept INT8 out)."""
     found = suggest(io_specs(graph.graph.output), reference, labels,
                     sigmoid_outputs(graph.graph))
-    if found:
-        text, why = found
-        log(f"task: none declared; {why}: --task {text} would judge the candidates by that "
-            "task's figures and make run.py infer answer in its terms (raw tensors and cosine "
-            "kept)")
+    if not found:
+        return None
+    text, why = found
+    log(f"task: none declared; {why}: --task {text} would judge the candidates by that "
+        "task's figures and make run.py infer answer in its terms (raw tensors and cosine "
+        "kept)")
+    return text
 
 
 def recorded_task(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None
