@@ -161,9 +161,10 @@ def test_build_keeps_the_fp32_graph_it_timed_fastest_and_records_why(tmp_path):
     speed = precision["vs_original"]
     assert speed["measured"] and speed["bundle_p50_ms"] > 0 and speed["original_p50_ms"] > 0
     assert "vs_eager" not in precision   # an .onnx source has no eager PyTorch to time
-    assert lines[-4].startswith("stages: ") and "; total " in lines[-4]
-    assert lines[-3].startswith("speed: bundle ") and "against the original's" in lines[-3]
-    assert lines[-1].startswith("page: ")   # after the digest: the bundle's page
+    assert lines[-5].startswith("stages: ") and "; total " in lines[-5]
+    assert lines[-4].startswith("speed: bundle ") and "against the original's" in lines[-4]
+    assert lines[-2].startswith("page: ")   # after the digest: the bundle's page
+    assert lines[-1].startswith("shipped: ")   # last: what shipped, with its evidence
     assert {"simplify", "fp32 graph", "search", "timing", "bundle"} <= set(r.stages)
     assert set(precision["stage_seconds"]) <= set(r.stages)
 
@@ -187,4 +188,4 @@ def test_an_original_fixed_at_other_shapes_is_timed_at_the_builds(tmp_path):
     assert "build's input shapes" in precision["fp32_graph"]["original"]
     assert precision["fp32_graph"]["original_p50_ms"] > 0
     assert precision["vs_original"]["measured"]
-    assert lines[-3].startswith("speed: bundle ")
+    assert lines[-4].startswith("speed: bundle ")

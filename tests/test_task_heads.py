@@ -288,6 +288,30 @@ def test_retrieval_at_1_and_cosine_of_embeddings():
     assert not verdict["passed"] and "cosine min 0.50000" in verdict["text"]
 
 
+def test_embeddings_are_judged_by_what_retrieval_reads():
+    """recall@5 of each sample's nearest others and the rank correlation of all pairs'
+    similarities gate an embed task (99 %); nearest-neighbour agreement and cosine are reported.
+    Vectors that keep their neighbourhoods keep both; shuffled vectors lose both."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(40, 16))
+    ref = [[v[None]] for v in vectors]
+    kept = [[(v + rng.normal(scale=1e-3, size=16))[None]] for v in vectors]
+    task = {"kind": "embed"}
+    fig = tf.figures(task, ref, kept)
+    assert fig["recall5"]["value"] == 1.0 and fig["recall5"]["n"] == 40
+    assert fig["rank"]["value"] > 0.999
+    verdict = tf.judge(task, fig)
+    assert verdict["passed"] and set(verdict["figures"]) == {"recall5", "rank"}
+    assert not verdict["shown"] and "40 samples cannot show 99%: 100 needed" in verdict["text"]
+    assert set(verdict["reported"]) == {"retrieval1", "cosine_min"}
+    shuffled = [kept[i] for i in rng.permutation(40)]
+    lost = tf.judge(task, tf.figures(task, ref, shuffled))
+    assert not lost["passed"] and lost["figures"]["recall5"]["value"] < 0.5
+    assert abs(lost["figures"]["rank"]["value"]) < 0.3
+    # --keep retrieval1 judges the nearest neighbour instead, as before
+    assert set(tf.judge(task, fig, {"retrieval1": 0.99})["figures"]) == {"retrieval1"}
+
+
 def test_string_equality_and_character_error_rate():
     task = {"kind": "ctc", "alphabet": ALPHABET}
     ref = [[ctc_matrix("hel-lo", ALPHABET)], [ctc_matrix("he", ALPHABET)]]

@@ -36,7 +36,7 @@ def test_cnn_factory_to_verified_bundle(image_dir, tmp_path):
     # at the threads the bundle's session runs with here (its setting 0: one per core)
     assert eager["threads"] >= 1 and eager["intra_op_threads"] == 0
     [said] = [line for line in lines if line.startswith("speed: against eager PyTorch")]
-    assert f"{eager['threads']} threads" in said and lines[-2].startswith("bundle: ")
+    assert f"{eager['threads']} threads" in said and lines[-3].startswith("bundle: ")
     assert verify(tmp_path / "cnn", runs=5)["passed"]
 
 

@@ -57,8 +57,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           offline: bool = False, openvino: str = "auto",
           tasks: Mapping[str, Mapping[str, Any]] = {},
           keep: Mapping[str, float] | None = None,
-          runner_extras: Sequence[str] = RUNNER_EXTRAS,
-          require_proof: bool = False) -> BuildResult:
+          runner_extras: Sequence[str] = RUNNER_EXTRAS, require_proof: bool = False) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -82,8 +81,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
     judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
     (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
-    *require_proof*: INT8 ships only where the samples could show its budget (a CI gate); by
-    default the fastest candidate within budget ships and the evidence for it is said.
+    *require_proof*: INT8 only where the samples could show its budget (else it ships, said).
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
@@ -101,18 +99,16 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                               part_preprocess=part_preprocess)
         requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
         check_requests(requests, tasks, keep, target)
-        several = len(requests) > 1
         results, payloads = [], []
         with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:
+            shared = BuildContext(
+                holdout=holdout, golden=golden, options=export_options, min_cosine=min_cosine,
+                max_drop=max_accuracy_drop, metric=metric, timer=timer, progress=progress,
+                clock=clock, steps=steps, fuse=fuse, openvino=openvino, keep=keep,
+                require_proof=require_proof, log=log)
             for req in requests:
-                ctx = BuildContext(
-                    holdout=holdout, golden=golden, options=export_options,
-                    min_cosine=min_cosine, max_drop=max_accuracy_drop, metric=metric,
-                    timer=timer, progress=progress, clock=clock, steps=steps, fuse=fuse,
-                    openvino=openvino, keep=keep, require_proof=require_proof,
-                    feeds_part=several and req is not requests[-1],
-                    log=(lambda m, n=req.name: log(f"[{n}] {m}")) if several else log)
-                payload, result = build_part(req, target, Path(tmp), ctx)
+                payload, result = build_part(req, target, Path(tmp),
+                                             part_context(shared, req, requests))
                 payloads.append(payload)
                 results.append(result)
             target, payloads = with_provider(target, results, payloads, log)
@@ -121,8 +117,19 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                          tune=tune, offline=offline, pipeline=pipeline, judge=judge,
                          extras=runner_extras)
             clock.lap("bundle")
-        say_outcome(out, clock, several, offline, log)
+        say_outcome(out, clock, len(requests) > 1, offline, log)
         return BuildResult(out, results, clock.record())
+
+
+def part_context(shared: BuildContext, req: PartRequest, requests: Sequence[PartRequest]
+                 ) -> BuildContext:
+    """The build's context for one part: its log lines named where there are several, and
+    whether its outputs feed the next part (every part but the last)."""
+    if len(requests) == 1:
+        return shared
+    log = shared.log
+    return replace(shared, feeds_part=req is not requests[-1],
+                   log=lambda m, n=req.name: log(f"[{n}] {m}"))
 
 
 def checked_target(target: Target | str, holdout: float, golden: int | None, offline: bool,

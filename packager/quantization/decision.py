@@ -166,15 +166,21 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         return record(reference, f"FP32: {search.futile}",
                       {"measured": True, "threads": threads, **pays.measured})
     if not passing:
-        advice = what_to_try(candidates[1:], budget, fp32, held, fp32_outputs)
-        return record(reference, "FP32: no INT8 variant kept the budget (" + "; ".join(
-            c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
-            + (f". To try: {advice}" if advice else ""), {})
+        return record(reference, _none_kept(candidates, budget, fp32, held, fp32_outputs), {})
     ranked = _ranked(passing)
     if why_not:
         return record(*_untimed(ranked[0], target, why_not), forced or "auto")
     return record(*_timed(ranked, reference, fp32, held, threads, timer, steps, forced, log),
                   forced or "auto")
+
+
+def _none_kept(candidates: list[Candidate], budget: AccuracyBudget, fp32: Path,
+               held: Sequence[Sample], fp32_outputs: dict[str, Any]) -> str:
+    """Why FP32 ships when no INT8 variant kept the budget, and what to try."""
+    advice = what_to_try(candidates[1:], budget, fp32, held, fp32_outputs)
+    return ("FP32: no INT8 variant kept the budget (" + "; ".join(
+        c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
+        + (f". To try: {advice}" if advice else ""))
 
 
 def _check_forced(forced: str, passing: list[Candidate], best: str,

@@ -45,7 +45,33 @@ def nearest(vectors):
     return sim.argmax(axis=1)
 
 
+def neighbours(vectors, k):
+    """Each row's *k* nearest other rows by cosine, as sets."""
+    sim = vectors @ vectors.T
+    np.fill_diagonal(sim, -np.inf)
+    return [set(row) for row in np.argsort(-sim, axis=1, kind="stable")[:, :k]]
+
+
+def ranks(x):
+    out = np.empty(len(x))
+    out[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return out
+
+
+def rank_correlation(ref, got):
+    """Spearman's correlation of every pair's similarity under the two models: whether the
+    candidate orders pairs as the reference does (what a search or a threshold reads)."""
+    upper = np.triu_indices(len(ref), 1)
+    a, b = ranks((ref @ ref.T)[upper]), ranks((got @ got.T)[upper])
+    a, b = a - a.mean(), b - b.mean()
+    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / scale) if scale > 0 else 1.0
+
+
 def figures(conf, reference, candidate, feeds=None):
+    """retrieval1: the nearest other sample the same; recall5: the share of the reference's 5
+    nearest others that the candidate's 5 nearest hold (pooled); rank: the rank correlation
+    of all pairs' similarities; cosine_min: the lowest cosine of a sample's two vectors."""
     feeds = list(feeds) if feeds is not None else [None] * len(reference)
     conf = dict(conf, normalize=True)
     ref = np.stack([embedding(conf, o, f)[0] for o, f in zip(reference, feeds)])
@@ -53,8 +79,14 @@ def figures(conf, reference, candidate, feeds=None):
     cosines = (ref * got).sum(axis=1)
     n = len(ref)
     same = int(np.sum(nearest(ref) == nearest(got))) if n >= 2 else 0
-    return {"retrieval1": share(same, n if n >= 2 else 0),
-            "cosine_min": {"value": float(cosines.min()) if n else None, "n": n}}
+    found = {"retrieval1": share(same, n if n >= 2 else 0),
+             "cosine_min": {"value": float(cosines.min()) if n else None, "n": n}}
+    k = min(5, n - 1)
+    if k >= 1:
+        kept = sum(len(a & b) for a, b in zip(neighbours(ref, k), neighbours(got, k)))
+        found["recall5"] = dict(share(kept, n * k), n=n)
+    found["rank"] = {"value": rank_correlation(ref, got) if n >= 3 else None, "n": n}
+    return found
 
 
 def summary(result):

@@ -29,7 +29,8 @@ DEFAULT_KEEP = {
     # NNCF's accuracy control; top-1 agreement is reported beside it, gated only when kept)
     "classify": {"expected_drop": 0.01},
     "detect": {"recall": 0.95, "precision": 0.95},
-    "embed": {"retrieval1": 0.99},
+    # (what retrieval reads: each sample's 5 nearest others, and the order of all pairs)
+    "embed": {"recall5": 0.99, "rank": 0.99},
     "ctc": {"exact": 0.99, "cer": 0.01},
     "segment": {"iou": 0.98},
     "vad": {"frames": 0.99},
@@ -38,16 +39,20 @@ DEFAULT_KEEP = {
 }
 AT_MOST = ("cer", "expected_drop")        # lower is better
 # a figure a user's keep names in place of another: keeping top1 judges agreement, not the drop
-INSTEAD = {"top1": "expected_drop"}
-POOLED = ("iou",)         # one figure over all the samples, not a share of them
+INSTEAD = {"top1": ("expected_drop",), "retrieval1": ("recall5", "rank"),
+           "cosine_min": ("recall5", "rank")}
+POOLED = ("iou", "recall5", "rank")   # one figure over all the samples, not a share of them
 NO_COUNT = ("cosine_min",)   # a floor on every sample: one sample shows it
-ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1", "miou": "iou"}
+ALIASES = {"cosine": "cosine_min", "top-1": "top1", "retrieval@1": "retrieval1", "miou": "iou",
+           "recall@5": "recall5", "spearman": "rank"}
 WORDS = {   # how each figure reads: "<words> <value> of <n> <unit>"
     "top1": ("top-1 agrees on", "samples"),
     "expected_drop": ("expected top-1 drop under FP32's probabilities", "samples"),
     "recall": ("box recall (IoU 0.5, same class)", "reference boxes"),
     "precision": ("box precision (IoU 0.5, same class)", "candidate boxes"),
     "retrieval1": ("nearest neighbour agrees on", "samples"),
+    "recall5": ("the 5 nearest neighbours kept (recall@5)", "samples"),
+    "rank": ("the pairs' similarities in the same order (rank correlation)", "samples"),
     "cosine_min": ("cosine min", "samples"),
     "exact": ("strings equal on", "samples"),
     "cer": ("character error rate", "characters"),
@@ -130,9 +135,10 @@ def keep_for(task, keep=None):
     merged = dict(DEFAULT_KEEP.get(kind, {}))
     own = dict((task or {}).get("keep") or {})
     for asked in (own, keep or {}):
-        for name, other in INSTEAD.items():
-            if name in asked and other not in asked and other not in own:
-                merged.pop(other, None)
+        for name, others in INSTEAD.items():
+            if name in asked and not any(o in asked or o in own for o in others):
+                for other in others:
+                    merged.pop(other, None)
     merged.update(own)
     for name, value in sorted((keep or {}).items()):
         if name not in FIGURES.get(kind, ()):
@@ -215,5 +221,5 @@ def judge(task, figures, keep=None):
 def reported_text(name, entry):
     words, unit = WORDS[name]
     at_most = name in AT_MOST
-    return "%s %s %s %d %s" % (words, percent(entry["value"], at_most), "over" if at_most else
-                               "of", entry["n"], unit)
+    return "%s %s %s %d %s" % (words, percent(entry["value"], at_most),
+                               "over" if at_most or name in POOLED else "of", entry["n"], unit)

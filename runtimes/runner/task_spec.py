@@ -29,7 +29,7 @@ FIGURES = {
     "raw": (),
     "classify": ("expected_drop", "top1"),
     "detect": ("recall", "precision"),
-    "embed": ("retrieval1", "cosine_min"),
+    "embed": ("recall5", "rank", "retrieval1", "cosine_min"),
     "ctc": ("exact", "cer"),
     "segment": ("iou", "pixels"),
     "vad": ("frames",),
