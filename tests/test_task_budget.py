@@ -443,3 +443,45 @@ def test_with_labels_the_budget_is_the_labelled_top1_drop(tmp_path):
     few = budget.evaluate(scored(tmp_path / "f.onnx", logits), fp32, held[:20])
     assert few["budget"]["passed"] and verdict(few, Evidence("held-out", 20)) == (
         "not proven: 20 samples judged, 100 would show a 1-point drop")
+
+
+def per_position(path, logits):
+    """(1, T, C) probabilities per position: input i (one-hot) -> softmax(logits[i])."""
+    n, t, c = logits.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["flat"]),
+         helper.make_node("Reshape", ["flat", "shape"], ["z"]),
+         helper.make_node("Softmax", ["z"], ["probs"], axis=-1)], "frames",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, t, c])],
+        [numpy_helper.from_array(logits.reshape(n, t * c).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([1, t, c], np.int64), "shape")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_scores_per_position_with_no_task_are_judged_by_their_argmax(tmp_path):
+    """A (1, T, C) output of probabilities per position (a CTC or frame classifier) with no task
+    declared: its argmax per position is judged, expected-drop weighted, beside the cosine. A
+    confident character changed on every sample fails however close the cosine; a near-tie
+    position flipped passes."""
+    n, t, c = 20, 30, 5
+    held = [{"x": np.eye(n, dtype=np.float32)[i:i + 1]} for i in range(n)]
+    logits = np.zeros((n, t, c))
+    logits[:, :, 0] = 6.0                      # blank, confidently, everywhere
+    logits[:, 10, :] = 0.0
+    logits[:, 10, 1], logits[:, 10, 2] = 3.0, 2.99   # one near-tie position a sample
+    fp32 = per_position(tmp_path / "fp32.onnx", logits)
+    tie = logits.copy()
+    tie[:, 10, 2] = 3.0 + 1e-3
+    changed = logits.copy()
+    changed[:, 20, 3] = 7.0                    # a confident blank becomes a character
+    budget = AccuracyBudget(min_cosine=0.9)
+    ok = budget.evaluate(per_position(tmp_path / "tie.onnx", tie), fp32, held)
+    assert ok["budget"]["passed"], ok["budget"]
+    assert ok["expected_drop"]["probs"]["positions"] == t
+    assert ok["expected_drop"]["probs"]["value"] < 1e-3
+    miss = budget.evaluate(per_position(tmp_path / "changed.onnx", changed), fp32, held)
+    assert miss["cosine_min"] > 0.9 and not miss["budget"]["passed"]
+    assert miss["budget"]["failures"][0].startswith(
+        "output 'probs' (class scores): expected top-1 drop under FP32's probabilities 3.3%")

@@ -208,13 +208,13 @@ class AccuracyBudget:
 
         found = {}
         limit = EXPECTED_DROP if self.max_drop is None else self.max_drop
-        for name in sorted(self.class_outputs):
-            if name not in reference or reference[name].dtype.kind != "f":
+        for name in sorted(set(self.class_outputs) | set(position_outputs(reference))):
+            if name not in reference or reference[name].dtype.kind != "f" or \
+                    reference[name].dtype == object:
                 continue
-            figure = classify_figures(name, split_samples(reference, [name]),
-                                      split_samples(outputs, [name]))["expected_drop"]
+            figure = scores_expected_drop(reference[name], outputs[name])
             found[name] = {**judge_one("expected_drop", figure, limit),
-                           "flips": figure["flips"]}
+                           "flips": figure["flips"], "positions": figure["positions"]}
         return found
 
     def judge_task(self, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
@@ -281,11 +281,53 @@ def head_outputs(task: dict[str, Any] | None, names: Sequence[str]) -> set[str]:
             if not isinstance(r, int) or 0 <= r < len(names)}
 
 
-def classify_figures(name: str, reference: list[dict], outputs: list[dict]) -> dict[str, Any]:
-    """The classify head's figures (top1, expected_drop) of one output judged as class scores."""
-    from .._runtimes.runner.task_classify import figures
+def class_axis(arr: np.ndarray) -> int:
+    """The class axis of scores stacked over samples: (S, 1, C) and (S, 1, T, C) the last, a
+    segmentation's (S, 1, C, H, W) the channels."""
+    return 2 if arr.ndim == 5 else arr.ndim - 1
 
-    return figures({"output": name, "softmax": "auto"}, reference, outputs)
+
+def position_outputs(reference: dict[str, np.ndarray]) -> list[str]:
+    """Outputs shaped like class scores per position, with no task declared: a CTC or frame
+    classifier's (1, T, C) or a segmentation's (1, C, H, W) holding probabilities along the
+    class axis on every sample (a captcha reader's strings changed on 21 % of captchas at a
+    cosine within budget: its argmax per position is what it answers)."""
+    from .._runtimes.runner.tasks import is_distribution
+
+    found = []
+    for name, arr in reference.items():
+        if arr.dtype.kind != "f" or arr.ndim not in (4, 5) or arr.shape[1] != 1:
+            continue
+        axis = class_axis(arr)
+        positions = arr[0].size // arr.shape[axis]
+        if arr.shape[axis] >= 2 and positions >= 2 and is_distribution(arr, axis):
+            found.append(name)
+    return found
+
+
+def scores_expected_drop(reference: np.ndarray, outputs: np.ndarray) -> dict[str, Any]:
+    """The expected top-1 drop of class scores (S, 1, ..., C...) judged per position: per
+    sample the mean over its positions of FP32's probability of its own answer minus FP32's
+    probability of the candidate's (a softmax of the scores where they are logits), averaged
+    over the samples; the samples with a flip, with the costliest flip's FP32 margin."""
+    from .._runtimes.runner.task_classify import flip_words
+    from .._runtimes.runner.tasks import as_probabilities
+
+    axis, count = class_axis(reference), len(reference)
+    ref = np.moveaxis(reference.astype(np.float64), axis, -1)
+    got = np.moveaxis(outputs.astype(np.float64), axis, -1)
+    ref = ref.reshape(count, -1, ref.shape[-1])
+    got = got.reshape(count, -1, got.shape[-1])
+    probs = as_probabilities(ref, "auto")
+    mine, theirs = probs.argmax(-1), got.argmax(-1)
+    cost = (np.take_along_axis(probs, mine[..., None], -1) -
+            np.take_along_axis(probs, theirs[..., None], -1))[..., 0]
+    flips = [{"sample": i, "positions": int((mine[i] != theirs[i]).sum()),
+              "margin": float(cost[i].max())} for i in range(count)
+             if (mine[i] != theirs[i]).any()]
+    return {"value": float(cost.mean(axis=1).mean()) if count else None, "n": count,
+            "matched": count - len(flips), "flips": flips, "positions": int(ref.shape[1]),
+            "detail": flip_words(flips)}
 
 
 def expected_drop_of(acc: dict[str, Any]) -> float | None:
