@@ -204,7 +204,7 @@ class AccuracyBudget:
         probabilities, its flips with FP32's margins, and whether the samples show the budget."""
         if self.judged:
             return {}
-        from .._runtimes.runner.task_figures import judge_one, split_samples
+        from .._runtimes.runner.task_figures import judge_one
 
         found = {}
         limit = EXPECTED_DROP if self.max_drop is None else self.max_drop
