@@ -154,6 +154,13 @@ def test_class_names_come_from_the_models_metadata_when_labels_are_not_given(cnn
                 quant={"precision": "fp32"}, log=lines.append)
     assert out.bundle.manifest["parts"][0]["labels"] == [f"kind{i}" for i in range(10)]
     assert any("10 class names from the model's metadata 'names'" in line for line in lines)
+    # the classes named without doubt: a classify task, applied by default and said
+    assert out.bundle.manifest["parts"][0]["task"]["kind"] == "classify"
+    assert any(line.startswith("task: classify, applied by default: the model's metadata "
+                               "'names' names its 10 classes") for line in lines), lines
+    raw = build(model, tmp_path / "r", target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                quant={"precision": "fp32"}, tasks={"model": {"kind": "raw"}})
+    assert not raw.bundle.manifest["parts"][0].get("task")   # --task raw opts out
     wrong = _with_metadata(cnn_onnx, tmp_path / "wrong.onnx", labels="a,b,c")
     lines = []
     out = build(wrong, tmp_path / "w", target="x86_64-cpu", calib=image_dir, preprocess=PREP,

@@ -28,6 +28,7 @@ class PartRequest:
     labels: Sequence[str] | None = None
     consts: Mapping[str, Any] = field(default_factory=dict)   # inputs frozen to values
     task: Mapping[str, Any] | None = None   # its declared task (tasks/declare.py); None: raw
+    labels_from: str = ""   # where the labels came from when not --labels: "metadata 'KEY'"
 
     def label(self) -> str:
         """'part NAME: ' before a message about a part of several, else ''."""

@@ -2,6 +2,7 @@
 its task, its family and the precision requested, decided once here."""
 
 from dataclasses import replace
+from typing import Any
 
 from ..errors import SpecError
 from ..graph.inspection import check_labels, graph_inputs, io_specs, model_family
@@ -65,7 +66,24 @@ def model_labels(req: PartRequest, frozen: Frozen, shaped: Shaped, ctx: BuildCon
     ctx.log(f"{req.label()}labels: {len(names)} class names from the model's metadata "
             f"'{key}' ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); --labels "
             "FILE overrides them")
-    return replace(req, labels=tuple(names))
+    return replace(req, labels=tuple(names), labels_from=f"metadata '{key}'")
+
+
+def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | None:
+    """The task a part that declares none has without doubt, applied by default and said in
+    one line: classify, where the model's own metadata names its classes and its one row of
+    scores counts them (a user who knows better passes --task raw)."""
+    outputs = graph.graph.output
+    if not req.labels_from or not req.labels or len(outputs) != 1:
+        return None
+    dims = [d.dim_value for d in outputs[0].type.tensor_type.shape.dim]
+    if not dims or dims[-1] != len(req.labels) or any(d != 1 for d in dims[:-1]):
+        return None
+    log(f"{req.label()}task: classify, applied by default: the model's {req.labels_from} "
+        f"names its {len(req.labels)} classes and output '{outputs[0].name}' holds their scores; "
+        "the candidates are judged by the answer (expected top-1 drop) and run.py infer answers "
+        "with labels (--task raw opts out)")
+    return {"kind": "classify"}
 
 
 def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,
@@ -74,7 +92,10 @@ def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,
     family (the target's preset for it) and the precision it asks for."""
     if req.labels:
         check_labels(req.labels, shaped.simplified, loaded.where)
-    task = task_for(req.task, ctx.keep, shaped.simplified, loaded.where)
+    declared = req.task   # (--task raw declares raw: it opts out of a recognised task)
+    if declared is None:
+        declared = recognised_task(req, shaped.simplified, ctx.log)
+    task = task_for(declared, ctx.keep, shaped.simplified, loaded.where)
     family = model_family(shaped.simplified)
     preset = target.preset_for(family)
     if family != "default" and family in target.family_quantization:
