@@ -87,7 +87,9 @@ class Group(click.Group):
                  "this is a bug in edgepack: please report it with the command line "
                  "(rerun with --debug for the traceback)", 3)
         finally:
-            if previous is not None:
+            if previous is not None and _is_program():
+                _outcome_decided()   # (a signal past here would only hide the exit code)
+            elif previous is not None:
                 restore_interrupts(previous)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -95,13 +97,19 @@ class Group(click.Group):
             return super().main(*args, **kwargs)
         except SystemExit as exc:
             if _is_program():
-                import signal
-
-                # the outcome is decided and printed: a Ctrl-C while Python tears down its
-                # modules must not turn it into a death by SIGINT
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _outcome_decided()
                 _exit_past_user_threads(exc.code)
             raise
+
+
+def _outcome_decided() -> None:
+    """The command's outcome is decided and printed: a Ctrl-C or a SIGTERM while the program
+    exits or Python tears down its modules must not turn it into a death by the signal (a
+    SIGTERM just after a build's last line ended it -15 with the bundle whole)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _is_program() -> bool:
