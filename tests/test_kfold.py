@@ -160,3 +160,38 @@ def test_class_folders_make_the_budget_the_labelled_top1_drop(cnn_onnx, tmp_path
         "precision"]["decision"]
     assert "labelled top-1 drop <= 1 point" in decision["budget"]
     assert decision["evidence"]["verdict"].endswith("100 would show a 1-point drop")
+
+
+def test_tensor_samples_with_a_labels_array_are_judged_by_the_labelled_drop(tmp_path):
+    """A single .npz of tensors with a `labels` array (output numbers): the budget is the
+    labelled top-1's drop, as with class folders; the labels follow each sample by content."""
+    import json
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import save
+    from packager.build.job import build
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 16)) * 3
+    labels = np.arange(120) % 4
+    x = (centres[labels] + rng.normal(size=(120, 16))).astype(np.float32)[:, None, :]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Softmax", ["z"], ["p"])],
+        "nearest", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(centres.T.astype(np.float32), "w")])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=x, labels=labels)
+    lines = []
+    build(model, tmp_path / "b", target="x86_64-cpu", calib=tmp_path / "calib.npz",
+          quant={"precision": "int8"}, log=lines.append)
+    assert any(line.startswith("budget: the samples are labelled by the labels array of ")
+               for line in lines), lines
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert "labelled top-1 drop <= 1 point" in decision["budget"]
+    chosen = next(c for c in decision["candidates"] if c["label"] == decision["label"])
+    assert chosen["labelled_top1"]["fp32"] > 0.9 and chosen["labelled_top1"]["n"] >= 24

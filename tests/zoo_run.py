@@ -155,7 +155,8 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
     precision = part.get("precision", {})
     decision = precision.get("decision") or {}
     res = {"stage": "done", "precision": precision.get("precision") or precision.get("config"),
-           "decision_record": {k: decision.get(k) for k in ("chosen", "reason", "budget_min_cosine")
+           "decision_record": {k: decision.get(k) for k in ("chosen", "reason", "budget_min_cosine",
+                                                             "budget", "evidence")
                                if k in decision} or decision,
            "bundle_inputs": [f"{i['name']}:{'x'.join(map(str, i['shape']))}:{i.get('dtype')}"
                              for i in part["inputs"]],
@@ -462,6 +463,9 @@ def write_report(rows: list[dict]) -> Path:
         decision = (r.get("decision_line") or "-").replace("decision: ", "").split(" - ")[0]
         if r.get("provider_graph") and not r["provider_graph"].startswith(decision):
             decision = f"{decision} (CPU provider); {r['provider_graph']} under OpenVINO"
+        proof = ((r.get("decision_record") or {}).get("evidence") or {}).get("verdict")
+        if proof:   # how strong the build's evidence was (issue 44)
+            decision += f"; evidence {proof}"
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
                      f"{_cell(check)} | {_cell(product)} | {cos} | "

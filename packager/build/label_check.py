@@ -100,24 +100,30 @@ def class_index(names: Sequence[str], classes: int, labels: Sequence[str] | None
 
 
 def sample_truth(samples: Sequence[Sample], source: Path | None, result: dict[str, Any] | None,
-                 labels: Sequence[str] | None) -> dict[str, int] | None:
-    """{fingerprint of a sample: its class folder's output number} for every sample of
-    *samples* (one image a sample), from the class folders labelled_top1 judged (*result*), or
-    None where there are none: the budget's labels, wherever a sample is judged (held out, or
-    in a k-fold rotation)."""
+                 labels: Sequence[str] | None, outputs: dict[str, np.ndarray]
+                 ) -> tuple[dict[str, int], str] | None:
+    """({fingerprint of a sample: its label's output number}, the class-score output) for every
+    sample of *samples* (one image or tensor set a sample), or None where they carry no labels:
+    the class folders labelled_top1 judged (*result*), or the "labels" array of a single .npz
+    of tensors (output numbers, or names matched as class folders are). *outputs*: FP32's on
+    the held-out samples, where the class output is found for tensors. The budget's labels,
+    wherever a sample is judged (held out, or in a k-fold rotation)."""
     from ..quantization.budget import fingerprint
+    from ..quantization.calibration import source_labels
 
-    if source is None or not result or "skipped" in result or not samples:
+    if source is None or not samples or (result and "skipped" in result):
         return None
     if int(next(iter(samples[0].values())).shape[0]) != 1:
         return None
-    found = folder_labels(source, len(samples))
-    if found is None:
+    found = source_labels(source, len(samples))
+    output = result["output"] if result else class_output(outputs, labels)
+    if found is None or output is None:
         return None
-    index, _ = class_index(sorted(set(found)), result["classes"], labels)
+    names = sorted({str(f) for f in found})
+    index, _ = class_index(names, int(outputs[output].shape[-1]), labels)
     if index is None:
         return None
-    return {fingerprint(s): index[f] for s, f in zip(samples, found, strict=True)}
+    return {fingerprint(s): index[str(f)] for s, f in zip(samples, found, strict=True)}, output
 
 
 def confusion(names: Sequence[str], index: dict[str, int], wanted: Sequence[str],

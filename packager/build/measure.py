@@ -102,12 +102,14 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         check_decoder_fits(plan.task, shaped.simplified, outputs,
                            input_size(req.preprocess, shaped.simplified))
     metric = ctx.metric
-    truth = (sample_truth(data.samples, req.calib, labelled, req.labels)
+    found = (sample_truth(data.samples, req.calib, labelled, req.labels, outputs)
              if data.real and int8 and metric is None else None)
+    truth, truth_output = found if found else (None, None)
     if truth:
         drop = ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop
-        ctx.log(f"budget: the samples are labelled by their class folders: INT8 may lose at "
-                f"most {100 * (0.01 if drop is None else drop):g} point(s) of labelled top-1 "
+        where = "by their class folders" if labelled else f"by the labels array of {req.calib}"
+        ctx.log(f"budget: the samples are labelled {where}: INT8 may lose at most "
+                f"{100 * (0.01 if drop is None else drop):g} point(s) of labelled top-1 "
                 f"against FP32 on the same samples (--max-accuracy-drop sets another); "
                 "agreement with FP32 is reported beside it")
     return AccuracyBudget(
@@ -117,7 +119,7 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         task=plan.task, keep=ctx.keep,
         class_outputs=class_outputs(shaped.simplified.graph, req.labels),
         feeds_part=ctx.feeds_part, truth=truth, suggested=suggested,
-        truth_output=labelled.get("output") if truth else None)
+        truth_output=truth_output)
 
 
 def _parsed(text: str) -> tuple[str, dict] | None:

@@ -23,6 +23,7 @@ from ..graph.execute import Sample
 from ..progress import OFF, Log, Progress
 from ..quantization.budget import AccuracyBudget
 from ..quantization.decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
+from ..quantization.kfold import Evidence, verdict
 from ..quantization.search import Candidate, best_of_each_generator
 from ..targets import Provider, Target
 from ..timing import machine
@@ -229,15 +230,20 @@ def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: d
                             f"provider's {chosen.label} ({cpu_ms:.3f} ms) in the same run")
         log(f"provider: {record['reason']}")
         return None
-    record.update(chosen=True, gain=round(gain, 3), reason=(
+    # judged under the provider on the held-out split alone: its own evidence, said
+    proof = None if cand.config.precision == "fp32" else verdict(
+        acc, Evidence("held-out", int(acc.get("samples", 0))))
+    record.update(chosen=True, gain=round(gain, 3), evidence=proof, reason=(
         ("--openvino yes: " if wanted == "yes" else "")
         + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "
         f"({best_ms:.3f} vs {cpu_ms:.3f} ms p50, one run, onnxruntime "
         f"{device.get('onnxruntime', '?')}"
         + (f"; the original on the CPU provider {times['original']['p50']:.3f} ms, "
            f"{times['original']['p50'] / best_ms:.2f}x" if "original" in times else "")
-        + f") at cosine {acc['cosine_min']:.4f}; devices without {ort_builds.OPENVINO_PACKAGE} run "
-        "the CPU provider"))
+        + f") at cosine {acc['cosine_min']:.4f}"
+        + (f", {acc['task']['text']}" if acc.get("task") else "")
+        + (f", evidence {proof}" if proof else "")
+        + f"; devices without {ort_builds.OPENVINO_PACKAGE} run the CPU provider"))
     log(f"provider: {record['reason']}")
     return ProviderChoice(provider, cand, acc, ort_builds.OPENVINO_PACKAGE, ort_builds.OPENVINO_INSTALL)
 

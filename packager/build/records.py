@@ -198,4 +198,10 @@ def evidence_line(section: Mapping[str, Any], name: str = "") -> str:
     decision = section.get("decision") or {}
     text = f"{name + ' ' if name else ''}{decision.get('label') or section.get('description', '?')}"
     verdict = (decision.get("evidence") or {}).get("verdict")
-    return text + (f" (evidence {verdict})" if verdict else "")
+    text += f" (evidence {verdict})" if verdict else ""
+    choice = decision.get("provider_choice") or {}
+    if choice.get("chosen"):
+        text += (f"; under {str(choice.get('provider', '')).replace('ExecutionProvider', '')}: "
+                 f"{choice.get('graph')}"
+                 + (f" (evidence {choice['evidence']})" if choice.get("evidence") else ""))
+    return text

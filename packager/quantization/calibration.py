@@ -400,9 +400,9 @@ def split_holdout(samples: Sequence[Sample], *, fraction: float) -> tuple[list[S
     return calib, holdout
 
 
-def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None:
-    """Labels of the held-out samples, for a user's metric: the class folder of each image
-    (calib/cat/1.jpg -> "cat"), or the "labels" array of a single .npz; else None."""
+def source_labels(source: Path, count: int) -> list[Any] | None:
+    """The label of each of the *count* samples loaded from *source*: the class folder of each
+    image (calib/cat/1.jpg -> "cat"), or the "labels" array of a single .npz; else None."""
     files = list_sources(source)
     if is_image_source(files):
         root = Path(source)
@@ -420,5 +420,13 @@ def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None
         labels = [labels[i] for i in spread(len(labels))]
         if len(labels) != count:
             return None
+    return labels
+
+
+def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None:
+    """Labels of the held-out samples, for a user's metric (source_labels' of those)."""
+    labels = source_labels(source, count)
+    if labels is None:
+        return None
     picks = holdout_indices(count, fraction)
     return [label for i, label in enumerate(labels) if i in picks]
