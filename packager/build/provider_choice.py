@@ -241,7 +241,8 @@ def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: d
         + (f"; the original on the CPU provider {times['original']['p50']:.3f} ms, "
            f"{times['original']['p50'] / best_ms:.2f}x" if "original" in times else "")
         + f") at cosine {acc['cosine_min']:.4f}"
-        + (f", {acc['task']['text']}" if acc.get("task") else "")
+        + (f", {acc['labelled']['text']}" if acc.get("labelled") else
+           f", {acc['task']['text']}" if acc.get("task") else "")
         + (f", evidence {proof}" if proof else "")
         + f"; devices without {ort_builds.OPENVINO_PACKAGE} run the CPU provider"))
     log(f"provider: {record['reason']}")

@@ -86,7 +86,7 @@ class AccuracyBudget:
             parts.append(f"{self.metric_name or 'accuracy'} drop <= {100 * self.max_drop:g}%")
         elif self.class_outputs and not self.judged:
             parts.append(f"expected top-1 drop <= {100 * EXPECTED_DROP:g}%")
-        if self.judged:
+        if self.judged and not (self.truth and task_kind(self.task) == "classify"):
             from .._runtimes.runner.task_figures import AT_MOST, keep_for
 
             parts += [f"{name} {'<=' if name in AT_MOST else '>='} {100 * value:g}%"
@@ -519,4 +519,8 @@ def accuracy_line(acc: dict[str, Any]) -> str:
                  f"{acc['metric_fp32']:.4g}")
     if acc.get("task"):
         text += f"; {acc['task']['kind']}: {acc['task']['text']}"
+    if acc.get("labelled"):
+        text += f"; {acc['labelled']['text']}"
+    for name, drop in acc.get("expected_drop", {}).items():
+        text += f"; output '{name}': {drop['text']}"
     return text + f" ({acc['samples']} samples{', random inputs' if acc.get('data') == 'random' else ''})"

@@ -335,7 +335,9 @@ def _timed(ranked: list[Candidate], reference: Candidate, fp32: Path, held: Sequ
     else:
         reason = (f"{chosen.label}: {gain:.2f}x FP32's speed ({chosen.p50_ms:.3f} vs "
                   f"{reference.p50_ms:.3f} ms p50) at cosine {chosen.accuracy['cosine_min']:.4f}"
-                  + (f", {chosen.accuracy['task']['text']}" if chosen.accuracy.get("task") else ""))
+                  + (f", {chosen.accuracy['labelled']['text']}" if chosen.accuracy.get("labelled")
+                     else f", {chosen.accuracy['task']['text']}" if chosen.accuracy.get("task")
+                     else ""))
         if gain < 1.0:
             log(f"warning: --precision int8 is slower than FP32 here ({chosen.p50_ms:.3f} vs "
                 f"{reference.p50_ms:.3f} ms p50); without --precision, build ships FP32")
