@@ -107,18 +107,17 @@ class AccuracyBudget:
         acc = measure_accuracy(candidate, fp32, held, reference, outputs)
         if self.judged:
             acc["task"] = self.judge_task(reference_outputs, candidate_outputs, held)
-        read = self.read_by_head(list(reference_outputs))
-        gated = [n for n in acc["outputs"] if n not in read]
-        if read:   # the head's figure judges these; their cosine is said, not gated
-            acc["cosine_reported"] = sorted(n for n in acc["outputs"] if n in read)
         expected = self.expected_drops(reference_outputs, candidate_outputs)
         if expected:
             acc["expected_drop"] = expected
         labelled = self.labelled_drop(held, reference_outputs, candidate_outputs)
         if labelled:   # the anchors' budget: what the labels say was lost
             acc["labelled"] = labelled
-            read = read | {self.truth_output}
-            gated = [n for n in gated if n != self.truth_output]
+        # what a head's figure or the labels judge: their cosine is said, not gated
+        read = self.read_by_head(list(reference_outputs)) | (
+            {self.truth_output} if labelled else set())
+        gated = [n for n in acc["outputs"] if n not in read]
+        if read:
             acc["cosine_reported"] = sorted(n for n in acc["outputs"] if n in read)
         if self.metric is not None:
             reference = self.score(reference, labels, "the FP32 model's")
@@ -179,8 +178,10 @@ class AccuracyBudget:
         truth = np.array([keys[i] for i in rows])
         fp32, cand = (float(np.mean(a.reshape(len(held), -1)[rows].argmax(axis=1) == truth))
                       for a in (reference[self.truth_output], outputs[self.truth_output]))
+        from .._runtimes.runner.task_figures import needed
+
         limit, n = self.drop_limit, len(rows)
-        need = int(np.ceil(round(1.0 / limit, 6))) if limit > 0 else 1
+        need = needed("expected_drop", limit)   # (an at-most share: one sample is 1/n of it)
         value = fp32 - cand
         passed, shown = value <= limit + 1e-12, n >= need
         text = (f"labelled top-1 {100 * cand:.1f}% against FP32's {100 * fp32:.1f}% on {n} "
@@ -207,7 +208,7 @@ class AccuracyBudget:
         from .._runtimes.runner.task_figures import judge_one
 
         found = {}
-        limit = EXPECTED_DROP if self.max_drop is None else self.max_drop
+        limit = self.drop_limit
         for name in sorted(set(self.class_outputs) | set(position_outputs(reference))):
             if name not in reference or reference[name].dtype.kind != "f" or \
                     reference[name].dtype == object:
@@ -256,10 +257,15 @@ def fingerprint(sample: Sample) -> str:
     import hashlib
 
     digest = hashlib.sha1(usedforsecurity=False)
+    _update(digest, sample)
+    return digest.hexdigest()
+
+
+def _update(digest: Any, sample: Sample) -> None:
+    """Feed *sample*'s input names and bytes, in name order, to *digest*."""
     for name in sorted(sample):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(sample[name]).tobytes())
-    return digest.hexdigest()
 
 
 def head_outputs(task: dict[str, Any] | None, names: Sequence[str]) -> set[str]:
@@ -470,9 +476,7 @@ def calibration_record(calib: Sequence[Sample], method: str) -> dict[str, Any]:
 
     digest = hashlib.sha256()
     for sample in calib:
-        for name in sorted(sample):
-            digest.update(name.encode())
-            digest.update(np.ascontiguousarray(sample[name]).tobytes())
+        _update(digest, sample)
     return {"sha256": digest.hexdigest(), "samples": len(calib), "method": method}
 
 
