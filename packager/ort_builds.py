@@ -112,9 +112,12 @@ def _call(python: Path, args: list[str], what: str, timeout: float) -> dict[str,
                           f"check its onnxruntime, or unset {ENV}") from None
 
 
-def _write_plan(folder: Path, rows: Sequence[Row]) -> Path:
+def _write_plan(folder: Path, rows: Sequence[Row],
+                only: Mapping[str, Sequence[int]] | None = None) -> Path:
+    """PLAN.json for runtimes/time_models.py (*only*: the sample numbers a row runs on)."""
     plan = folder / "plan.json"
     plan.write_text(json.dumps([[key, str(path), [[n, dict(o)] for n, o in chain]]
+                                + ([[int(i) for i in only[key]]] if only and key in only else [])
                                 for key, path, chain in rows]))
     return plan
 
@@ -135,15 +138,19 @@ def time_plan(python: Path, rows: Sequence[Row], feed: Mapping[str, np.ndarray],
 
 
 def outputs_plan(python: Path, rows: Sequence[Row], samples: Sequence[Mapping[str, Any]],
-                 threads: int, timeout: float = TIMEOUT_S
+                 threads: int, timeout: float = TIMEOUT_S,
+                 only: Mapping[str, Sequence[int]] | None = None
                  ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
-    """Each row's outputs on *samples*, stacked per output name as graph.execute.run_model's,
-    and the provider that really ran each."""
+    """Each row's outputs on *samples* (on the sample numbers *only* lists for its key, in
+    that order), stacked per output name as graph.execute.run_model's (ragged where a length
+    follows the input), and the provider that really ran each."""
+    from ._runtimes.runner.metrics import stack_or_ragged
+
     with tempfile.TemporaryDirectory(prefix="edgepack-ort-") as tmp:
         folder = Path(tmp)
         np.savez(folder / "samples.npz", **{f"{i}/{k}": np.asarray(v)
                                             for i, s in enumerate(samples) for k, v in s.items()})
-        plan = _write_plan(folder, rows)
+        plan = _write_plan(folder, rows, only)
         data = _call(python, ["--outputs", str(folder / "samples.npz"), str(folder / "out.npz"),
                               str(threads), "--plan", str(plan)], "running the samples", timeout)
         found: dict[str, dict[str, list]] = {}
@@ -151,6 +158,8 @@ def outputs_plan(python: Path, rows: Sequence[Row], samples: Sequence[Mapping[st
             for name in out.files:
                 key, index, output = name.split("/", 2)
                 found.setdefault(key, {}).setdefault(output, []).append((int(index), out[name]))
-    stacked = {key: {o: np.stack([v for _, v in sorted(vals, key=lambda t: t[0])])
-                     for o, vals in outs.items()} for key, outs in found.items()}
+    rank = {key: {int(i): n for n, i in enumerate(only[key])} for key in (only or {})}
+    stacked = {key: {o: stack_or_ragged([v for _, v in sorted(
+        vals, key=lambda t: rank[key][t[0]] if key in rank else t[0])])
+        for o, vals in outs.items()} for key, outs in found.items()}
     return stacked, data["providers"]

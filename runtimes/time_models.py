@@ -13,7 +13,9 @@ bundle's runner would (default: the CPU). PLAN.json lists [key, model path, prov
 instead: one model may be timed under several providers in the same blocks (edgepack times a
 graph under onnxruntime's CPU and OpenVINO providers side by side this way), and the JSON is
 keyed by *key*. --outputs runs each plan row on every sample of SAMPLES.npz (arrays "i/input",
-sample i) and saves its outputs as OUT.npz ("key/i/output") instead of timing. Python 3.8+,
+sample i), or on the sample numbers a row lists fourth ([key, model, providers, [i, ...]]: a
+model calibrated without those samples judged on them), and saves its outputs as OUT.npz
+("key/i/output") instead of timing; one model is open at a time. Python 3.8+,
 stdlib + numpy + onnxruntime; installs nothing.
 """
 
@@ -113,10 +115,14 @@ def own_inputs(session, feed):
 
 
 def read_plan(path):
-    """[(key, model path, [(provider, options), ...]), ...] from a PLAN.json."""
+    """[(key, model path, [(provider, options), ...]), ...] from a PLAN.json (a row's fourth
+    item, the samples it runs on, is read by save_outputs)."""
     with open(path) as f:
-        return [(key, model, [(name, options) for name, options in chain])
-                for key, model, chain in json.load(f)]
+        return read_plan_rows(json.load(f))
+
+
+def read_plan_rows(rows):
+    return [(row[0], row[1], [(name, options) for name, options in row[2]]) for row in rows]
 
 
 def open_plan(ort, plan, threads):
@@ -134,21 +140,25 @@ def save_outputs(argv):
     import onnxruntime as ort
 
     samples_path, out_path, threads = argv[0], argv[1], int(argv[2])
-    sessions = open_plan(ort, read_plan(argv[4]), threads)
+    with open(argv[4]) as f:
+        rows = json.load(f)
     with np.load(samples_path) as f:
         arrays = {k: f[k] for k in f.files}
     count = len(set(k.split("/", 1)[0] for k in arrays))
-    saved = {}
-    for key, session in sessions.items():
+    saved, providers = {}, {}
+    for row in rows:   # one session at a time: a plan may list many graphs
+        key = row[0]
+        session = open_plan(ort, read_plan_rows([row]), threads)[key]
+        providers[key] = session.get_providers()[0]
         names = [o.name for o in session.get_outputs()]
-        for i in range(count):
+        for i in (row[3] if len(row) > 3 else range(count)):
             feed = dict((k.split("/", 1)[1], v) for k, v in arrays.items()
                         if k.split("/", 1)[0] == str(i))
             for name, value in zip(names, session.run(names, own_inputs(session, feed))):
                 saved["%s/%d/%s" % (key, i, name)] = value
+        del session
     np.savez(out_path, **saved)
-    print(json.dumps({"providers": dict((k, s.get_providers()[0])
-                                        for k, s in sessions.items())}))
+    print(json.dumps({"providers": providers}))
 
 
 def main(argv):

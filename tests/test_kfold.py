@@ -81,6 +81,32 @@ def test_too_few_held_out_samples_are_rotated_so_every_sample_judges(tmp_path):
     assert any("rotation" in n for n in shipped["notes"])
 
 
+def test_the_rotation_judges_the_whole_set_where_memory_thinned_the_calibration(tmp_path,
+                                                                             monkeypatch):
+    """A detector's 66 photos were thinned to what the quantizer's memory holds (19 of 53 at
+    640x480), and the rotation judged only those and the held-out split (32 samples). It
+    judges the whole set as given, each fold's calibration thinned to as many as memory held."""
+    from packager.quantization import kfold
+
+    sizes = []
+    real = kfold.quantize_file
+
+    def counted(source, path, *, config, samples=None):   # the real quantizer, its calls counted
+        sizes.append(len(samples or []))
+        return real(source, path, config=config, samples=samples)
+
+    monkeypatch.setattr(kfold, "quantize_file", counted)
+    given = samples(16)
+    decision = decide(mlp(tmp_path / "m.onnx"), tmp_path, target=load_target("x86_64-cpu"),
+                      family="default", request={}, calib=given[::2], whole=given,
+                      held=samples(3, seed=2), budget=AccuracyBudget(min_cosine=0.95),
+                      timer=fixed_timer)
+    assert decision.record["evidence"]["method"] == "k-fold"
+    assert decision.record["evidence"]["samples"] == 19 and len(decision.rotation.order) == 19
+    folds = [n for n in sizes if n][-5:]   # the last rotation's five calibrations
+    assert len(folds) == 5 and max(folds) == 8, sizes
+
+
 def test_thin_evidence_is_said_and_require_proof_keeps_fp32(tmp_path):
     """20 samples cannot show a 1-point expected drop (100 needed): INT8 within budget on every
     one of them ships, its evidence 'not proven: 20 samples judged, 100 would show a 1-point

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import OPENVINO_PYTHON, PREP, run_py
+from conftest import OPENVINO_PYTHON, PREP, run_py, save
 from packager import ort_builds
 from packager.build.job import build
 from packager.cli import main
@@ -177,3 +177,60 @@ def test_openvino_no_and_no_python(cnn_onnx, image_dir, tmp_path, monkeypatch):
     assert "Traceback" not in res.output and not out3.exists()
     # said before the slow stages (it came after the whole search): nothing was simplified
     assert "simplify:" not in res.output and "search:" not in res.output
+
+
+def test_outputs_plan_takes_ragged_outputs_and_a_row_s_own_samples(openvino, tmp_path):
+    """An output whose length follows the input (a TTS model's waveform) came back stacked and
+    crashed the provider choice (exit 3: 'all input arrays must have the same shape'): it comes
+    back ragged, as the CPU provider's run_samples gives it. A row may run on some samples only,
+    in the order it lists them (a fold's graph on its fold)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "ragged",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "ragged.onnx")
+    feeds = [{"x": np.arange(n, dtype=np.float32)[None] - 1} for n in (3, 5, 4)]
+    rows = [("cpu", model, ort_builds.cpu_chain()), ("ov", model, ort_builds.openvino_chain())]
+    outputs, ran = ort_builds.outputs_plan(openvino, rows, feeds, 2, only={"ov": [2, 0]})
+    assert ran == {"cpu": "CPUExecutionProvider", "ov": "OpenVINOExecutionProvider"}
+    assert outputs["cpu"]["y"].dtype == object and [a.shape for a in outputs["cpu"]["y"]] == [
+        (1, 3), (1, 5), (1, 4)]
+    assert [a.shape for a in outputs["ov"]["y"]] == [(1, 4), (1, 3)]
+    np.testing.assert_array_equal(outputs["ov"]["y"][0], np.maximum(feeds[2]["x"], 0))
+
+
+def test_where_the_decision_was_rotated_the_provider_judges_each_fold_graph_on_its_fold(
+        openvino, tmp_path):
+    """A held-out split too thin to decide is rotated (k-fold) on the CPU provider; OpenVINO's
+    graphs were judged on that thin split alone, so its choice said 'not proven' where the
+    decision said 'shown' (CenterFace: 17 boxes against 40). Now each calibrated graph runs
+    under OpenVINO as the rotation made it, each fold's graph on the fold it never saw, and FP32
+    on every sample: the provider's figures stand on the same samples as the decision's."""
+    from packager.build.provider_choice import choose_provider, provider_pays
+    from packager.graph.execute import run_model
+    from packager.quantization.budget import AccuracyBudget
+    from packager.quantization.decision import decide
+    from test_kfold import mlp, samples
+
+    model, target = mlp(tmp_path / "m.onnx"), load_target("x86_64-cpu")
+    held, budget = samples(3, seed=2), AccuracyBudget(min_cosine=0.95)
+    (tmp_path / "s").mkdir()
+    decision = decide(model, tmp_path / "s", target=target, family="default", request={},
+                      calib=samples(16), held=held, budget=budget,
+                      provider_pays=provider_pays(target, model, held))
+    assert decision.record["evidence"]["method"] == "k-fold" and decision.rotation is not None
+    folded = [c for c in decision.candidates if c.folds]
+    assert folded and all(len(c.folds) == 5 and all(p.is_file() for p in c.folds)
+                          for c in folded)
+    choice = choose_provider(decision, target, model, held, budget, None,
+                             run_model(model, held), wanted="yes")
+    record = decision.record["provider_choice"]
+    assert record["judged_on"] == {"method": "k-fold", "samples": 19, "folds": 5}
+    tried = {t["label"]: t for t in record["tried"]}
+    assert all(tried[c.label]["meets_budget"] for c in folded), tried
+    assert choice is not None and record["chosen"]
+    if choice.candidate.config.precision == "int8":
+        assert record["evidence"] == "shown"   # (a cosine floor: every sample shows it)
+        assert choice.accuracy["samples"] == 19

@@ -143,7 +143,8 @@ def decide_part(req: PartRequest, plan: PartPlan, data: PartData, ref: Reference
                       fp32_outputs=ref.outputs, steps=ctx.steps,
                       provider_pays=provider_pays(target, ref.path, data.held, timer=ctx.timer,
                                               log=ctx.log, wanted=ctx.openvino),
-                      require_proof=ctx.require_proof)
+                      require_proof=ctx.require_proof,
+                      whole=data.given if data.real else None)
     ctx.clock.lap("search")
     ctx.log(f"accuracy vs {'the model as given' if decision.config.mode == 'given' else 'FP32'}"
             " on held-out samples: " + accuracy_line(accuracy_of(decision, data)))

@@ -3,8 +3,10 @@
 A target lists such a provider with `when = "faster"` (targets/x86_64-cpu.toml). After the
 precision decision has picked the CPU provider's graph, the graphs it measured within budget
 (FP32 and INT8) run once more under that provider, in a Python whose onnxruntime has it
-(packager/ort_builds.py): their accuracy on the held-out samples, then their latency, interleaved in
-the same blocks as the CPU provider's choice. The provider is shipped, first in the bundle's list,
+(packager/ort_builds.py): their accuracy on the samples that judged the decision (the held-out
+split; where that was too thin, every sample, each calibrated graph as the k-fold rotation made
+it for the fold it never saw), then their latency, interleaved in the same blocks as the CPU
+provider's choice. The provider is shipped, first in the bundle's list,
 only when its fastest graph within budget is MIN_GAIN faster than the CPU provider's choice in
 that same run; the CPU provider keeps its own graph as the fallback, so a device without the
 provider runs exactly what it would have run without it.
@@ -16,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import ort_builds
 from .._runtimes.runner.load import load_facts, noise, snapshot
 from ..errors import SpecError
@@ -23,7 +27,7 @@ from ..graph.execute import Sample
 from ..progress import OFF, Log, Progress
 from ..quantization.budget import AccuracyBudget
 from ..quantization.decision import MIN_GAIN, NOISY_GAIN, SAME_SPEED, Decision, plan_timing
-from ..quantization.kfold import Evidence, verdict
+from ..quantization.kfold import Evidence, Rotation, verdict
 from ..quantization.search import Candidate, best_of_each_generator
 from ..targets import Provider, Target
 from ..timing import machine
@@ -31,6 +35,67 @@ from .fp32_graph import vs_original
 from .provider_graphs import ProviderGraph
 
 WANTED = ("auto", "yes", "no")
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What the provider's graphs are judged on: the samples (in the order their outputs
+    stack), their labels, FP32's outputs on them under the CPU provider, what they amount to,
+    and the rotation whose fold graphs run where the decision was judged by rotation."""
+
+    samples: Sequence[Sample]
+    labels: Sequence[Any] | None
+    reference: dict[str, Any]
+    evidence: Evidence
+    rotation: Rotation | None = None
+
+    @classmethod
+    def of(cls, decision: Decision, graphs: Sequence[Candidate], held: Sequence[Sample],
+           labels: Sequence[Any] | None, fp32_outputs: dict[str, Any]) -> "Judging":
+        """The rotation's samples where the decision was judged by rotation and every
+        calibrated graph kept its fold graphs; else the held-out split."""
+        rotation = decision.rotation
+        if rotation is None or any(_calibrated(c) and not c.folds for c in graphs):
+            return cls(held, labels, fp32_outputs, Evidence("held-out", len(held)))
+        return cls(rotation.order, None, rotation.reference, rotation.evidence, rotation)
+
+    def rows(self, keys: dict[str, Candidate], chain: list
+             ) -> tuple[list[ort_builds.Row], dict[str, list[int]], list[Sample]]:
+        """(plan rows, the sample numbers each runs on, the samples sent): a calibrated graph
+        runs once per fold, its fold's graph on the fold; the others on every sample."""
+        if self.rotation is None:
+            return [(k, c.path, chain) for k, c in keys.items()], {}, list(self.samples)
+        rows, only = [], {}
+        for key, cand in keys.items():
+            if not _calibrated(cand):
+                rows.append((key, cand.path, chain))
+                only[key] = [i for fold in self.rotation.folds for i in fold]
+                continue
+            for j, (graph, fold) in enumerate(zip(cand.folds, self.rotation.folds, strict=True)):
+                rows.append((f"{key}@{j}", graph, chain))
+                only[f"{key}@{j}"] = list(fold)
+        return rows, only, self.rotation.pool
+
+    def gather(self, keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, str]
+               ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Each graph's outputs in the samples' order and the provider that ran it (the
+        fold graphs': the provider that ran them all, '' where they differ)."""
+        if self.rotation is None:
+            return outputs, ran
+        joined, which = {}, {}
+        for key, cand in keys.items():
+            parts = [key] if not _calibrated(cand) else [
+                f"{key}@{j}" for j in range(len(self.rotation.folds))]
+            seen = {ran.get(p, "") for p in parts}
+            which[key] = seen.pop() if len(seen) == 1 else ""
+            if all(p in outputs for p in parts):
+                joined[key] = {name: np.concatenate([outputs[p][name] for p in parts])
+                               for name in outputs[parts[0]]}
+        return joined, which
+
+
+def _calibrated(cand: Candidate) -> bool:
+    return cand.config.precision == "int8" and cand.config.mode == "static"
 
 
 @dataclass(frozen=True)
@@ -104,17 +169,20 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
     threads = int(target.session.get("intra_op_threads", 0))
     chain = [(provider.name, dict(provider.options)), (ort_builds.CPU, {})]
     keys = {f"g{i}": c for i, c in enumerate(graphs)}
+    judging = Judging.of(decision, graphs, held, labels, fp32_outputs)
     steps.start(f"{name} (another Python)", [1.0, 2.0])   # outputs, then the timing
-    steps.step(f"outputs of {len(keys)} graph{'s' if len(keys) > 1 else ''}")
+    steps.step(f"outputs of {len(keys)} graph{'s' if len(keys) > 1 else ''} on "
+               f"{judging.evidence.words()}")
+    rows, only, sent = judging.rows(keys, chain)
     try:
-        outputs, ran = ort_builds.outputs_plan(python, [(k, c.path, chain)
-                                                     for k, c in keys.items()], held, threads)
+        outputs, ran = ort_builds.outputs_plan(python, rows, sent, threads, only=only)
     except ort_builds.OrtBuildError as exc:
         steps.finish()
         return skip(exc.message)
-    within, tried = _judged(keys, outputs, ran, provider, budget, fp32, held, labels,
-                            fp32_outputs)
+    outputs, ran = judging.gather(keys, outputs, ran)
+    within, tried = _judged(keys, outputs, ran, provider, budget, fp32, judging)
     record["tried"] = list(tried.values())
+    record["judged_on"] = judging.evidence.to_record()
     if not within:
         steps.finish()
         return skip(f"no graph kept the budget under {name}")
@@ -139,7 +207,7 @@ def choose_provider(decision: Decision, target: Target, fp32: Path, held: Sequen
     best_ms, cpu_ms = times[_fastest(within, times)]["p50"], times["cpu"]["p50"]
     _record_times(record, times, best_ms, cand.label, chosen.label, device, load)
     return _verdict(record, provider, cand, acc, cpu_ms / best_ms, noise(load, times["cpu"]),
-                    wanted, chosen, best_ms, cpu_ms, device, times, log)
+                    wanted, chosen, best_ms, cpu_ms, device, times, log, judging.evidence)
 
 
 def _fastest(within: dict[str, Any], times: dict[str, dict]) -> str:
@@ -192,18 +260,19 @@ def _tried_graphs(decision: Decision, original: Path | None) -> list[Candidate]:
 
 
 def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, str],
-            provider: Provider, budget: AccuracyBudget, fp32: Path, held: Sequence[Sample],
-            labels: Sequence[Any] | None, fp32_outputs: dict[str, Any]
+            provider: Provider, budget: AccuracyBudget, fp32: Path, judging: Judging
             ) -> tuple[dict[str, tuple[Candidate, dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """Each graph's accuracy under *provider* (its outputs from the other Python): (those
-    within budget with their figures, what each tried graph gave)."""
+    """Each graph's accuracy under *provider* (its outputs from the other Python) on
+    *judging*'s samples: (those within budget with their figures, what each tried graph
+    gave)."""
     within: dict[str, tuple[Candidate, dict[str, Any]]] = {}
     tried: dict[str, dict[str, Any]] = {}
     for key, cand in keys.items():
         if ran.get(key) != provider.name:
             tried[key] = {"label": cand.label, "error": f"{_label(provider)} did not start for it"}
             continue
-        acc = budget.evaluate(cand.path, fp32, held, labels, fp32_outputs, outputs[key])
+        acc = budget.evaluate(cand.path, fp32, judging.samples, judging.labels,
+                              judging.reference, outputs[key])
         tried[key] = {"label": cand.label, "precision": cand.config.describe(),
                       "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"]}
         if acc["budget"]["passed"]:
@@ -213,8 +282,8 @@ def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, 
 
 def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: dict[str, Any],
              gain: float, noisy: str, wanted: str, chosen: Candidate, best_ms: float,
-             cpu_ms: float, device: dict[str, Any], times: dict[str, Any], log: Log
-             ) -> ProviderChoice | None:
+             cpu_ms: float, device: dict[str, Any], times: dict[str, Any], log: Log,
+             evidence: Evidence) -> ProviderChoice | None:
     """The provider listed first when its fastest graph within budget is MIN_GAIN faster than
     the CPU provider's (NOISY_GAIN on a busy machine; always with --openvino yes)."""
     name = _label(provider)
@@ -230,9 +299,8 @@ def _verdict(record: dict[str, Any], provider: Provider, cand: Candidate, acc: d
                             f"provider's {chosen.label} ({cpu_ms:.3f} ms) in the same run")
         log(f"provider: {record['reason']}")
         return None
-    # judged under the provider on the held-out split alone: its own evidence, said
-    proof = None if cand.config.precision == "fp32" else verdict(
-        acc, Evidence("held-out", int(acc.get("samples", 0))))
+    # judged under the provider on the decision's own samples: its own evidence, said
+    proof = None if cand.config.precision == "fp32" else verdict(acc, evidence)
     record.update(chosen=True, gain=round(gain, 3), evidence=proof, reason=(
         ("--openvino yes: " if wanted == "yes" else "")
         + f"{name} runs {cand.label} at {gain:.2f}x the CPU provider's {chosen.label} "

@@ -47,6 +47,9 @@ class Decision:
     candidate: Candidate
     record: dict[str, Any]
     candidates: tuple[Candidate, ...] = ()   # all that were built (provider graphs reuse FP16)
+    # the k-fold rotation that judged them, where the held-out split was thin: another provider
+    # judges its graphs on the same folds (build/provider_choice.py)
+    rotation: kfold.Rotation | None = None
 
     @property
     def config(self) -> QuantConfig:
@@ -101,7 +104,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
            fp32_outputs: dict[str, Any] | None = None,
            steps: Progress | None = None,
            provider_pays: Callable[[list[Candidate]], str] | None = None,
-           require_proof: bool = False) -> Decision:
+           require_proof: bool = False, whole: Sequence[Sample] | None = None) -> Decision:
     """Build the candidates for *fp32*, measure them, and pick the one to ship. *request*: the
     user's quantization options (QuantRequest: its precision forces one, missing the budget is
     then an error; the others pin those fields of the search). *fp32_outputs*: FP32's on *held*, when
@@ -109,7 +112,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     (build/provider_choice.py): whether INT8 pays under another provider (OpenVINO) where it
     does not on the CPU provider; then the search goes on for a variant within budget.
     *require_proof*: INT8 ships only where the samples could show its budget (else FP32, as a
-    CI gate wants); by default the fastest within budget ships and its evidence is said."""
+    CI gate wants); by default the fastest within budget ships and its evidence is said.
+    *whole*: the calibration set before it was thinned to fit memory (*calib*): see _pool."""
     steps = steps or OFF
     started = time.perf_counter()
     request = QuantRequest.of(request)
@@ -151,14 +155,14 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         best = search.best()
         _check_forced(forced, passing, f"best of {len(search.candidates)} INT8 variants was "
                       f"{best.line() if best else 'none ran'}", budget)
-    passing, evidence, unsure = _evidence(passing, [*calib, *held] if calib else [], held,
-                                          bool(forced), fp32, folder, search, budget, labels,
-                                          log, require_proof)
+    passing, evidence, unsure, rotation = _evidence(
+        passing, _pool(calib, whole, held), held, bool(forced), fp32, folder, search, budget,
+        labels, log, require_proof, keep=provider_pays is not None, cap=len(calib))
 
     def record(chosen: Candidate, reason: str, timing: dict[str, Any],
                asked: str = "auto") -> Decision:
-        return _record(chosen, reference, candidates, reason, asked, budget, held, started,
-                       timing, log, evidence)
+        return replace(_record(chosen, reference, candidates, reason, asked, budget, held,
+                               started, timing, log, evidence), rotation=rotation)
 
     if unsure:
         return record(reference, unsure, {})
@@ -388,50 +392,65 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
     return search.bisect(made, timed=False, until=window) or made
 
 
+def _pool(calib: Sequence[Sample], whole: Sequence[Sample] | None, held: Sequence[Sample]
+          ) -> list[Sample]:
+    """Every sample a rotation may judge on: the calibration set before it was thinned to fit
+    memory (*whole*) where there was one, and the held-out split; none without calibration."""
+    if not calib:
+        return []
+    return [*(whole if whole is not None and len(whole) > len(calib) else calib), *held]
+
+
 def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sample],
               forced: bool, fp32: Path, folder: Path, search: Search, budget: AccuracyBudget,
-              labels: Any, log: Log, require_proof: bool = False
-              ) -> tuple[list[Candidate], Evidence, str]:
+              labels: Any, log: Log, require_proof: bool = False, keep: bool = False,
+              cap: int | None = None
+              ) -> tuple[list[Candidate], Evidence, str, kfold.Rotation | None]:
     """The candidates within budget on every sample there is (rotated over *pool* when the
-    held-out split is too thin), what judged them, and why FP32 ships ('' when INT8 may: a
-    forced precision is never stopped here). Thin evidence is said, not turned into FP32,
-    unless *require_proof* (then only the candidates the count could show ship)."""
-    evidence = Evidence("held-out", len(held))
+    held-out split is too thin), what judged them, why FP32 ships ('' when INT8 may: a
+    forced precision is never stopped here) and the rotation (None where the held-out split
+    judged). Thin evidence is said, not turned into FP32, unless *require_proof* (then only
+    the candidates the count could show ship). *keep*: the fold graphs are kept for another
+    provider; *cap*: the most samples one fold's calibration holds (the build's calibration
+    set, where the pool is larger than it and the held-out split)."""
+    evidence, rotation = Evidence("held-out", len(held)), None
     if forced:
-        return passing, evidence, ""
+        return passing, evidence, "", None
     if kfold.wanted(len(held), len(pool), passing, MIN_HELD, budget, labels):
-        passing, evidence = _cross_check(passing, pool, fp32, folder, search, budget, log)
+        passing, rotation = _cross_check(passing, pool, fp32, folder, search, budget, log, keep,
+                                         cap if cap and len(pool) > cap + len(held) else None)
+        evidence = rotation.evidence
     if evidence.samples < MIN_HELD:
         return passing, evidence, (
             f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps the "
-            f"budget (need {MIN_HELD}); give more --calib samples")
+            f"budget (need {MIN_HELD}); give more --calib samples"), rotation
     if not require_proof:
-        return passing, evidence, ""
+        return passing, evidence, "", rotation
     proven = [c for c in passing if kfold.shown(c.accuracy)]
     if passing and not proven:
         return passing, evidence, (
             f"FP32: INT8 not proven (--require-proof): {passing[0].label} misses nothing on "
             f"{evidence.words()}, but {_unshown(passing[0])}; give more --calib samples to "
-            "prove it, or drop --require-proof to ship it with its evidence said")
-    return proven, evidence, ""
+            "prove it, or drop --require-proof to ship it with its evidence said"), rotation
+    return proven, evidence, "", rotation
 
 
 def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folder: Path,
-                 search: Search, budget: AccuracyBudget, log: Log
-                 ) -> tuple[list[Candidate], Evidence]:
+                 search: Search, budget: AccuracyBudget, log: Log, keep: bool,
+                 cap: int | None) -> tuple[list[Candidate], kfold.Rotation]:
     """The candidates within budget judged again by k-fold rotation over every sample."""
-    rotation = kfold.Rotation(fp32, pool)
+    rotation = kfold.Rotation(fp32, pool, cap=cap)
     log(f"search: the held-out split is too thin to decide; judging on "
         f"{rotation.evidence.words()}")
     kept = kfold.confirm(passing, rotation, folder=folder, budget=budget, log=log,
                          source=lambda c: search.source if c.config.mode == "static" else fp32,
-                         histogram_cap=search.histogram_cap)
+                         histogram_cap=search.histogram_cap, keep=keep)
     for cand in passing:   # not cross-checked: the thin split alone proves nothing
         if cand.accuracy.get("evidence") is None:
             budget_record = cand.accuracy["budget"]
             cand.accuracy["budget"] = {**budget_record, "passed": False, "failures": [
                 "not cross-checked (the held-out split alone is too thin to prove it)"]}
-    return kept, rotation.evidence
+    return kept, rotation
 
 
 def _unshown(cand: Candidate) -> str:

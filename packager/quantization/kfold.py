@@ -102,35 +102,50 @@ def folds_of(count: int, folds: int = FOLDS) -> list[list[int]]:
 class Rotation:
     """The pool of samples in fold order and FP32's outputs on it, computed once."""
 
-    def __init__(self, fp32: Path, pool: Sequence[Sample], folds: int = FOLDS):
-        self.fp32, self.pool = fp32, list(pool)
+    def __init__(self, fp32: Path, pool: Sequence[Sample], folds: int = FOLDS,
+                 cap: int | None = None):
+        """*cap*: the most samples one calibration may hold (what memory fits: the pool may
+        be the whole set where the build's own calibration was thinned to fit)."""
+        self.fp32, self.pool, self.cap = fp32, list(pool), cap
         self.folds = folds_of(len(self.pool), folds)
         self.order = [self.pool[i] for fold in self.folds for i in fold]
         self.reference = run_model(fp32, self.order)
         self.evidence = Evidence("k-fold", len(self.order), len(self.folds))
 
     def accuracy(self, source: Path, config: QuantConfig, folder: Path,
-                 budget: AccuracyBudget, histogram_cap: int | None) -> dict[str, Any]:
-        """*config* quantized from *source* once per fold, each judged on its own fold."""
+                 budget: AccuracyBudget, histogram_cap: int | None,
+                 keep: Path | None = None) -> dict[str, Any]:
+        """*config* quantized from *source* once per fold, each judged on its own fold (the
+        fold graphs kept in *keep*, as fold_graphs names them: another provider judges them
+        there too)."""
         if config.mode != "static":   # no calibration: every sample is unseen already
             path = folder / "kfold_all.onnx"
             quantize_file(source, path, config=config)
             return self._judge(path, budget, run_model(path, self.order))
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            folder = keep
         parts: list[dict[str, np.ndarray]] = []
         path = folder / "kfold_0.onnx"
         for j, fold in enumerate(self.folds):
             out = set(fold)
             calib = [s for i, s in enumerate(self.pool) if i not in out]
+            if self.cap and len(calib) > self.cap:
+                calib = [calib[i] for i in spread(len(calib), self.cap)]
             if histogram_cap and config.calibration_method != "minmax" and \
                     len(calib) > histogram_cap:
                 calib = [calib[i] for i in spread(len(calib), histogram_cap)]
             path = folder / f"kfold_{j}.onnx"
             quantize_file(source, path, config=config, samples=calib)
             parts.append(run_model(path, [self.pool[i] for i in fold]))
-            if j:
+            if j and keep is None:
                 (folder / f"kfold_{j - 1}.onnx").unlink(missing_ok=True)
         outputs = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
         return self._judge(path, budget, outputs)
+
+    def fold_graphs(self, keep: Path) -> list[Path]:
+        """The graphs accuracy(..., keep=*keep*) left, fold by fold."""
+        return [keep / f"kfold_{j}.onnx" for j in range(len(self.folds))]
 
     def _judge(self, path: Path, budget: AccuracyBudget,
                outputs: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -141,18 +156,22 @@ class Rotation:
 
 def confirm(passing: Sequence[Any], rotation: Rotation, *, source: Callable[[Any], Path],
             folder: Path, budget: AccuracyBudget, histogram_cap: int | None,
-            log: Log) -> list[Any]:
+            log: Log, keep: bool = False) -> list[Any]:
     """Cross-check the best candidate of each generator within budget on the held-out split
     (most INT8 first; each costs FOLDS quantizations): their accuracy becomes the rotation's;
-    returns those still within budget."""
+    returns those still within budget. *keep*: each calibrated candidate keeps its fold graphs
+    (Candidate.folds) for another provider to be judged the same way."""
     ranked = sorted(passing, key=lambda c: (-c.int8_nodes, c.boundaries,
                                             -c.accuracy.get("cosine_min", 0.0)))
-    for cand in best_of_each_generator(ranked):
+    for n, cand in enumerate(best_of_each_generator(ranked)):
         before = cand.accuracy
+        kept = folder / f"folds-{n}" if keep and cand.config.mode == "static" else None
         cand.accuracy = {**rotation.accuracy(source(cand), cand.config, folder, budget,
-                                             histogram_cap), "held_out_only": {
+                                             histogram_cap, keep=kept), "held_out_only": {
             "cosine_min": before.get("cosine_min"), "samples": before.get("samples")}}
         cand.notes.append("judged by rotation: " + rotation.evidence.words())
+        if kept is not None:
+            cand.folds = tuple(rotation.fold_graphs(kept))
         log(f"search: {cand.line()} (cross-checked on {len(rotation.order)} samples, "
             f"{len(rotation.folds)}-fold)")
     return [c for c in passing if c.accuracy.get("evidence") and c.passed]

@@ -97,6 +97,7 @@ class Candidate:
     quantize_nodes: int = 0  # QuantizeLinear / DynamicQuantizeLinear nodes in the file
     p50_ms: float | None = None
     p90_ms: float | None = None
+    folds: tuple[Path, ...] = ()   # judged by rotation: its graph per fold (kfold.confirm)
 
     @property
     def passed(self) -> bool:
