@@ -31,7 +31,7 @@ from .errors import PackagerError, ShapeError
 from .graph.inspection import graph_inputs, io_specs
 from .graph.modelio import load_model
 from .progress import OFF, Log, Progress
-from .quantization.calibration import load_samples, split_holdout
+from .quantization.calibration import HOLDOUT, load_samples, split_holdout
 from .source.export import make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import is_torch_source, load_source
@@ -121,7 +121,8 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
         specs = [given.get(i["name"]) or TensorSpec(
             i["name"], tuple(d if isinstance(d, int) and d > 0 else 1 for d in i["shape"]),
             i["dtype"]) for i in io_specs(graph_inputs(model))]
-    calib_set, held = split_holdout(_samples(specs, calib, preprocess, loaded), fraction=0.25)
+    # (build's split: its held-out samples judge both)
+    calib_set, held = split_holdout(_samples(specs, calib, preprocess, loaded), fraction=HOLDOUT)
     wanted += [shipped["label"]] if shipped else []
     rows: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ._runtimes.runner.roofline import ceiling_share
 from .bundle.roofline import write_roofline
@@ -21,7 +22,9 @@ from .graph.shapes import dynamic_tensors, fix_shapes_proto, shapes_from_run
 from .graph.simplify import simplify_proto
 from .ort_builds import CPU, OPENVINO
 from .progress import Log, Progress
+from .quantization.calibration import HOLDOUT
 from .quantization.quantize import QuantConfig, quantize_file
+from .quantization.search import as_preset, hard_fused
 from .source.export import export_loaded
 from .source.specs import TensorSpec
 from .source.torchload import LoadedModel
@@ -149,7 +152,8 @@ def _batch_graphs(tmp: Path, source, loaded: LoadedModel | None, specs, batch: i
             steps.start(f"{phase} build", 3 + transformer + len(built), done=steps.index,
                         since=steps.started)
     _float_graphs(g, tmp, batch, steps)
-    _quantized_graphs(g, tmp, batch, batched(calib_set, batch), target, steps)
+    _quantized_graphs(g, tmp, batch, batched(calib_set, batch), target, steps,
+                      notes if notes is not None else [])
     if shipped is not None:   # the bundle's own graph, at the batch it was built for
         if batch == shipped["batch"]:
             g.paths[shipped["label"]] = shipped["path"]
@@ -195,22 +199,38 @@ def _float_graphs(g: BatchGraphs, tmp: Path, batch: int, steps: Progress) -> Non
 
 
 def _quantized_graphs(g: BatchGraphs, tmp: Path, batch: int, calib_b, target: Target,
-                      steps: Progress) -> None:
+                      steps: Progress, notes: list[str]) -> None:
     """The INT8 and FP16 rows' graphs, each quantized as its QUANTIZED entry says (a fused
     variant exactly as its unfused counterpart); the OpenVINO INT8 row runs the QDQ U8S8 graph,
-    built even when its own row is not wanted."""
+    built even when its own row is not wanted. Static INT8 is prepared as build's "INT8 preset"
+    is (search.hard_fused, search.as_preset): one graph, one figure in both."""
+    static: dict[Path, tuple[Path, onnx.GraphProto]] = {}
     for name in dict.fromkeys([*g.wanted, *(["INT8 QDQ U8S8"] if OV_INT8 in g.wanted else [])]):
         if name not in QUANTIZED and name != DYNAMIC_FUSED:
             continue
         graph, overrides = ((g.fusion["path"], QUANTIZED[FUSED[name]]) if name in FUSED else
                             (g.simple, QUANTIZED[name]))
+        config = QuantConfig.from_preset(target.quantization, **overrides)
+        if config.precision == "int8" and config.mode == "static":
+            if graph not in static:
+                folder = tmp / f"static_b{batch}_{len(static)}"
+                folder.mkdir()
+                source = hard_fused(graph, folder)
+                static[graph] = (source, onnx.load(str(source), load_external_data=False).graph)
+            graph, proto = static[graph]
+            config, tail = as_preset(proto, config)
+            notes.append("INT8 static rows are quantized as build's \"INT8 preset\" is ("
+                         + ("HardSwish/HardSigmoid chains as single ops, "
+                            if graph.name == "fp32.fused.onnx" else "")
+                         + f"{config.calibration_method} ranges"
+                         + (f", {len(tail)} post-processing nodes FP32" if tail else "")
+                         + f"), judged on build's held-out split (--holdout {HOLDOUT:g}) "
+                         "by build's cosine: one graph, one figure")
         out = tmp / f"{name.replace(' ', '_')}_b{batch}.onnx"
         steps.step(name)
         start = time.perf_counter()
         try:
-            quantize_file(graph, out, config=QuantConfig.from_preset(target.quantization,
-                                                                     **overrides),
-                          samples=calib_b)
+            quantize_file(graph, out, config=config, samples=calib_b)
             g.paths[name] = out
             g.prepare[name] = time.perf_counter() - start
         except PackagerError as exc:

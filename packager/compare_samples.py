@@ -21,21 +21,24 @@ def batched(samples: Sequence[Sample], batch: int, count: int | None = None) -> 
 
 
 def agreement(got: Sequence[Sequence[np.ndarray]], ref: Sequence[Sequence[np.ndarray]]) -> dict:
-    """Cosine (min over samples and outputs) and top-1 agreement of class scores; outputs of
-    different lengths (speech that follows the text) compare zero-padded to the longer."""
+    """Cosine (min over samples and outputs) and top-1 agreement of class scores, each sample
+    of a batch judged on its own exactly as build's accuracy figures judge it
+    (runner/metrics.compare: a near-silent sample by range, the same non-finite value on both
+    sides agrees, outputs of different lengths zero-padded to the longer)."""
+    from ._runtimes.runner.metrics import compare, stack_or_ragged
+
+    def samples(feeds: Sequence[Sequence[np.ndarray]], j: int) -> np.ndarray:
+        arrays = [np.asarray(feed[j]) for feed in feeds]
+        return stack_or_ragged([x[i:i + 1] for x in arrays for i in range(len(x))]
+                               if all(x.ndim for x in arrays) else arrays)
+
     cosines, top1 = [], []
-    for g_out, r_out in zip(got, ref, strict=True):
-        for g, r in zip(g_out, r_out, strict=True):
-            a = np.asarray(g, np.float64).reshape(len(g), -1)
-            b = np.asarray(r, np.float64).reshape(len(r), -1)
-            if a.shape != b.shape:   # a length that follows the input: zero-padded to the longer
-                width = max(a.shape[1], b.shape[1])
-                a, b = (np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in (a, b))
-            norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-            cosines += list(np.where(norms > 0, (a * b).sum(1) / np.maximum(norms, 1e-30), 1.0))
-            if b.shape[1] >= 2 and np.asarray(r).ndim == 2:
-                top1 += list(a.argmax(1) == b.argmax(1))
+    for j in range(len(ref[0]) if ref else 0):
+        figures = compare(samples(got, j), samples(ref, j))
+        cosines.append(figures["cosine_min"])
+        if "top1_agreement" in figures:
+            top1.append(figures["top1_agreement"])
     result = {"cosine_min": float(min(cosines))}
     if top1:
-        result["top1"] = float(np.mean(top1))
+        result["top1"] = float(min(top1))
     return result

@@ -112,3 +112,69 @@ def test_build_refuses_the_task_in_one_line_and_writes_nothing(image_dir, tmp_pa
     assert last.startswith("error: --task detect: the yolov8 decoder does not fit") and \
         "--metric" in last, r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
+
+
+def yolo_like(path: Path, head_task: str = "detect") -> Path:
+    """Image in (1x3x32x32), out (1, 6, 64): YOLOv8's layout, boxes (centre 4..28, size 4..12
+    pixels) then 2 class scores per anchor, with Ultralytics' metadata (task, names)."""
+    w = numpy_helper.from_array(RNG.normal(0, 1, (6, 3, 4, 4)).astype(np.float32), "w")
+    consts = [numpy_helper.from_array(np.array([1, 6, 64], np.int64), "shape"),
+              numpy_helper.from_array(np.array([4, 2], np.int64), "split"),
+              numpy_helper.from_array(np.array([24, 24, 8, 8], np.float32).reshape(1, 4, 1), "k"),
+              numpy_helper.from_array(np.full((1, 4, 1), 4, np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["c"], strides=[4, 4]),
+         helper.make_node("Reshape", ["c", "shape"], ["r"]),
+         helper.make_node("Split", ["r", "split"], ["xywh", "cls"], axis=1),
+         helper.make_node("Sigmoid", ["xywh"], ["s"]),
+         helper.make_node("Mul", ["s", "k"], ["m"]),
+         helper.make_node("Add", ["m", "b"], ["box"]),
+         helper.make_node("Sigmoid", ["cls"], ["scores"]),
+         helper.make_node("Concat", ["box", "scores"], ["output0"], axis=1)], "yolo_like",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 6, 64])],
+        [w, *consts])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    helper.set_model_props(model, {"author": "Ultralytics", "task": head_task,
+                                   "names": "{0: 'cat', 1: 'dog'}"})
+    return save(model, path)
+
+
+def test_an_ultralytics_detector_is_judged_by_its_boxes_without_task(image_dir, tmp_path):
+    """Issue 44 item 3: a YOLO export whose metadata says its head detects and names its
+    classes, built without --task, is judged by its boxes (the detect task applied by default,
+    said in one line; --task raw opts out); a head the decoder does not read is said and
+    judged raw, never an error the user did not ask for."""
+    from conftest import PREP
+    from packager.build.job import build
+
+    lines: list[str] = []
+    out = build(yolo_like(tmp_path / "yolo.onnx"), tmp_path / "b", target="x86_64-cpu",
+                calib=image_dir, preprocess=PREP, quant={"precision": "fp32"},
+                log=lines.append)
+    part = out.bundle.manifest["parts"][0]
+    assert part["task"]["kind"] == "detect" and part["task"]["decoder"] == "yolov8"
+    assert part["labels"] == ["cat", "dog"]
+    said = [line for line in lines if line.startswith("task: detect (decoder yolov8), applied")]
+    assert said and "holds 4 box numbers and 2 class scores for each of 64 anchors" in said[0]
+    raw = build(yolo_like(tmp_path / "yolo.onnx"), tmp_path / "r", target="x86_64-cpu",
+                calib=image_dir, preprocess=PREP, quant={"precision": "fp32"},
+                tasks={"model": {"kind": "raw"}})
+    assert not raw.bundle.manifest["parts"][0].get("task")
+    # the metadata says detect, but the head holds no boxes (PP-PicoDet-like): dropped, said
+    picodet = onnx.load(str(picodet_like(tmp_path / "p.onnx")))
+    helper.set_model_props(picodet, {"task": "detect", "names": str(
+        {i: f"c{i}" for i in range(10)})})
+    lines = []
+    out = build(save(picodet, tmp_path / "p2.onnx"), tmp_path / "p", target="x86_64-cpu",
+                calib=image_dir, preprocess=PREP, quant={"precision": "fp32"},
+                log=lines.append)
+    assert not out.bundle.manifest["parts"][0].get("task")
+    assert any(line.startswith("task: detect not applied after all: the yolov8 decoder does "
+                               "not fit") for line in lines), lines
+    # no metadata task: nothing is guessed (a suggestion at most)
+    lines = []
+    plain = build(yolo_like(tmp_path / "y2.onnx", head_task=""), tmp_path / "n",
+                  target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+                  quant={"precision": "fp32"}, log=lines.append)
+    assert not plain.bundle.manifest["parts"][0].get("task")

@@ -208,11 +208,12 @@ def test_where_the_decision_was_rotated_the_provider_judges_each_fold_graph_on_i
     decision said 'shown' (CenterFace: 17 boxes against 40). Now each calibrated graph runs
     under OpenVINO as the rotation made it, each fold's graph on the fold it never saw, and FP32
     on every sample: the provider's figures stand on the same samples as the decision's."""
+    from test_kfold import mlp, samples
+
     from packager.build.provider_choice import choose_provider, provider_pays
     from packager.graph.execute import run_model
     from packager.quantization.budget import AccuracyBudget
     from packager.quantization.decision import decide
-    from test_kfold import mlp, samples
 
     model, target = mlp(tmp_path / "m.onnx"), load_target("x86_64-cpu")
     held, budget = samples(3, seed=2), AccuracyBudget(min_cosine=0.95)

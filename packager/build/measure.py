@@ -98,7 +98,8 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
     if plan.task is None and req.task is None:
         text = say_suggestion(shaped.simplified, outputs, req.labels, ctx.log)
         suggested = _parsed(text) if text else None
-    elif data.real:   # a head the decoder does not read is refused, not trusted
+    elif data.real and req.task is not None:   # a declared head the decoder does not read
+        # is refused, not trusted (a recognised one is dropped: shape.recognised_fits)
         check_decoder_fits(plan.task, shaped.simplified, outputs,
                            input_size(req.preprocess, shaped.simplified))
     metric = ctx.metric

@@ -16,7 +16,7 @@ from .load import freeze_part, load_part
 from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
 from .records import BuildContext
-from .shape import model_labels, plan_part, shape_part
+from .shape import model_labels, plan_part, recognised_fits, shape_part
 from .speech import speech_budget
 
 
@@ -67,6 +67,7 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     data, shaped = part_data(req, loaded, frozen, shaped, plan, ctx)
     plan = speech_budget(plan, shaped, data, tmp, ctx)   # a tts part: the original's spread
     ref = reference(req, loaded, frozen, shaped, plan, data, target, tmp, ctx)
+    plan, ref = recognised_fits(req, plan, shaped, ref, ctx)   # a recognised head that misfits
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)
     length = length_part(plan, frozen, data, [decision.candidate.path,

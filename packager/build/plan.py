@@ -29,6 +29,7 @@ class PartRequest:
     consts: Mapping[str, Any] = field(default_factory=dict)   # inputs frozen to values
     task: Mapping[str, Any] | None = None   # its declared task (tasks/declare.py); None: raw
     labels_from: str = ""   # where the labels came from when not --labels: "metadata 'KEY'"
+    head_task: str = ""     # the task the model's metadata names for its head ("detect")
 
     def label(self) -> str:
         """'part NAME: ' before a message about a part of several, else ''."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..graph.inspection import check_labels, graph_inputs, io_specs, model_family
-from ..graph.metadata import class_names
+from ..graph.metadata import class_names, head_task
 from ..graph.shapes import fix_shapes_proto
 from ..quantization.decision import requested_precision
 from ..quantization.preprocessing import check_fits
@@ -15,7 +15,7 @@ from ..tasks.part import task_for
 from .fp32_graph import simplify_static
 from .part_shapes import shapes_for
 from .plan import PartRequest
-from .records import BuildContext, Frozen, Loaded, PartPlan, Shaped
+from .records import BuildContext, Frozen, Loaded, PartPlan, Reference, Shaped
 
 
 def shape_part(req: PartRequest, loaded: Loaded, frozen: Frozen, target: Target,
@@ -66,17 +66,22 @@ def model_labels(req: PartRequest, frozen: Frozen, shaped: Shaped, ctx: BuildCon
     ctx.log(f"{req.label()}labels: {len(names)} class names from the model's metadata "
             f"'{key}' ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); --labels "
             "FILE overrides them")
-    return replace(req, labels=tuple(names), labels_from=f"metadata '{key}'")
+    return replace(req, labels=tuple(names), labels_from=f"metadata '{key}'",
+                   head_task=head_task(frozen.proto))
 
 
 def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | None:
     """The task a part that declares none has without doubt, applied by default and said in
     one line: classify, where the model's own metadata names its classes and its one row of
-    scores counts them (a user who knows better passes --task raw)."""
+    scores counts them; detect, where the metadata says its head detects (Ultralytics) and its
+    one output holds four box numbers (and an objectness) beside a score per named class for
+    every anchor (a user who knows better passes --task raw)."""
     outputs = graph.graph.output
     if not req.labels_from or not req.labels or len(outputs) != 1:
         return None
     dims = [d.dim_value for d in outputs[0].type.tensor_type.shape.dim]
+    if req.head_task == "detect":
+        return _detector(req, outputs[0].name, dims, log)
     if not dims or dims[-1] != len(req.labels) or any(d != 1 for d in dims[:-1]):
         return None
     log(f"{req.label()}task: classify, applied by default: the model's {req.labels_from} "
@@ -84,6 +89,49 @@ def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | 
         "the candidates are judged by the answer (expected top-1 drop) and run.py infer answers "
         "with labels (--task raw opts out)")
     return {"kind": "classify"}
+
+
+def _detector(req: PartRequest, output: str, dims: list[int], log: Any
+              ) -> dict[str, Any] | None:
+    """detect with the YOLO decoder the head's shape fits: (1, 4 + classes, anchors) is
+    YOLOv8's (and YOLOv5u's, YOLO11's), (1, anchors, 5 + classes) YOLOv5's; None otherwise."""
+    classes = len(req.labels or ())
+    if len(dims) != 3 or dims[0] != 1:
+        return None
+    if 4 + classes in dims[1:]:
+        decoder, per = "yolov8", f"4 box numbers and {classes} class scores"
+    elif 5 + classes in dims[1:]:
+        decoder, per = "yolov5", f"4 box numbers, an objectness and {classes} class scores"
+    else:
+        return None
+    anchors = dims[2] if dims[1] in (4 + classes, 5 + classes) else dims[1]
+    log(f"{req.label()}task: detect (decoder {decoder}), applied by default: the model's "
+        f"metadata says its head detects and its {req.labels_from} names {classes} classes; "
+        f"output '{output}' holds {per} for each of {anchors} anchors; the candidates are "
+        "judged by the boxes (recall and precision against FP32's) and run.py infer answers "
+        "with boxes (--task raw opts out)")
+    return {"kind": "detect", "decoder": decoder}
+
+
+def recognised_fits(req: PartRequest, plan: PartPlan, shaped: Shaped, ref: Reference,
+                    ctx: BuildContext) -> tuple[PartPlan, Reference]:
+    """*plan* and *ref* without the detect task the build recognised where its decoder does
+    not read boxes from FP32's outputs on the held-out samples (a declared one is refused in
+    measure._guard instead, naming --task): a guess that does not fit is said and dropped,
+    never an error."""
+    if req.task is not None or plan.task is None or plan.task.get("kind") != "detect" or \
+            not ref.outputs:
+        return plan, ref
+    from ..tasks.fit import check_decoder_fits, input_size
+
+    try:
+        check_decoder_fits(plan.task, shaped.simplified, ref.outputs,
+                           input_size(req.preprocess, shaped.simplified))
+    except SpecError as exc:
+        ctx.log(f"{req.label()}task: detect not applied after all: "
+                f"{exc.message.removeprefix('--task detect: ')}; the outputs are judged raw")
+        return replace(plan, task=None), replace(ref, guard=replace(ref.guard, task=None))
+    return plan, ref
 
 
 def plan_part(req: PartRequest, loaded: Loaded, shaped: Shaped, target: Target,

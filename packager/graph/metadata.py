@@ -1,9 +1,10 @@
-"""What an ONNX file says of itself in its metadata: its class names.
+"""What an ONNX file says of itself in its metadata: its class names, and its head's task.
 
 Exporters write them under a few common keys: Ultralytics `names` (a Python dict literal
 {0: 'person', ...}), PaddlePaddle `character` (one name per line), Hugging Face `id2label`
 (JSON {"0": "cat"}), and `labels` / `classes` / `class_names` (a JSON list, or one name per
-line, or comma-separated).
+line, or comma-separated). Ultralytics also writes the head's task (`task`: detect, segment,
+classify, pose, obb).
 """
 
 import ast
@@ -53,3 +54,11 @@ def _names(key: str, text: str) -> list[str] | None:
         split = text.splitlines() if "\n" in text else text.split(",")
         return [s.strip() for s in split if s.strip()]
     return None
+
+
+def head_task(model: onnx.ModelProto) -> str:
+    """The task the exporter wrote for the model's head ('detect' for an Ultralytics YOLO
+    detector), or ''."""
+    props = {prop.key: prop.value for prop in model.metadata_props}
+    task = props.get("task", "").strip()
+    return task if task.isidentifier() and len(task) <= 32 else ""

@@ -22,6 +22,7 @@ MAX_SAMPLES = 512
 # that would hold more than this is thinned, evenly spread, to what fits (never below
 # MIN_FIT samples: ranges from fewer are noticeably worse).
 CALIB_BYTES = 6 * 2 ** 30
+HOLDOUT = 0.2   # the share of the samples held out to judge (build's --holdout default)
 MIN_FIT = 16
 # What one .npy/.npz file may unpack to (its headers are read first): a 12 MB .npz declaring
 # 12 GB of zeros is refused before anything is inflated.

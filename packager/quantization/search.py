@@ -82,6 +82,38 @@ PREDICT_MARGIN = 1.1
 MIN_INT8_SHARE = 0.04
 
 
+def hard_fused(fp32: Path, folder: Path, log: Log = lambda _: None) -> Path:
+    """*fp32* with its HardSwish/HardSigmoid chains as single ops, when it has any: what static
+    INT8 is quantized from (the same function, fewer Q/DQ pairs; compare's rows too)."""
+    from ..graph.hard_activations import rewrite
+    from ..graph.modelio import is_large, load_model, save_model
+
+    proto = load_model(fp32)
+    if is_large(proto):   # (a copy of a >2 GiB graph is not worth a few Q/DQ pairs)
+        return fp32
+    made = rewrite(proto)
+    if not any(made.values()):
+        return fp32
+    path = folder / "fp32.fused.onnx"
+    save_model(proto, path)
+    log("search: INT8 variants start from the FP32 graph with "
+        + ", ".join(f"{n} {op} chains" for op, n in made.items() if n)
+        + " written as single ops (the same function, fewer Q/DQ pairs)")
+    return path
+
+
+def as_preset(graph: onnx.GraphProto, config: QuantConfig) -> tuple[QuantConfig, list[str]]:
+    """*config* as the search's "INT8 preset" quantizes *graph*: min-max ranges where the
+    preset says auto, and (static) the post-processing after the last heavy op kept FP32;
+    with those nodes. compare's INT8 rows take it too, so both give one figure per graph."""
+    if config.calibration_method == "auto":
+        config = replace(config, calibration_method="minmax")
+    tail = post_processing(graph) if config.mode == "static" else []
+    if tail:
+        config = replace(config, exclude=tuple(dict.fromkeys(config.exclude + tuple(tail))))
+    return config, tail
+
+
 @dataclass
 class Candidate:
     """One way to ship the model, with its accuracy (and latency once timed)."""
@@ -150,7 +182,7 @@ class Search:
         self.candidates: list[Candidate] = []
         # FP32's outputs, once for every variant
         self.reference = run_model(fp32, held) if reference is None else reference
-        self.source = self._fused(fp32, folder)   # what static variants are quantized from
+        self.source = hard_fused(fp32, folder, log)   # what static variants are quantized from
         self.graph = onnx.load(str(self.source), load_external_data=False).graph
         self.started = time.perf_counter()
         self.futile = ""   # why INT8 cannot pay, when the search stopped for that
@@ -160,24 +192,6 @@ class Search:
         self._said: set[str] = set()   # notes logged once
         self.first_cost = 0.0   # seconds the first variant took to build and measure
         self.reference_ms: float | None = None   # FP32's p50 when *pays* timed it
-
-    def _fused(self, fp32: Path, folder: Path) -> Path:
-        """*fp32* with its HardSwish/HardSigmoid chains as single ops, when it has any."""
-        from ..graph.hard_activations import rewrite
-        from ..graph.modelio import is_large, load_model, save_model
-
-        proto = load_model(fp32)
-        if is_large(proto):   # (a copy of a >2 GiB graph is not worth a few Q/DQ pairs)
-            return fp32
-        made = rewrite(proto)
-        if not any(made.values()):
-            return fp32
-        path = folder / "fp32.fused.onnx"
-        save_model(proto, path)
-        self.log("search: INT8 variants start from the FP32 graph with "
-                 + ", ".join(f"{n} {op} chains" for op, n in made.items() if n)
-                 + " written as single ops (the same function, fewer Q/DQ pairs)")
-        return path
 
     # -- building blocks -------------------------------------------------------------------
 
@@ -318,15 +332,13 @@ class Search:
         variants that miss the budget are timed first (the later stages only move nodes back
         to float), and so is each bisection probe that misses it."""
         if base.calibration_method == "auto":
-            base = replace(base, calibration_method="minmax")
             pinned = pinned - {"calibration_method"}
         present = sorted({n.op_type for n in self.graph.node} & set(HEAVY_OPS))
         fast = dynamic_ops(self.graph)
         if base.mode == "dynamic" and "op_types" not in pinned and "Conv" in present and fast:
             base = replace(base, op_types=fast)   # no ConvInteger
-        tail = post_processing(self.graph) if base.mode == "static" else []
+        base, tail = as_preset(self.graph, base)
         if tail:
-            base = replace(base, exclude=tuple(dict.fromkeys(base.exclude + tuple(tail))))
             self.log(f"search: {len(tail)} post-processing node{'s' if len(tail) > 1 else ''} "
                      f"after the last heavy op stay FP32 ({', '.join(tail[:3])}"
                      f"{', ...' if len(tail) > 3 else ''})")
