@@ -350,7 +350,9 @@ def int8_by_generator(decision: dict) -> dict:
         ov = tried.get(c["label"], {})
         return {"label": c["label"], "cosine": c["cosine_min"], "task": c.get("task") or {},
                 "int8_ops": c.get("int8_nodes"), "within": bool(c.get("meets_budget")),
-                "openvino_cosine": ov.get("cosine_min"), "openvino_p50_ms": ov.get("p50_ms")}
+                "openvino_cosine": ov.get("cosine_min"), "openvino_p50_ms": ov.get("p50_ms"),
+                "openvino_within": ov.get("meets_budget"),
+                "openvino_missed": (ov.get("missed") or [None])[0]}
     return {"onnxruntime": best(lambda nncf, label: not nncf),
             "nncf_default": best(lambda nncf, label: nncf and not is_probe(label)),
             "nncf_search": best(lambda nncf, label: nncf and is_probe(label))}
@@ -369,7 +371,8 @@ def _int8_cell(entry: dict | None) -> str:
             + f", {entry['int8_ops']} INT8 ops, {'within budget' if entry['within'] else 'misses'}")
     if entry.get("openvino_cosine") is not None:
         text += f"; OpenVINO: cosine {entry['openvino_cosine']:.4f}" + (
-            f", {entry['openvino_p50_ms']:.2f} ms" if entry.get("openvino_p50_ms") else "")
+            f", {entry['openvino_p50_ms']:.2f} ms" if entry.get("openvino_p50_ms") else "") + (
+            f", misses ({entry['openvino_missed']})" if entry.get("openvino_missed") else "")
     return text
 
 

@@ -244,6 +244,8 @@ def detector_views() -> list[np.ndarray]:
         views += [image, cv2.flip(image[y:y + th, x:x + tw], 1)]
     sheets = face_sheets(4, 120) + face_sheets(3, 160)
     step = max(1, len(views) // len(sheets))
+    if (step + 1) % EVAL_EVERY == 0:   # (else no sheet lands in the evaluation split)
+        step -= 1
     for k, sheet in enumerate(sheets):
         views.insert(k * (step + 1), sheet)
     return views

@@ -3,7 +3,9 @@ precision decision, the graphs each provider runs, and the precision record with
 against the original (and eager PyTorch)."""
 
 from pathlib import Path
+from typing import Any
 
+from .._runtimes.runner.task_spec import task_kind
 from ..errors import SpecError
 from ..graph.execute import run_model
 from ..progress import OFF
@@ -24,6 +26,7 @@ from ..targets import Target
 from ..tasks.declare import parse_task
 from ..tasks.fit import check_decoder_fits, input_size
 from ..tasks.part import say_suggestion
+from .box_labels import box_truth
 from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
 from .label_check import check_labelled, labelled_top1, sample_truth
 from .plan import PartRequest
@@ -106,8 +109,11 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
     found = (sample_truth(data.samples, req.calib, labelled, req.labels, outputs)
              if data.real and int8 and metric is None else None)
     truth, truth_output = found if found else (None, None)
-    if truth:
-        drop = ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop
+    drop = ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop
+    boxes = _box_truth(req, plan, data, ctx, drop) if int8 and metric is None else None
+    if boxes:
+        truth, truth_output = boxes, None
+    elif truth:
         where = "by their class folders" if labelled else f"by the labels array of {req.calib}"
         ctx.log(f"budget: the samples are labelled {where}: INT8 may lose at most "
                 f"{100 * (0.01 if drop is None else drop):g} point(s) of labelled top-1 "
@@ -121,6 +127,26 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         class_outputs=class_outputs(shaped.simplified.graph, req.labels),
         feeds_part=ctx.feeds_part, truth=truth, suggested=suggested,
         truth_output=truth_output)
+
+
+def _box_truth(req: PartRequest, plan: PartPlan, data: PartData, ctx: BuildContext,
+               drop: float | None) -> dict[str, Any] | None:
+    """A detect part's labelled boxes (YOLO labels/*.txt beside its calibration images,
+    build/box_labels.py), said in the log; None where its images carry none."""
+    if not data.real or task_kind(plan.task) != "detect":
+        return None
+    found = box_truth(data.samples, req.calib, req.preprocess,
+                      len(req.labels) if req.labels else None)
+    if found is None:
+        return None
+    truth, count = found
+    drop = 0.01 if drop is None else drop
+    ctx.log(f"budget: {count} of the {len(data.samples)} images carry YOLO box labels "
+            f"(labels/NAME.txt, {sum(len(t) for t in truth.values())} boxes): INT8 may lose at "
+            f"most {100 * drop:g} point(s) of labelled box mAP@0.5 against FP32 on the same "
+            "samples (--max-accuracy-drop sets another); box recall and precision against "
+            "FP32's boxes are reported beside it")
+    return truth
 
 
 def _parsed(text: str) -> tuple[str, dict] | None:

@@ -274,7 +274,9 @@ def _judged(keys: dict[str, Candidate], outputs: dict[str, Any], ran: dict[str, 
         acc = budget.evaluate(cand.path, fp32, judging.samples, judging.labels,
                               judging.reference, outputs[key])
         tried[key] = {"label": cand.label, "precision": cand.config.describe(),
-                      "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"]}
+                      "cosine_min": acc["cosine_min"], "meets_budget": acc["budget"]["passed"],
+                      **({"missed": acc["budget"]["failures"][:3]}
+                         if acc["budget"]["failures"] else {})}
         if acc["budget"]["passed"]:
             within[key] = (cand, acc)
     return within, tried

@@ -130,7 +130,8 @@ def recognised_fits(req: PartRequest, plan: PartPlan, shaped: Shaped, ref: Refer
     except SpecError as exc:
         ctx.log(f"{req.label()}task: detect not applied after all: "
                 f"{exc.message.removeprefix('--task detect: ')}; the outputs are judged raw")
-        return replace(plan, task=None), replace(ref, guard=replace(ref.guard, task=None))
+        return replace(plan, task=None), replace(ref, guard=replace(ref.guard, task=None,
+                                                                    truth=None))
     return plan, ref
 
 

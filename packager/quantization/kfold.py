@@ -74,7 +74,7 @@ def verdict(accuracy: dict[str, Any], evidence: "Evidence") -> str:
     from .._runtimes.runner.task_figures import WORDS, percent
 
     worst = missing[0]
-    unit = WORDS.get(worst["name"], ("", "samples"))[1]
+    unit = worst.get("unit") or WORDS.get(worst["name"], ("", "samples"))[1]
     judged = evidence.samples if unit == "samples" else worst.get("n", 0)
     if worst["name"] in ("expected_drop", "labelled_drop"):
         what = f"a {100 * worst['keep']:g}-point drop"
