@@ -110,3 +110,69 @@ def test_box_truth_is_keyed_by_sample_and_skips_unlabelled_images(tmp_path):
     assert boxes.shape == (1, 5) and boxes[0, 0] == 0
     # letterbox of 64x48 into 32x32: half the size, 4 rows of padding above
     assert 0 <= boxes[0, 1] < boxes[0, 3] <= 32 and 4 <= boxes[0, 2] < boxes[0, 4] <= 28
+
+
+def test_texts_make_a_recogniser_s_budget_the_cer_rise(tmp_path):
+    """A CTC recogniser's samples that carry the text they read (a labels array of strings;
+    or a PaddleOCR labels.txt beside images) make its budget the labelled CER's rise against
+    FP32 (1 point); agreement with FP32's strings is reported."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import save
+    from packager.build.job import build
+
+    rng = np.random.default_rng(0)
+    alphabet, steps = ["<blank>", *"abcdefghij"], 24
+    texts, xs = [], []
+    for _ in range(40):
+        ids = rng.integers(1, len(alphabet), int(rng.integers(3, 8)))
+        logits = rng.normal(0, 0.3, (steps, len(alphabet)))
+        logits[:, 0] += 2.0
+        for k, c in enumerate(ids):
+            logits[2 + 3 * k, c] += 4.0
+        texts.append("".join(alphabet[c] for c in ids))
+        xs.append(logits)
+    w = np.eye(len(alphabet)) + rng.normal(0, 0.02, (len(alphabet), len(alphabet)))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"])], "ctc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, steps, len(alphabet)])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, steps, len(alphabet)])],
+        [numpy_helper.from_array(w.astype(np.float32), "w")])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "ctc.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.asarray(xs, np.float32)[:, None], labels=np.array(texts))
+    lines: list[str] = []
+    build(model, tmp_path / "b", target="x86_64-cpu", calib=tmp_path / "calib.npz",
+          tasks={"model": {"kind": "ctc", "alphabet": alphabet}}, quant={"precision": "int8"},
+          openvino="no", log=lines.append)
+    assert any(line.startswith("budget: 40 of the 40 samples carry the text they read (the "
+                               "labels array of ") for line in lines), lines
+    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["decision"]
+    assert "labelled CER rise <= 1 point" in decision["budget"]
+    assert "exact" not in decision["budget"]   # agreement with FP32's strings: reported
+    shipped = next(c for c in decision["candidates"] if c["label"] == decision["label"])
+    figures = shipped["labelled_cer"]
+    # FP32 reads every text; the held-out fifth's characters judge
+    assert figures["fp32"] == pytest.approx(0.0) and 0 < figures["n"] < sum(map(len, texts))
+    assert decision["evidence"]["verdict"] == (f"not proven: {figures['n']} labelled characters "
+                                               "judged, 100 would show a 1-point rise")
+
+
+def test_a_paddleocr_labels_file_gives_each_image_its_text(tmp_path):
+    from packager.build.text_labels import text_truth
+    from packager.quantization.budget import fingerprint
+    from packager.quantization.calibration import load_samples
+
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"line{i}.png"), (rng.random((16, 48, 3)) * 255).astype(np.uint8))
+    (tmp_path / "labels.txt").write_text("line0.png\tabc\nline2.png\t\u7b80\u5355\n")
+    samples = load_samples(tmp_path, inputs=[{"name": "x", "shape": [1, 3, 16, 48],
+                                              "dtype": "float32"}], preprocess=PREP)
+    truth, where = text_truth(samples, tmp_path)
+    assert where.endswith("labels.txt") and len(truth) == 2   # line1 has no text: not judged
+    assert truth[fingerprint(samples[0])] == "abc" and truth[fingerprint(samples[2])] == "\u7b80\u5355"
+    (tmp_path / "labels.txt").write_text("line0.png abc\n")
+    with pytest.raises(CalibrationError, match=r"labels.txt:1: 'line0.png abc' has no tab"):
+        text_truth(samples, tmp_path)

@@ -163,7 +163,11 @@ def evaluate(model: ZooModel, out: Path, prepared, log) -> dict:
            "has_precision_fields": bool(precision) and "decision" in precision,
            # what OpenVINO devices run where the provider choice picked it
            "provider_graph": ((decision.get("provider_choice") or {}).get("graph")
-                            if (decision.get("provider_choice") or {}).get("chosen") else None)}
+                            if (decision.get("provider_choice") or {}).get("chosen") else None),
+           # the OpenVINO graph's own evidence (judged on the decision's samples, issue 44)
+           "provider_evidence": ((decision.get("provider_choice") or {}).get("evidence")
+                                 if (decision.get("provider_choice") or {}).get("chosen")
+                                 else None)}
     bundle_session = Session(out / part["model"]["file"])
     orig = torch_original(model) if model.factory else Session(model.model_path(), model.shapes())
     bundle = aligned(bundle_session, orig)
@@ -469,6 +473,8 @@ def write_report(rows: list[dict]) -> Path:
         proof = ((r.get("decision_record") or {}).get("evidence") or {}).get("verdict")
         if proof:   # how strong the build's evidence was (issue 44)
             decision += f"; evidence {proof}"
+        if r.get("provider_evidence") and r.get("provider_evidence") != proof:
+            decision += f"; OpenVINO's graph: evidence {r['provider_evidence']}"
         build = f"{r['build_s']:.0f} s" if "build_s" in r else "-"
         lines.append(f"| {r['name']} | {what} | {r['task']} | {_cell(decision)} | {provider} | "
                      f"{_cell(check)} | {_cell(product)} | {cos} | "

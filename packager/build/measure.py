@@ -43,6 +43,7 @@ from .records import (
     Reference,
     Shaped,
 )
+from .text_labels import text_truth
 
 
 def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, plan: PartPlan,
@@ -111,8 +112,9 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
     truth, truth_output = found if found else (None, None)
     drop = ctx.max_drop if ctx.max_drop is not None else target.max_accuracy_drop
     boxes = _box_truth(req, plan, data, ctx, drop) if int8 and metric is None else None
-    if boxes:
-        truth, truth_output = boxes, None
+    texts = _text_truth(req, plan, data, ctx, drop) if int8 and metric is None else None
+    if boxes or texts:
+        truth, truth_output = boxes or texts, None
     elif truth:
         where = "by their class folders" if labelled else f"by the labels array of {req.calib}"
         ctx.log(f"budget: the samples are labelled {where}: INT8 may lose at most "
@@ -146,6 +148,28 @@ def _box_truth(req: PartRequest, plan: PartPlan, data: PartData, ctx: BuildConte
             f"most {100 * drop:g} point(s) of labelled box mAP@0.5 against FP32 on the same "
             "samples (--max-accuracy-drop sets another); box recall and precision against "
             "FP32's boxes are reported beside it")
+    return truth
+
+
+def _text_truth(req: PartRequest, plan: PartPlan, data: PartData, ctx: BuildContext,
+                drop: float | None) -> dict[str, Any] | None:
+    """A ctc part's labelled texts (a labels.txt beside its images, or a labels array of
+    strings, build/text_labels.py), said in the log; None where its samples carry none."""
+    if not data.real or task_kind(plan.task) != "ctc":
+        return None
+    found = text_truth(data.samples, req.calib)
+    if found is None:
+        return None
+    truth, where = found
+    if not (plan.task or {}).get("alphabet"):
+        ctx.log(f"budget: the samples' texts ({where}) are not used: the ctc task names no "
+                "alphabet to read the model's answers as text (--task ctc:alphabet=@FILE)")
+        return None
+    ctx.log(f"budget: {len(truth)} of the {len(data.samples)} samples carry the text they read "
+            f"({where}): INT8 may raise the character error rate by at most "
+            f"{100 * (0.01 if drop is None else drop):g} point(s) against FP32 on the same "
+            "samples (--max-accuracy-drop sets another); agreement with FP32's strings is "
+            "reported beside it")
     return truth
 
 

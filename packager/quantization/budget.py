@@ -60,7 +60,8 @@ class AccuracyBudget:
     # labels of the samples ({fingerprint(sample): class number}, from class folders) and the
     # class-score output they judge: then the budget is the labelled top-1's drop against FP32;
     # or, for a detect task, each sample's labelled boxes ((k, 5) class x1 y1 x2 y2 in input
-    # pixels, build/box_labels.py): then it is the box mAP@0.5's drop
+    # pixels, build/box_labels.py): then it is the box mAP@0.5's drop; for a ctc task, the text
+    # each sample reads (build/text_labels.py): then it is the character error rate's rise
     truth: Mapping[str, Any] | None = None
     truth_output: str | None = None
     # the task the build suggests for a part that declares none: (--task text, the task)
@@ -82,8 +83,10 @@ class AccuracyBudget:
                 " (on outputs the task does not read)" if self.judged and not self.feeds_part
                 else ""))
         if self.truth:
-            parts.append(f"labelled {'box mAP@0.5' if self.boxes else 'top-1'} drop <= "
-                         f"{100 * self.drop_limit:g} point{'s' * (self.drop_limit != 0.01)}")
+            what = "box mAP@0.5 drop" if self.boxes else "CER rise" if self.texts else \
+                "top-1 drop"
+            parts.append(f"labelled {what} <= {100 * self.drop_limit:g} point"
+                         f"{'s' * (self.drop_limit != 0.01)}")
         elif self.max_drop is not None:
             parts.append(f"{self.metric_name or 'accuracy'} drop <= {100 * self.max_drop:g}%")
         elif self.class_outputs and not self.judged:
@@ -167,6 +170,11 @@ class AccuracyBudget:
         return bool(self.truth) and task_kind(self.task) == "detect"
 
     @property
+    def texts(self) -> bool:
+        """Whether the labels are the texts a ctc task reads."""
+        return bool(self.truth) and task_kind(self.task) == "ctc"
+
+    @property
     def drop_limit(self) -> float:
         """The largest accuracy drop allowed (--max-accuracy-drop, 1 point by default)."""
         return EXPECTED_DROP if self.max_drop is None else self.max_drop
@@ -176,8 +184,12 @@ class AccuracyBudget:
         """FP32's and the candidate's top-1 against the labels of the *held* samples that have
         one, the drop between them, and whether its count can show the budget (a 1-point drop
         needs 100 samples: one sample more wrong is then 1 point); None without labels."""
-        if self.boxes:
-            return self._labelled_boxes(held, reference, outputs)
+        if self.boxes or self.texts:
+            from .labelled import labelled_boxes, labelled_texts
+
+            judge = labelled_boxes if self.boxes else labelled_texts
+            return judge([self.truth.get(fingerprint(s)) for s in held], self.task,
+                         self.drop_limit, held, reference, outputs)
         if not self.truth or self.truth_output not in reference or not len(held):
             return None
         keys = [self.truth.get(fingerprint(s)) for s in held]
@@ -200,40 +212,6 @@ class AccuracyBudget:
         return {"value": value, "fp32": fp32, "candidate": cand, "n": n, "keep": limit,
                 "needed": need, "shown": shown, "passed": passed, "text": text,
                 "output": self.truth_output}
-
-    def _labelled_boxes(self, held: Sequence[Sample], reference: dict[str, np.ndarray],
-                        outputs: dict[str, np.ndarray]) -> dict[str, Any] | None:
-        """FP32's and the candidate's box mAP@0.5 against the labelled boxes of the *held*
-        samples that have them (every detection above MAP_SCORE ranked, the head's own
-        decoder and NMS), the drop between them, and whether the labelled boxes can show the
-        budget (a 1-point drop: 100 boxes)."""
-        from .._runtimes.runner.task_detect import decode_boxes
-        from .._runtimes.runner.task_figures import needed, split_samples
-        from .._runtimes.runner.task_spec import settings
-        from .box_map import MAP_SCORE, map50
-
-        keys = [self.truth.get(fingerprint(s)) for s in held] if self.truth else []
-        rows = [i for i, k in enumerate(keys) if k is not None]
-        if not rows:
-            return None
-        conf, names = settings(self.task), list(reference)
-        truth = [keys[i] for i in rows]
-        fp32, cand = (map50(truth, [decode_boxes(conf, per[i], score=MAP_SCORE)[:3]
-                                    for i in rows])
-                      for per in (split_samples(reference, names), split_samples(outputs, names)))
-        limit, boxes = self.drop_limit, int(sum(len(t) for t in truth))
-        need = needed("expected_drop", limit)
-        value = fp32 - cand
-        passed, shown = value <= limit + 1e-12, boxes >= need
-        text = (f"labelled box mAP@0.5 {100 * cand:.1f}% against FP32's {100 * fp32:.1f}% on "
-                f"{len(rows)} samples ({boxes} labelled boxes): a drop of {100 * value:.1f} "
-                f"points (needs at most {100 * limit:g}" + (
-                    "" if shown else f"; {boxes} labelled boxes cannot show {100 * limit:g}: "
-                    f"{need} needed") + ")")
-        return {"value": value, "fp32": fp32, "candidate": cand, "n": boxes,
-                "samples": len(rows), "unit": "labelled boxes", "keep": limit,
-                "needed": need, "shown": shown, "passed": passed, "text": text,
-                "metric": "box mAP@0.5", "output": None}
 
     def read_by_head(self, names: Sequence[str]) -> set[str]:
         """The outputs the declared task's head reads (none for raw, or where the part feeds

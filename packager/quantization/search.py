@@ -146,7 +146,8 @@ class Candidate:
                 "error": self.error or None, "notes": self.notes,
                 **({"task": {k: v["value"] for k, v in acc["task"]["figures"].items()}}
                    if acc.get("task") else {}),
-                **({("labelled_map50" if acc["labelled"].get("metric") else "labelled_top1"):
+                **({{"box mAP@0.5": "labelled_map50", "CER": "labelled_cer"}.get(
+                    acc["labelled"].get("metric", ""), "labelled_top1"):
                     {k: acc["labelled"][k] for k in ("fp32", "candidate", "n")}}
                    if acc.get("labelled") else {}),
                 **({"expected_drop": {k: v["value"] for k, v in acc["expected_drop"].items()}}
