@@ -2,6 +2,7 @@
 change the decision (quantization/advice.py)."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 from test_task_budget import scored
@@ -42,3 +43,30 @@ def test_a_miss_only_the_cosine_rule_made_names_the_task_to_try(tmp_path):
     plain = replace(budget, suggested=None)
     assert "--min-cosine 0.99" in what_to_try([cand], plain, fp32, held, None)
     assert what_to_try([], plain, fp32, held, None) == ""
+
+
+def test_the_best_miss_is_the_one_closest_to_the_budget_not_the_highest_cosine():
+    """An OCR detector's advice named an NNCF graph at pixel IoU 33.8 % (its cosine the
+    highest) beside one at 75.1 %: the figure that gates ranks first, cosine among equals."""
+    from packager.quantization.advice import best_miss, margin
+
+    int8 = replace(QuantConfig.from_preset(load_target("x86_64-cpu").quantization),
+                   precision="int8")
+
+    def cand(label, cosine, iou):
+        figures = {"iou": {"value": iou, "keep": 0.98, "passed": False}}
+        return Candidate(label, int8, Path(label), {
+            "cosine_min": cosine, "task": {"figures": figures},
+            "budget": {"passed": False, "failures": [f"iou {iou}"]}})
+
+    far, near = cand("far", 0.99, 0.338), cand("near", 0.52, 0.751)
+    assert best_miss([far, near]) is near
+    assert abs(margin(near.accuracy) - (0.751 - 0.98)) < 1e-12
+    # labels gate where they exist: the labelled drop's room decides
+    labelled = {"labelled": {"value": 0.014, "keep": 0.01}, "task": far.accuracy["task"]}
+    assert abs(margin(labelled) - (-0.004)) < 1e-12
+    # a cosine-only budget: the cosine decides, as before
+    plain = [Candidate(x, int8, Path(x), {
+        "cosine_min": c, "budget": {"passed": False, "failures": ["cosine"]}})
+        for x, c in (("a", 0.91), ("b", 0.95))]
+    assert best_miss(plain).label == "b"
