@@ -73,20 +73,28 @@ def _labelled_images(folder: Path, count: int = 30) -> Path:
     return folder
 
 
-def test_labelled_boxes_make_the_budget_the_box_map_drop(tmp_path):
+def _int8_build(model: Path, out: Path, lines: list[str], **kwargs) -> tuple[dict, dict]:
+    """Build *model* at INT8 (forced: it ships whatever the timing) without OpenVINO: (the
+    manifest's decision, the shipped candidate's record)."""
     from packager.build.job import build
+
+    build(model, out, target="x86_64-cpu", openvino="no", quant={"precision": "int8"},
+          log=lines.append, **kwargs)
+    decision = json.loads((out / "manifest.json").read_text())["parts"][0]["precision"][
+        "decision"]
+    return decision, next(c for c in decision["candidates"] if c["label"] == decision["label"])
+
+
+def test_labelled_boxes_make_the_budget_the_box_map_drop(tmp_path):
 
     data = _labelled_images(tmp_path / "data")
     lines: list[str] = []
-    build(yolo_like(tmp_path / "yolo.onnx"), tmp_path / "b", target="x86_64-cpu", calib=data,
-          preprocess=PREP, openvino="no", quant={"precision": "int8"}, log=lines.append)
+    decision, shipped = _int8_build(yolo_like(tmp_path / "yolo.onnx"), tmp_path / "b", lines,
+                                    calib=data, preprocess=PREP)
     assert any(line.startswith("budget: 30 of the 30 images carry YOLO box labels "
                                "(labels/NAME.txt, 30 boxes)") for line in lines), lines
-    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
-        "precision"]["decision"]
     assert "labelled box mAP@0.5 drop <= 1 point" in decision["budget"]
     assert "recall" not in decision["budget"]   # agreement with FP32's boxes: reported
-    shipped = next(c for c in decision["candidates"] if c["label"] == decision["label"])
     figures = shipped["labelled_map50"]
     assert 0.0 <= figures["candidate"] <= 1.0 and 0.0 <= figures["fp32"] <= 1.0
     assert figures["n"] == 6   # the held-out fifth's labelled boxes
@@ -119,7 +127,6 @@ def test_texts_make_a_recogniser_s_budget_the_cer_rise(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     from conftest import save
-    from packager.build.job import build
 
     rng = np.random.default_rng(0)
     alphabet, steps = ["<blank>", *"abcdefghij"], 24
@@ -142,16 +149,12 @@ def test_texts_make_a_recogniser_s_budget_the_cer_rise(tmp_path):
                  tmp_path / "ctc.onnx")
     np.savez(tmp_path / "calib.npz", x=np.asarray(xs, np.float32)[:, None], labels=np.array(texts))
     lines: list[str] = []
-    build(model, tmp_path / "b", target="x86_64-cpu", calib=tmp_path / "calib.npz",
-          tasks={"model": {"kind": "ctc", "alphabet": alphabet}}, quant={"precision": "int8"},
-          openvino="no", log=lines.append)
+    decision, shipped = _int8_build(model, tmp_path / "b", lines, calib=tmp_path / "calib.npz",
+                                    tasks={"model": {"kind": "ctc", "alphabet": alphabet}})
     assert any(line.startswith("budget: 40 of the 40 samples carry the text they read (the "
                                "labels array of ") for line in lines), lines
-    decision = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
-        "precision"]["decision"]
     assert "labelled CER rise <= 1 point" in decision["budget"]
     assert "exact" not in decision["budget"]   # agreement with FP32's strings: reported
-    shipped = next(c for c in decision["candidates"] if c["label"] == decision["label"])
     figures = shipped["labelled_cer"]
     # FP32 reads every text; the held-out fifth's characters judge
     assert figures["fp32"] == pytest.approx(0.0) and 0 < figures["n"] < sum(map(len, texts))

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import CalibrationError
 from ..graph.execute import Sample
-from ..quantization.calibration import is_image_source, list_sources, spread
+from ..quantization.calibration import is_image_source, list_sources, picked
 
 
 def label_file(image: Path) -> Path | None:
@@ -57,21 +57,11 @@ def read_labels(path: Path, classes: int | None = None) -> np.ndarray:
 
 def image_to_input(spec: dict[str, Any], size: tuple[int, int]):
     """A function taking (x, y) in an image of *size* (w, h) to the model's input pixels, as
-    *spec*'s resize (stretch, letterbox, center-crop) places it (runner task_detect's
-    input_to_image, the other way)."""
-    width, height = spec["size"]
+    *spec*'s resize places it (runner task_detect's input_to_image, the other way)."""
+    from .._runtimes.runner.task_detect import placement
+
     w, h = size
-    mode = spec.get("resize", "stretch")
-    if mode == "letterbox":
-        r = min(width / w, height / h)
-        nw, nh = max(1, int(round(w * r))), max(1, int(round(h * r)))
-        left, top = (width - nw) // 2, (height - nh) // 2
-    elif mode == "center-crop":
-        r = max(width / w, height / h)
-        nw, nh = max(width, int(round(w * r))), max(height, int(round(h * r)))
-        left, top = -((nw - width) // 2), -((nh - height) // 2)
-    else:
-        nw, nh, left, top = width, height, 0, 0
+    nw, nh, left, top = placement(spec, size)
     return lambda x, y: (np.asarray(x) * nw / w + left, np.asarray(y) * nh / h + top)
 
 
@@ -88,12 +78,9 @@ def box_truth(samples: Sequence[Sample], source: Path | None, spec: dict[str, An
             int(next(iter(samples[0].values())).shape[0]) != 1:
         return None
     files = list_sources(source)
-    if not is_image_source(files):
+    files = picked(files, len(samples)) if is_image_source(files) else None
+    if files is None:
         return None
-    if len(files) != len(samples):   # thinned to MAX_SAMPLES: the loader's own picks
-        files = [files[i] for i in spread(len(files))]
-        if len(files) != len(samples):
-            return None
     truth: dict[str, np.ndarray] = {}
     for image, sample in zip(files, samples, strict=True):
         found = label_file(image)

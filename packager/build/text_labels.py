@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import CalibrationError
 from ..graph.execute import Sample
-from ..quantization.calibration import is_image_source, list_sources, source_labels, spread
+from ..quantization.calibration import is_image_source, list_sources, picked, source_labels
 
 LABELS_FILE = "labels.txt"
 
@@ -44,11 +44,9 @@ def text_truth(samples: Sequence[Sample], source: Path | None
         table = source / LABELS_FILE if source.is_dir() else None
         if table is None or not table.is_file():
             return None
-        labels = read_text_labels(table)
-        if len(files) != len(samples):   # thinned to MAX_SAMPLES: the loader's own picks
-            files = [files[i] for i in spread(len(files))]
-            if len(files) != len(samples):
-                return None
+        labels, files = read_text_labels(table), picked(files, len(samples))
+        if files is None:
+            return None
         texts = [labels.get(p.relative_to(source).as_posix(), labels.get(p.name))
                  for p in files]
         where = f"{table}"

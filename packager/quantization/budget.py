@@ -189,7 +189,7 @@ class AccuracyBudget:
 
             judge = labelled_boxes if self.boxes else labelled_texts
             return judge([self.truth.get(fingerprint(s)) for s in held], self.task,
-                         self.drop_limit, held, reference, outputs)
+                         self.drop_limit, reference, outputs)
         if not self.truth or self.truth_output not in reference or not len(held):
             return None
         keys = [self.truth.get(fingerprint(s)) for s in held]

@@ -417,11 +417,16 @@ def source_labels(source: Path, count: int) -> list[Any] | None:
         labels = [x.item() if hasattr(x, "item") else x for x in found]
     else:
         return None
-    if len(labels) != count:   # thinned to MAX_SAMPLES: the same picks as the samples
-        labels = [labels[i] for i in spread(len(labels))]
-        if len(labels) != count:
-            return None
-    return labels
+    return picked(labels, count)
+
+
+def picked(items: Sequence[Any], count: int) -> list[Any] | None:
+    """*items* (one per file or array entry under --calib, in the loader's order) as the
+    loader picked its *count* samples from them (thinned to MAX_SAMPLES, evenly spread), or
+    None where they cannot be matched to the samples."""
+    if len(items) != count:
+        items = [items[i] for i in spread(len(items))]
+    return list(items) if len(items) == count else None
 
 
 def sample_labels(source: Path, count: int, fraction: float) -> list[str] | None:

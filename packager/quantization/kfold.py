@@ -77,7 +77,7 @@ def verdict(accuracy: dict[str, Any], evidence: "Evidence") -> str:
     unit = worst.get("unit") or WORDS.get(worst["name"], ("", "samples"))[1]
     judged = evidence.samples if unit == "samples" else worst.get("n", 0)
     if worst["name"] in ("expected_drop", "labelled_drop"):
-        what = f"a {100 * worst['keep']:g}-point {'rise' if worst.get('metric') == 'CER' else 'drop'}"
+        what = f"a {100 * worst['keep']:g}-point {worst.get('verb', 'drop')}"
     else:
         what = f"{WORDS[worst['name']][0]} {percent(worst['keep'])}".replace(" on ", " ")
     return f"not proven: {judged} {unit} judged, {worst['needed']} would show {what}"

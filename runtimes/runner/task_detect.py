@@ -171,22 +171,28 @@ def summary(result):
                                ", ".join(shown) + (", ..." if len(result["boxes"]) > 5 else ""))
 
 
-def input_to_image(spec, size):
-    """A function taking (x, y) arrays in the model's input pixels to the original image's, by
-    undoing *spec*'s resize (stretch, letterbox, center-crop) of an image of *size* (w, h)."""
+def placement(spec, size):
+    """(nw, nh, left, top): where *spec*'s resize (stretch, letterbox, center-crop) puts an
+    image of *size* (w, h) in the model's input: its size there and its top-left corner."""
     width, height = spec["size"]
     w, h = size
     mode = spec.get("resize", "stretch")
     if mode == "letterbox":
         r = min(float(width) / w, float(height) / h)
         nw, nh = max(1, int(round(w * r))), max(1, int(round(h * r)))
-        left, top = (width - nw) // 2, (height - nh) // 2
-    elif mode == "center-crop":
+        return nw, nh, (width - nw) // 2, (height - nh) // 2
+    if mode == "center-crop":
         r = max(float(width) / w, float(height) / h)
         nw, nh = max(width, int(round(w * r))), max(height, int(round(h * r)))
-        left, top = -((nw - width) // 2), -((nh - height) // 2)
-    else:
-        nw, nh, left, top = width, height, 0, 0
+        return nw, nh, -((nw - width) // 2), -((nh - height) // 2)
+    return width, height, 0, 0
+
+
+def input_to_image(spec, size):
+    """A function taking (x, y) arrays in the model's input pixels to the original image's, by
+    undoing *spec*'s resize (stretch, letterbox, center-crop) of an image of *size* (w, h)."""
+    w, h = size
+    nw, nh, left, top = placement(spec, size)
 
     def convert(x, y):
         return (np.clip((np.asarray(x, np.float64) - left) * w / nw, 0, w),
