@@ -201,6 +201,23 @@ def test_outputs_plan_takes_ragged_outputs_and_a_row_s_own_samples(openvino, tmp
     np.testing.assert_array_equal(outputs["ov"]["y"][0], np.maximum(feeds[2]["x"], 0))
 
 
+def test_unsigned_activations_run_under_openvino_as_on_the_cpu_provider(openvino, tmp_path):
+    """NNCF's signed activations ran wrong under OpenVINO where a split piece went on beside a
+    quantized Conv (YOLOv8's C2f: nudenet's class scores vanished, max 0.011 against 0.743);
+    rewritten unsigned (graph/unsigned.py), OpenVINO gives the CPU provider's numbers."""
+    from test_unsigned import X, run, split_conv_concat
+
+    from packager.graph.unsigned import unsigned_activations
+
+    model = split_conv_concat()
+    assert unsigned_activations(model) == 1
+    path = save(model, tmp_path / "unsigned.onnx")
+    rows = [("ov", path, ort_builds.openvino_chain())]
+    outputs, ran = ort_builds.outputs_plan(openvino, rows, [{"x": X}], 2)
+    assert ran == {"ov": "OpenVINOExecutionProvider"}
+    np.testing.assert_allclose(outputs["ov"]["y"][0], run(model), atol=1e-4)
+
+
 def test_where_the_decision_was_rotated_the_provider_judges_each_fold_graph_on_its_fold(
         openvino, tmp_path):
     """A held-out split too thin to decide is rotated (k-fold) on the CPU provider; OpenVINO's

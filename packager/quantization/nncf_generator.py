@@ -9,7 +9,8 @@ activation outliers into the weights (SmoothQuant). On the zoo's PP-LCNet (orien
 default kept cosine 0.96 where onnxruntime's best variant reached 0.83, and its graph ran 1.71x
 FP32 under OpenVINO where onnxruntime's ran 1.00x (measured here; on the CPU provider both are
 slower than FP32: which graph is best depends on the provider, and the build times each under
-each).
+each). Its signed activations are rewritten unsigned (graph/unsigned.py: the same numbers,
+which OpenVINO runs right).
 
 NNCF is an optional, pinned extra (`pip install 'edgepack[nncf]'`, `make install` installs it):
 without it the search is onnxruntime's alone and the build says so once.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from ..errors import QuantizationError
 from ..graph.execute import Sample
+from ..graph.unsigned import unsigned_activations
 
 VERSION = "3.4.0"   # pinned: NNCF's placement and defaults change between releases
 
@@ -102,4 +104,6 @@ def nncf_quantize(src: Path, dst: Path, *, samples: Sequence[Sample], exclude: S
     if not isinstance(made, onnx.ModelProto):
         raise QuantizationError("NNCF returned no ONNX model", "the onnxruntime candidates "
                                 "are still built")
+    # signed activations run wrong under OpenVINO; unsigned ones hold the same numbers
+    unsigned_activations(made)
     save_model(made, dst)   # (with external data above 2 GiB)
