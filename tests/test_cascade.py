@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from packager._runtimes.runner import cascade_ocr as glue
+from packager._runtimes.runner import task_detect as db
 from packager._runtimes.runner.cascade_spec import STEP_PARAMETERS, pipeline_problem
 from packager._runtimes.runner.errors import BundleError as RunnerBundleError
 from packager._runtimes.runner.manifest import check_manifest
@@ -39,7 +40,7 @@ def test_a_probability_map_with_two_text_blobs_gives_two_boxes_grown_by_the_uncl
     prob[0, 0, 10:20, 10:60] = 0.9        # a line 50 x 10
     prob[0, 0, 40:50, 30:100] = 0.8       # a line 70 x 10
     prob[0, 0, 30, 5] = 0.9               # one pixel: under min_size
-    boxes, scores = glue.text_boxes(prob, dict(DETECT, dilate=False))
+    boxes, scores = db.text_boxes(prob, dict(DETECT, dilate=False))
     assert len(boxes) == 2
     # DB's unclip: distance = area * 1.6 / perimeter of the box between pixel centres
     w, h = 49, 9
@@ -51,11 +52,11 @@ def test_a_probability_map_with_two_text_blobs_gives_two_boxes_grown_by_the_uncl
 def test_a_tilted_blob_gets_a_tilted_quad_and_its_crop_comes_out_level():
     prob = np.zeros((120, 200), np.float32)
     cv2.line(prob, (20, 90), (180, 30), 0.9, 9)   # a text line rising 20.6 degrees
-    quads, scores = glue.text_quads(prob, dict(DETECT, dilate=False))
+    quads, scores = db.text_quads(prob, dict(DETECT, dilate=False))
     assert len(quads) == 1 and scores[0] > 0.8
     top = quads[0][1] - quads[0][0]
     assert np.degrees(np.arctan2(-top[1], top[0])) == pytest.approx(20.6, abs=1.5)
-    assert glue.bounding_boxes(quads)[0] == pytest.approx(glue.text_boxes(
+    assert db.bounding_boxes(quads)[0] == pytest.approx(db.text_boxes(
         prob, dict(DETECT, dilate=False))[0][0])
     photo = np.full((120, 200, 3), 255, np.uint8)
     cv2.line(photo, (20, 90), (180, 30), (0, 0, 0), 9)
@@ -65,18 +66,18 @@ def test_a_tilted_blob_gets_a_tilted_quad_and_its_crop_comes_out_level():
     assert rows[len(rows) // 2] < 60 and rows[0] > 150 and rows[-1] > 150   # ink in the middle
     level = np.zeros((60, 200), np.float32)
     level[20:30, 20:180] = 0.9                      # within 2 degrees: the axis-aligned box
-    quad = glue.text_quads(level, dict(DETECT, dilate=False))[0][0]
+    quad = db.text_quads(level, dict(DETECT, dilate=False))[0][0]
     assert quad[0][1] == quad[1][1] and quad[0][0] == quad[3][0]
 
 
 def test_box_threshold_drops_a_faint_blob_and_dilation_joins_touching_diagonals():
     prob = np.zeros((32, 32), np.float32)
     prob[4:12, 4:20] = 0.35                # over the pixel line, under the box score
-    assert len(glue.text_boxes(prob, dict(DETECT, dilate=False))[0]) == 0
+    assert len(db.text_boxes(prob, dict(DETECT, dilate=False))[0]) == 0
     mask = np.zeros((6, 6), bool)
     mask[1, 1] = mask[2, 2] = True         # 8-connected only: two blobs, one once dilated
-    assert len(glue.components(mask)) == 2
-    assert len(glue.components(glue.dilate(mask))) == 1
+    assert len(db.components(mask)) == 2
+    assert len(db.components(db.dilate(mask))) == 1
 
 
 def test_components_agree_with_opencv_on_a_random_mask():
@@ -84,7 +85,7 @@ def test_components_agree_with_opencv_on_a_random_mask():
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8),
                                                                connectivity=4)
     found = sorted((x1, y1, x2 - x1 + 1, y2 - y1 + 1, n)
-                   for x1, y1, x2, y2, n in glue.components(mask))
+                   for x1, y1, x2, y2, n in db.components(mask))
     assert found == sorted(tuple(int(v) for v in row) for row in stats[1:])
 
 

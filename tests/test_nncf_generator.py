@@ -54,6 +54,21 @@ def test_nncf_writes_a_qdq_graph_that_keeps_the_outputs_and_leaves_excluded_node
     assert "by NNCF" in NNCF.describe()
 
 
+def test_nncf_graphs_quantize_activations_unsigned(tmp_path):
+    """NNCF quantizes a signed activation (the MLP's input, its hidden layer) to int8 with zero
+    point 0, which OpenVINO runs wrong beside a Split; the generator writes it as uint8 with
+    zero point 128 (graph/unsigned.py): weights stay int8."""
+    out = quantize_file(mlp(tmp_path / "m.onnx"), tmp_path / "q.onnx", config=NNCF,
+                        samples=samples(32))
+    graph = onnx.load(str(out)).graph
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    quantizers = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert quantizers and all(inits[n.input[2]].dtype == np.uint8 for n in quantizers)
+    assert 128 in {int(inits[n.input[2]]) for n in quantizers}   # a signed range, moved
+    weights = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits]
+    assert weights and all(inits[n.input[0]].dtype == np.int8 for n in weights)
+
+
 def test_min_max_ranges_widen_the_activation_ranges_and_an_unknown_estimator_is_refused(
         tmp_path):
     model = mlp(tmp_path / "m.onnx")
@@ -119,6 +134,28 @@ def test_when_nncf_misses_both_range_estimators_are_measured_and_the_better_one_
     bisected = [c for label, c in made.items() if "most sensitive" in label]
     assert bisected and all(("minmax ranges" in c["precision"]) == (better is wide)
                             for c in bisected)
+
+
+def test_nncf_calibrates_on_every_sample_where_memory_thinned_onnxruntime_s(tmp_path):
+    """onnxruntime's calibrator holds every tensor of every sample, so a large model's
+    calibration is thinned to what memory fits (PP-OCRv4 det at 480x480: 19 of 42); NNCF
+    reduces each sample's statistics as it goes and calibrates on the whole set."""
+    from packager.quantization.search import Search
+
+    model = mlp(tmp_path / "m.onnx")
+    whole = samples(24)
+    thinned = whole[::3]
+    lines: list[str] = []
+    search = Search(model, tmp_path, calib=thinned, held=samples(4, seed=2),
+                    budget=AccuracyBudget(min_cosine=0.95), log=lines.append, whole=whole)
+    assert len(search._samples(NNCF)) == 24 and len(search._samples(BASE)) == 8
+    assert any("NNCF calibrates on all 24 calibration samples" in line and "takes 8" in line
+               for line in lines)
+    assert NNCF.streams and not BASE.streams
+    record = decide(model, tmp_path / "d", target=load_target("x86_64-cpu"), family="default",
+                    request={}, calib=thinned, held=samples(8, seed=2), timer=fixed_timer,
+                    budget=AccuracyBudget(min_cosine=0.95), log=lines.append, whole=whole).record
+    assert any(c["label"] == "INT8 NNCF" for c in record["candidates"])
 
 
 def test_a_search_that_used_its_whole_limit_still_leaves_nncf_its_own_window(tmp_path):

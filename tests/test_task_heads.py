@@ -101,6 +101,47 @@ def test_centernet_heatmap_peak_becomes_a_box_with_landmarks():
     assert boxes[0]["landmarks"] == [[pytest.approx(cx), pytest.approx(cy)]] * 5
 
 
+def text_map(lines, size=(64, 96), level=0.9):
+    """A DB text map (1, 1, H, W): each line (y1, y2, x1, x2) painted at *level*."""
+    prob = np.zeros((1, 1) + size, np.float32)
+    for y1, y2, x1, x2 in lines:
+        prob[0, 0, y1:y2, x1:x2] = level
+    return prob
+
+
+def test_db_text_map_becomes_text_boxes_judged_by_box_recall():
+    """PaddleOCR's detector answers text boxes: the DB decoder reads them off the map (blobs
+    over 0.3, mean score over 0.6, grown by unclip 1.5) and the detect head's figures judge
+    them, so a map that shifts at its edges keeps its boxes (the pixel IoU moved 75-96 % on
+    PP-OCRv4 det while the boxes held)."""
+    task = {"kind": "detect", "decoder": "db"}
+    conf = tasks.settings(task)
+    assert (conf["threshold"], conf["score"], conf["unclip"], conf["max_boxes"]) == \
+        (0.3, 0.6, 1.5, 1000)
+    assert tasks.settings({"kind": "detect"})["score"] == 0.25   # the YOLO default stays
+    prob = text_map([(10, 18, 8, 80), (40, 46, 20, 60)])
+    prob[0, 0, 30:33, 5:9] = 0.4    # a faint blob: its mean score is under 0.6
+    boxes = tasks.apply(task, [prob])["boxes"]
+    assert [b["label"] for b in boxes] == ["text", "text"]
+    w, h = 80 - 1 - 8, 18 - 1 - 10                       # between the outer pixel centres
+    grow = w * h * 1.5 / (2 * (w + h))
+    assert boxes[0]["box"] == pytest.approx([8 - grow, 10 - grow, 79 + grow, 17 + grow], abs=0.01)
+    assert boxes[0]["score"] == pytest.approx(0.9)
+    # the candidate's map one pixel wider at each line's ends: same boxes at IoU 0.5
+    ref = [[text_map([(10, 18, 8, 80), (40, 46, 20, 60)])] for _ in range(30)]
+    near = [[text_map([(10, 18, 7, 81), (40, 46, 19, 61)])] for _ in range(30)]
+    fig = tf.figures(task, ref, near)
+    assert fig["recall"]["value"] == 1.0 and fig["recall"]["n"] == 60
+    assert fig["precision"]["value"] == 1.0
+    # a line that fades under the box score line in one model is a miss
+    faded = [[text_map([(10, 18, 8, 80)]) + text_map([(40, 46, 20, 60)], level=0.31)]
+             for _ in range(30)]
+    fig = tf.figures(task, ref, faded)
+    assert fig["recall"]["value"] == 0.5 and fig["precision"]["value"] == 1.0
+    verdict = tf.judge(task, fig)
+    assert not verdict["passed"] and "box recall" in verdict["text"]
+
+
 def test_boxes_back_in_the_photos_pixels():
     """A 640x480 photo letterboxed into 320x320 (scale 0.5, 40 px bands above and below)."""
     result = tasks.apply({"kind": "detect", "decoder": "centernet", "score": 0.5},
@@ -466,6 +507,10 @@ def test_needed_counts():
     ({"kind": "speak"}, "task.kind must be one of"),
     ({"kind": "ctc", "alphabet": ["-", 7]}, "task.alphabet must be a list of strings"),
     ({"kind": "detect", "decoder": "centernet"}, "needs heatmap, scale and offset outputs"),
+    ({"kind": "detect", "decoder": "db", "unclip": -1}, "task.unclip must be a number from 0 to 10"),
+    ({"kind": "detect", "decoder": "db", "dilate": 1}, "task.dilate must be true or false"),
+    ({"kind": "detect", "decoder": "dbnet"}, "task.decoder must be one of yolov8, yolov5, "
+                                             "centernet, db"),
     ("classify", "task must be an object"),
     ({"kind": "classify", "keep": {"recall": 0.9}}, "task.keep names 'recall', not a figure of "
                                                     "a classify task (expected_drop, top1)"),
@@ -497,6 +542,7 @@ HEADS = {"logits": [1, 10], "yolo": [1, 6, 8400], "tokens": [1, 12, 8], "steps":
     ({"kind": "detect", "decoder": "centernet", "outputs": ["heat", "wh", "logits"]},
      "task.outputs: offset output logits has shape [1, 10]"),
     ({"kind": "segment", "output": "logits"}, "not (1, classes, H, W)"),
+    ({"kind": "detect", "decoder": "db", "output": "yolo"}, "not a DB text map (1, 1, H, W)"),
     ({"kind": "multilabel", "output": ["tokens", "steps"], "labels": ["a"] * 8},
      "task.labels has 8 entries, output steps has 6 labels (its last axis)"),
     ({"kind": "multilabel", "labels": ["a"] * 10}, "task.labels has 10 entries, output 1 has 8400"),
@@ -513,6 +559,8 @@ def test_task_problem_passes_heads_that_fit():
                  {"kind": "ctc", "output": "steps", "alphabet": list("-abcde")},
                  {"kind": "detect", "decoder": "centernet",
                   "outputs": ["heat", "wh", "wh", "marks"]},
+                 {"kind": "detect", "decoder": "db", "output": "heat", "unclip": 2,
+                  "min_size": 2, "dilate": True, "threshold": 0.2},
                  {"kind": "multilabel", "output": ["tokens", 3], "threshold": [0.3, 0.5]},
                  {"kind": "multilabel", "output": "tokens", "labels": list("abcdefgh")}):
         assert tasks.task_problem(task, outputs) == "", task

@@ -734,7 +734,7 @@ MODELS = [
              inputs=["x:1x3x480x480"],
              preprocess="size=480x480,resize=letterbox,color=bgr,layout=nchw,scale=1/255,mean=0.5,std=0.5",
              prepare=image_folder_prepare(text_views), check=check_det,
-             declare="segment:threshold=0.3"),
+             declare="detect:decoder=db,threshold=0.3,score=0.5,unclip=1.6"),
     ZooModel("ocr-rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
              "paddle2onnx", "OCR text recognition (PP-OCRv4 rec, CTC, 6625 chars)",
              inputs=["x:1x3x48x320"], prepare=crops_prepare(48, 320, flipped=False), check=check_rec,

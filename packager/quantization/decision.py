@@ -141,7 +141,7 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
     pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, provider_pays, log)
     search = Search(fp32, folder, calib=calib, held=held, budget=budget, labels=labels, log=log,
                     progress=progress, reference=fp32_outputs, pays=pays, steps=steps,
-                    seconds=request.search_seconds)
+                    seconds=request.search_seconds, whole=whole)
     pays.search = search
     base = _search_int8(search, base, request, forced, preset, target, family,
                         bool(calib), provider_pays, log)

@@ -130,7 +130,7 @@ class Rotation:
         for j, fold in enumerate(self.folds):
             out = set(fold)
             calib = [s for i, s in enumerate(self.pool) if i not in out]
-            if self.cap and len(calib) > self.cap:
+            if self.cap and len(calib) > self.cap and not config.streams:
                 calib = [calib[i] for i in spread(len(calib), self.cap)]
             if histogram_cap and config.calibration_method != "minmax" and \
                     len(calib) > histogram_cap:

@@ -35,6 +35,13 @@ class QuantConfig(QuantPreset):
     transformer: bool = False   # NNCF's transformer model type (SmoothQuant, fewer quantizers)
     nncf_ranges: str = "default"   # NNCF's activation ranges: its default estimator or "minmax"
 
+    @property
+    def streams(self) -> bool:
+        """Whether its calibration reduces each sample's statistics as it goes (NNCF), so
+        that it may take every calibration sample where onnxruntime's calibrator, which holds
+        every tensor of every sample at once, takes what memory fits."""
+        return self.precision == "int8" and self.mode == "static" and self.generator == "nncf"
+
     @classmethod
     def from_preset(cls, preset: QuantPreset, **overrides: Any) -> "QuantConfig":
         given = {k: v for k, v in overrides.items() if v is not None}

@@ -170,13 +170,17 @@ class Search:
                  labels: Sequence[Any] | None = None, log: Log = lambda _: None,
                  progress=None, reference: dict[str, Any] | None = None,
                  pays: Callable[[list["Candidate"]], str] | None = None,
-                 steps: Progress | None = None, seconds: float | None = None):
+                 steps: Progress | None = None, seconds: float | None = None,
+                 whole: Sequence[Sample] | None = None):
         """*reference*: FP32's outputs on *held* when already computed. *pays*, given variants
         that miss the budget, times them against FP32 and returns why INT8 cannot pay ('' when
         it can): variants with more nodes in float will not be faster, so the search stops.
         *steps* shows each variant as it is built and measured (how many is not known ahead).
-        *seconds*: no stage starts after it, no bisection probe after BISECT_SHARE x it."""
+        *seconds*: no stage starts after it, no bisection probe after BISECT_SHARE x it.
+        *whole*: the calibration set before it was thinned to fit onnxruntime's calibrator in
+        memory: a generator that streams its statistics (NNCF) calibrates on all of it."""
         self.fp32, self.folder, self.calib, self.held = fp32, folder, calib, held
+        self.whole = list(whole) if whole is not None and len(whole) > len(calib) else None
         self.budget, self.labels, self.log, self.progress = budget, labels, log, progress
         self.pays, self.steps = pays, steps or OFF
         self.steps.start("search", None)
@@ -255,6 +259,14 @@ class Search:
 
     def _samples(self, config: QuantConfig) -> Sequence[Sample]:
         """The calibration samples for *config*: a spread subset for the histogram methods."""
+        if config.streams and self.whole:
+            if "streams" not in self._said:
+                self._said.add("streams")
+                self.log(f"search: NNCF calibrates on all {len(self.whole)} calibration samples "
+                         f"(it reduces each sample's statistics as it goes; onnxruntime's "
+                         f"calibrator holds every tensor of every sample, so it takes "
+                         f"{len(self.calib)})")
+            return self.whole
         cap = self.histogram_cap
         if config.mode != "static" or config.calibration_method == "minmax" or cap is None or \
                 len(self.calib) <= cap:

@@ -25,7 +25,7 @@ from ..graph.metadata import class_names
 TINY = 2.0        # input pixels: a box narrower or lower than this is no object
 OUTSIDE = 0.25    # a box reaching this share of the input beyond its edges is not in the image
 MOST = 0.5        # the share of odd boxes that says the decoder reads something else
-FIX = ("name the head's format (--task detect:decoder=yolov8|yolov5|centernet), or judge the "
+FIX = ("name the head's format (--task detect:decoder=yolov8|yolov5|centernet|db), or judge the "
        "candidates by your own decoding: --metric FILE.py:FUNCTION (docs/tasks.md)")
 
 
@@ -66,8 +66,8 @@ def check_decoder_fits(task: Mapping[str, Any] | None, graph: onnx.ModelProto,
 
 def _decoder_classes(conf: Mapping[str, Any], first: Mapping[str, np.ndarray]) -> int | None:
     """The class count a YOLO decoder reads from the head's shape in one sample's outputs
-    (None: centernet, or not known)."""
-    if conf["decoder"] == "centernet":
+    (None: centernet, a DB text map, or not known)."""
+    if conf["decoder"] in ("centernet", "db"):
         return None
     try:
         pred = np.asarray(pick(first, conf["output"]))

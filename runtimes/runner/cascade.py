@@ -26,16 +26,7 @@ except ImportError:
 
 from .cascade_face import find_faces
 from .cascade_face import summary as face_summary
-from .cascade_ocr import (
-    bounding_boxes,
-    crop_quad,
-    fit_crop,
-    fit_image,
-    reading_order,
-    rotate180,
-    split_line,
-    text_quads,
-)
+from .cascade_ocr import crop_quad, fit_crop, fit_image, reading_order, rotate180, split_line
 from .cascade_spec import stage_settings
 from .cascade_tts import Speech, read_tokens, write_speech
 from .cascade_tts import answer as speech_answer
@@ -44,7 +35,7 @@ from .images import MAX_PIXELS, decode_image
 from .manifest import require_intact
 from .sessions import open_session
 from .task_ctc import ctc_decode, ctc_text
-from .task_detect import input_to_image
+from .task_detect import bounding_boxes, input_to_image, text_quads
 from .tasks import as_probabilities, pick, settings, task_kind
 
 

@@ -1,6 +1,10 @@
-"""The detect head: boxes decoded (YOLOv8, YOLOv5, CenterNet) and kept by NMS, box recall and
-precision between two models, and boxes mapped back to the photo's own pixels.
+"""The detect head: boxes decoded (YOLOv8, YOLOv5, CenterNet) and kept by NMS, or read off a DB
+text map (PaddleOCR's detector: blobs over a threshold, boxed along their axis, grown by DB's
+unclip); box recall and precision between two models, and boxes mapped back to the photo's own
+pixels.
 """
+
+import math
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
     import numpy as np
@@ -109,11 +113,173 @@ def centernet_candidates(conf, outputs):
     return boxes, heat[ys, xs], np.zeros(len(ys), np.int64), points
 
 
+# -- DB text maps (PaddleOCR's detector): blobs over a threshold, boxed ----------------------
+
+
+def dilate(mask):
+    """*mask* grown by a 2x2 kernel (OpenCV's dilate with np.ones((2, 2)), as DB uses it)."""
+    out = mask.copy()
+    out[1:, :] |= mask[:-1, :]
+    out[:, 1:] |= mask[:, :-1]
+    out[1:, 1:] |= mask[:-1, :-1]
+    return out
+
+
+def runs(row):
+    """(starts, ends) of the runs of True in one row, ends exclusive."""
+    edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+    return np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+
+
+def components(mask, labels=False):
+    """Every 4-connected blob of True in *mask* (H, W): a list of (x1, y1, x2, y2, pixels),
+    corners inclusive, top to bottom; with *labels*, also an (H, W) int32 map holding k + 1 on
+    the pixels of blob k. Runs of each row are joined to the runs they touch in the row above
+    (union-find over runs: a text map has a few dozen runs a row)."""
+    parent = []
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    found = []   # (row, start, end) of each run
+    previous = []   # run indices of the row above
+    for y in range(mask.shape[0]):
+        starts, ends = runs(mask[y])
+        current = []
+        j = 0
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            index = len(found)
+            found.append((y, s, e))
+            parent.append(index)
+            current.append(index)
+            while j < len(previous) and found[previous[j]][2] <= s:
+                j += 1
+            k = j
+            while k < len(previous) and found[previous[k]][1] < e:
+                a, b = root(previous[k]), root(index)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+                k += 1
+        previous = current
+    boxes = {}
+    roots = [root(index) for index in range(len(found))]
+    for (y, s, e), r in zip(found, roots):
+        box = boxes.get(r)
+        if box is None:
+            boxes[r] = [s, y, e - 1, y, e - s]
+        else:
+            box[0], box[2] = min(box[0], s), max(box[2], e - 1)
+            box[3] = y
+            box[4] += e - s
+    order = sorted(boxes)
+    blobs = [tuple(boxes[r]) for r in order]
+    if not labels:
+        return blobs
+    number = dict((r, k + 1) for k, r in enumerate(order))
+    image = np.zeros(mask.shape, np.int32)
+    for (y, s, e), r in zip(found, roots):
+        image[y, s:e] = number[r]
+    return blobs, image
+
+
+SNAP = math.radians(2.0)   # a blob tilted less than this is boxed axis-aligned
+
+
+def oriented_rect(xs, ys):
+    """(angle in (-45, 45] degrees as radians, u range, v range) of the rectangle around the
+    points along their principal axis (the more horizontal one); 0 when nearly level. u runs
+    along x cos a + y sin a, v along -x sin a + y cos a."""
+    angle = 0.0
+    if len(xs) >= 3:
+        dx, dy = xs - xs.mean(), ys - ys.mean()
+        angle = 0.5 * math.atan2(2.0 * float((dx * dy).mean()),
+                                 float((dx * dx).mean() - (dy * dy).mean()))
+        if angle > math.pi / 4:
+            angle -= math.pi / 2
+        elif angle <= -math.pi / 4:
+            angle += math.pi / 2
+        if abs(angle) < SNAP:
+            angle = 0.0
+    c, s = math.cos(angle), math.sin(angle)
+    u, v = xs * c + ys * s, -xs * s + ys * c
+    return angle, (float(u.min()), float(u.max())), (float(v.min()), float(v.max()))
+
+
+def rect_corners(angle, us, vs):
+    """The 4 corners (x, y) of a (u, v) rectangle: top-left, top-right, bottom-right,
+    bottom-left as the text reads."""
+    c, s = math.cos(angle), math.sin(angle)
+    return np.asarray([[u * c - v * s, u * s + v * c] for u, v in (
+        (us[0], vs[0]), (us[1], vs[0]), (us[1], vs[1]), (us[0], vs[1]))], np.float64)
+
+
+def text_quads(prob, conf):
+    """(quads (N, 4, 2) of corners x, y, scores (N,)) of a DB probability map (any shape ending
+    in H, W), in map pixels: blobs over conf["threshold"], each boxed along its principal axis
+    (axis-aligned when within 2 degrees of level), the box's mean probability over
+    conf["box_threshold"], grown by DB's unclip distance, short sides of conf["min_size"]."""
+    prob = np.asarray(prob, np.float64)
+    prob = prob.reshape(prob.shape[-2:])
+    mask = prob > conf["threshold"]
+    if conf["dilate"]:
+        mask = dilate(mask)
+    height, width = prob.shape
+    blobs, labels = components(mask, labels=True)
+    found, scores = [], []
+    for k, (x1, y1, x2, y2, _) in enumerate(blobs[:conf["max_boxes"]]):
+        ys, xs = np.nonzero(labels[y1:y2 + 1, x1:x2 + 1] == k + 1)
+        angle, us, vs = oriented_rect(xs.astype(np.float64), ys.astype(np.float64))
+        w, h = us[1] - us[0], vs[1] - vs[0]   # between the outermost pixel centres
+        if min(w, h) < conf["min_size"]:
+            continue
+        if angle == 0.0:
+            score = float(prob[y1:y2 + 1, x1:x2 + 1].mean())
+        else:   # the mean over the tilted rectangle's pixels
+            gy, gx = np.mgrid[0:y2 - y1 + 1, 0:x2 - x1 + 1].astype(np.float64)
+            u = gx * math.cos(angle) + gy * math.sin(angle)
+            v = -gx * math.sin(angle) + gy * math.cos(angle)
+            inside = (u >= us[0] - 0.5) & (u <= us[1] + 0.5) & (v >= vs[0] - 0.5) & \
+                (v <= vs[1] + 0.5)
+            score = float(prob[y1:y2 + 1, x1:x2 + 1][inside].mean())
+        if score < conf["box_threshold"]:
+            continue
+        grow = w * h * conf["unclip"] / max(2.0 * (w + h), 1e-9)
+        if min(w, h) + 2 * grow < conf["min_size"] + 2:
+            continue
+        quad = rect_corners(angle, (us[0] - grow, us[1] + grow), (vs[0] - grow, vs[1] + grow))
+        quad += [x1, y1]
+        quad[:, 0] = np.clip(quad[:, 0], 0.0, width)
+        quad[:, 1] = np.clip(quad[:, 1], 0.0, height)
+        found.append(quad)
+        scores.append(score)
+    return np.asarray(found, np.float64).reshape(-1, 4, 2), np.asarray(scores, np.float64)
+
+
+def bounding_boxes(quads):
+    """(N, 4) x1 y1 x2 y2 around each quad (N, 4, 2)."""
+    quads = np.asarray(quads, np.float64).reshape(-1, 4, 2)
+    return np.concatenate([quads.min(axis=1), quads.max(axis=1)], axis=1)
+
+
+def text_boxes(prob, conf):
+    """(boxes (N, 4) x1 y1 x2 y2 around text_quads' quads, scores)."""
+    quads, scores = text_quads(prob, conf)
+    return bounding_boxes(quads), scores
+
+
+
 def decode_boxes(conf, outputs, score=None):
     """(boxes, scores, classes, landmarks or None) after the score line and NMS, best first."""
     floor = conf["score"] if score is None else score
     conf = dict(conf, floor=floor)
     points = None
+    if conf["decoder"] == "db":   # blobs do not overlap: no NMS; the best first
+        boxes, scores = text_boxes(pick(outputs, conf["output"]), dict(conf, box_threshold=floor))
+        order = np.argsort(-scores, kind="stable")[:conf["max_boxes"]]
+        return boxes[order], scores[order], np.zeros(len(order), np.int64), None
     if conf["decoder"] == "centernet":
         boxes, scores, classes, points = centernet_candidates(conf, outputs)
     else:
@@ -131,7 +297,7 @@ def decode_boxes(conf, outputs, score=None):
 
 def read(conf, outputs, feed=None, part_labels=None):
     boxes, scores, classes, points = decode_boxes(conf, outputs)
-    labels = conf["labels"] or part_labels
+    labels = conf["labels"] or part_labels or (["text"] if conf["decoder"] == "db" else None)
     found = []
     for k in range(len(boxes)):
         item = {"box": [round(float(v), 2) for v in boxes[k]], "score": float(scores[k]),

@@ -4,14 +4,18 @@ model's outputs (names, and shapes where known), naming the key that is wrong.""
 from .contents import task_kind  # noqa: F401 (this module's API too)
 
 KINDS = ("raw", "classify", "detect", "embed", "ctc", "segment", "vad", "multilabel", "tts")
-DECODERS = ("yolov8", "yolov5", "centernet")
+DECODERS = ("yolov8", "yolov5", "centernet", "db")
 POOLINGS = ("none", "mean", "cls")
 # Each kind's parameters and their defaults ("labels" of classify: the part's own labels).
 PARAMETERS = {
     "raw": {},
     "classify": {"output": 0, "labels": None, "top": 5, "softmax": "auto"},
     "detect": {"decoder": "yolov8", "output": 0, "outputs": None, "score": 0.25, "iou": 0.45,
-               "labels": None, "max_boxes": 300, "stride": 4, "agnostic": False},
+               "labels": None, "max_boxes": 300, "stride": 4, "agnostic": False,
+               # decoder db (a DB text map): a pixel is text above threshold; each blob's box
+               # grows by unclip (distance = area x unclip / perimeter); short sides under
+               # min_size go; dilate grows the mask by 2x2 first (PaddleOCR's defaults)
+               "threshold": 0.3, "unclip": 1.5, "min_size": 3, "dilate": False},
     "embed": {"output": 0, "pooling": "none", "mask": "attention_mask", "normalize": True},
     "ctc": {"output": 0, "alphabet": None, "blank": 0, "softmax": "auto"},
     "segment": {"output": 0, "threshold": 0.5},
@@ -38,10 +42,17 @@ FIGURES = {
 }
 
 
+# a DB text map's box score line and box count where the task does not name them
+# (PaddleOCR's det_db_box_thresh and max_candidates)
+DB_DEFAULTS = {"score": 0.6, "max_boxes": 1000}
+
+
 def settings(task):
     """The task's parameters with their defaults filled in."""
     kind = task_kind(task)
     out = dict(PARAMETERS.get(kind, {}))
+    if kind == "detect" and (task or {}).get("decoder") == "db":
+        out.update(DB_DEFAULTS)
     out.update((k, v) for k, v in (task or {}).items() if k != "kind")
     out["kind"] = kind
     return out
@@ -138,7 +149,15 @@ def value_problem(kind, key, value, output_names):
         if not is_number(value) or not 0.0 < value <= 1.0:
             return "must be a number in (0, 1], got %r" % (str(value)[:40],)
         return ""
-    if key in ("normalize", "agnostic"):
+    if key == "unclip":
+        if not is_number(value) or not 0.0 <= value <= 10.0:
+            return "must be a number from 0 to 10, got %r" % (str(value)[:40],)
+        return ""
+    if key == "min_size":
+        if not is_count(value) or not 0 <= value <= 100000:
+            return "must be a whole number from 0 to 100000, got %r" % (str(value)[:40],)
+        return ""
+    if key in ("normalize", "agnostic", "dilate"):
         return "" if isinstance(value, bool) else "must be true or false"
     if key == "decoder":
         return "" if value in DECODERS else "must be one of %s, got %r" % (
@@ -250,6 +269,10 @@ def shape_problem(conf, names, shapes):
     where = "task.output: output %s has shape %s" % (conf["output"], shape)
     if kind == "classify" and size(shape) < 2:
         return where + ", one value: nothing to rank"
+    if kind == "detect" and conf["decoder"] == "db":
+        if len(shape) != 4 or size(shape[:2]) != 1:
+            return where + ", not a DB text map (1, 1, H, W)"
+        return ""
     if kind == "detect":
         low = 5 if conf["decoder"] == "yolov5" else 4
         if len(shape) not in (2, 3) or min(shape[-2:]) < low:
