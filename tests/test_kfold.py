@@ -7,6 +7,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import save
+from packager.quantization import kfold
 from packager.quantization.budget import AccuracyBudget
 from packager.quantization.decision import decide
 from packager.quantization.kfold import folds_of
@@ -224,3 +225,43 @@ def test_tensor_samples_with_a_labels_array_are_judged_by_the_labelled_drop(tmp_
     assert "labelled top-1 drop <= 1 point" in decision["budget"]
     chosen = next(c for c in decision["candidates"] if c["label"] == decision["label"])
     assert chosen["labelled_top1"]["fp32"] > 0.9 and chosen["labelled_top1"]["n"] >= 24
+
+
+def test_the_rotation_judges_each_generator_s_next_candidate_when_its_first_misses(tmp_path):
+    """nudenet: the rotation refused onnxruntime's preset (box recall 89.5 %) and never judged
+    its 'heavy ops only' graph, within budget on every held-out photo. Each generator's
+    candidates are judged in turn until one keeps the budget or two have missed; FP16 is a
+    group of its own. The rotation's judgement here is a fixed table (which graph keeps the
+    budget is what the rotation measures elsewhere in this file); the order is under test."""
+    from dataclasses import replace as with_
+
+    from packager.quantization.quantize import QuantConfig
+    from packager.quantization.search import Candidate
+
+    int8 = with_(QuantConfig.from_preset(load_target("x86_64-cpu").quantization),
+                 precision="int8")
+    keeps = {"preset": False, "heavy": True, "third": True, "nncf": False, "nncf 2": False,
+             "nncf 3": True, "fp16": True}
+    made = [Candidate(label, with_(int8, generator="nncf") if label.startswith("nncf") else
+                      with_(int8, precision="fp16") if label == "fp16" else int8,
+                      tmp_path / label, {"budget": {"passed": True, "failures": []},
+                                         "cosine_min": 0.99},
+                      int8_nodes=10 - n) for n, label in enumerate(keeps)]
+    judged = []
+
+    class Table:   # Rotation's interface: the accuracy of a candidate calibrated per fold
+        order, folds = list(range(20)), [list(range(4))] * 5
+        evidence = kfold.Evidence("k-fold", 20, 5)
+
+        def accuracy(self, source, config, folder, budget, histogram_cap, keep=None):
+            label = next(c.label for c in made if c.path == source)
+            judged.append(label)
+            return {"budget": {"passed": keeps[label], "failures": [] if keeps[label] else
+                               ["box recall 89.5%"]}, "cosine_min": 0.99,
+                    "evidence": self.evidence.to_record()}
+
+    kept = kfold.confirm(made, Table(), source=lambda c: c.path, folder=tmp_path,
+                         budget=AccuracyBudget(min_cosine=0.95), histogram_cap=None,
+                         log=lambda _: None)
+    assert judged == ["preset", "heavy", "nncf", "nncf 2", "fp16"]
+    assert [c.label for c in kept] == ["heavy", "fp16"]

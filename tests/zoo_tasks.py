@@ -368,9 +368,11 @@ def check_rec(bundle, orig, samples) -> CheckResult:
         return CheckResult(False, f"only {len(pairs)} crops decode to text: too few to judge")
     equal = sum(r == g for r, g in pairs)
     cer = sum(edit_distance(r, g) for r, g in pairs) / max(1, sum(len(r) for r, _ in pairs))
-    return CheckResult(equal / len(pairs) >= 0.9,
-                       f"decoded strings equal {equal}/{len(pairs)} ({equal / len(pairs):.0%}), "
-                       f"CER vs original {cer:.1%}")
+    # the product's terms (issue 44): the characters it gets wrong, at most 1 point; strings
+    # equal is the agreement, reported (one near-tie character flips a whole string)
+    return CheckResult(cer <= 0.01,
+                       f"CER vs original {cer:.1%} (at most 1%); decoded strings equal "
+                       f"{equal}/{len(pairs)} ({equal / len(pairs):.0%})")
 
 
 def top1_check(max_drop: float = 0.01, labels: Callable[[int], str] | None = None):

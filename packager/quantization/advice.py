@@ -15,14 +15,20 @@ from ..graph.execute import Sample
 from .budget import AccuracyBudget
 from .search import Candidate
 
+NOT_CROSS_CHECKED = "not cross-checked"   # (decision._cross_check's failure)
+
 
 def best_miss(candidates: Sequence[Candidate]) -> Candidate | None:
     """The INT8 candidate that came closest to the budget: the smallest shortfall of the
     figures that gate it (margin), then the higher cosine, then the more ops in INT8. (By
     cosine alone, an OCR detector's NNCF graph with 55 nodes FP32 at pixel IoU 33.8 % was named
-    beside one at 75.1 %.)"""
+    beside one at 75.1 %.) One judged on the held-out split only, where the rotation judged
+    others, is named only when nothing else ran: its figures are not comparable."""
     ran = [c for c in candidates if not c.error and c.accuracy.get("budget")
            and c.config.precision == "int8"]
+    judged = [c for c in ran if not any(f.startswith(NOT_CROSS_CHECKED)
+                                        for f in c.accuracy["budget"].get("failures", ()))]
+    ran = judged or ran
     return max(ran, key=lambda c: (margin(c.accuracy), c.accuracy.get("cosine_min", 0.0),
                                    c.int8_nodes), default=None)
 
