@@ -158,6 +158,23 @@ def test_nncf_calibrates_on_every_sample_where_memory_thinned_onnxruntime_s(tmp_
     assert any(c["label"] == "INT8 NNCF" for c in record["candidates"])
 
 
+def test_a_transformer_family_still_gets_nncf_s_static_graph(tmp_path):
+    """A transformer family's preset is dynamic INT8, and NNCF's static graph (SmoothQuant)
+    was never made for it (PP-OCRv4 rec, an SVTR); it is, with calibration data, unless the
+    user pinned --mode dynamic."""
+    model = mlp(tmp_path / "m.onnx")
+    kwargs = dict(target=load_target("x86_64-cpu"), family="transformer", calib=samples(24),
+                  held=samples(8, seed=2), timer=fixed_timer,
+                  budget=AccuracyBudget(min_cosine=0.95))
+    (tmp_path / "a").mkdir()
+    made = [c for c in decide(model, tmp_path / "a", request={}, **kwargs).record["candidates"]
+            if "NNCF" in c["label"]]
+    assert made and made[0]["precision"].startswith("INT8 static QDQ by NNCF (transformer)")
+    (tmp_path / "b").mkdir()
+    pinned = decide(model, tmp_path / "b", request={"mode": "dynamic"}, **kwargs).record
+    assert not any("NNCF" in c["label"] for c in pinned["candidates"])
+
+
 def test_a_search_that_used_its_whole_limit_still_leaves_nncf_its_own_window(tmp_path):
     model = mlp(tmp_path / "m.onnx")
     lines: list[str] = []

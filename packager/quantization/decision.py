@@ -275,7 +275,8 @@ def _search_int8(search: Search, base: QuantConfig, request: QuantRequest, force
     # NNCF's graphs are made for OpenVINO: tried where the target lists it (not where a GPU
     # preset asks for TensorRT's symmetric S8 and float biases), and where INT8 may pay
     if target.faster and not any(p.name in GPU_PROVIDERS for p in target.providers) and \
-            not (search.futile and provider_pays is None):
+            not (search.futile and provider_pays is None) and \
+            not ("mode" in pinned and base.mode != "static"):   # (--mode dynamic: none)
         nncf_variant(search, base, family, log)
     return base
 
@@ -363,7 +364,7 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
     from .graph_facts import post_processing
     from .nncf_generator import unavailable
 
-    if base.mode != "static" or not search.calib:
+    if not search.calib:
         return None
     why = unavailable()
     if why:
@@ -375,7 +376,10 @@ def nncf_variant(search: Search, base: QuantConfig, family: str, log: Log) -> Ca
     started = search.elapsed
     window = started + NNCF_SHARE * search.limit
     tail = tuple(post_processing(search.graph))
-    config = replace(base, generator="nncf", transformer=family == "transformer",
+    # static whatever the family's preset chose (a transformer's is dynamic INT8): NNCF's
+    # graphs are static QDQ, SmoothQuant for transformers (PP-OCRv4 rec, an SVTR: none was
+    # made, and OpenVINO ran its FP32)
+    config = replace(base, mode="static", generator="nncf", transformer=family == "transformer",
                      exclude=tuple(dict.fromkeys(base.exclude + tail)))
     made = search.variant("INT8 NNCF", config)
     cost = search.elapsed - started   # one NNCF graph, built and judged
