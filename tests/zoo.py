@@ -27,7 +27,7 @@ import numpy as np
 
 CACHE = Path(os.environ.get("EDGEPACK_ZOO_CACHE") or Path.home() / ".cache" / "edgepack" / "zoo")
 THREADS = 2   # x86_64-cpu's intra-op threads
-DATA_VERSION = "6"   # bump when a prepare() changes: cached data sets are rebuilt
+DATA_VERSION = "7"   # bump when a prepare() changes: cached data sets are rebuilt
 
 
 class FetchError(RuntimeError):
