@@ -1,6 +1,6 @@
 """Signed INT8 activations rewritten unsigned (packager/graph/unsigned.py): the same numbers.
 
-The graph is the five-node pattern that OpenVINO runs wrong with signed activations (a signed
+The graph is the six-node pattern that OpenVINO runs wrong with signed activations (a signed
 tensor split, one piece into a quantized Conv, the other into a Concat); tests/test_openvino.py
 runs the rewritten graph under OpenVINO."""
 
