@@ -428,6 +428,32 @@ def test_segment_is_judged_by_the_iou_of_what_is_painted_not_by_the_share_of_pix
     assert frames["frames"] == {"value": 0.75, "n": 4, "matched": 3, "speech": 2, "samples": 4}
 
 
+def test_a_speech_frame_flipped_on_a_near_tie_costs_what_fp32_was_unsure_of():
+    """A VAD's frames judged as a classifier's answers (issue 44, item 2): a frame FP32 called
+    speech at 0.52 and the candidate silence costs 0.04 of a frame; one FP32 was sure of
+    (0.95) costs 0.9. Agreement is reported beside, gated only when kept."""
+    probs = [0.9, 0.1, 0.2, 0.8] * 25   # 100 frames
+    ref = [[np.array([[p]])] for p in probs]
+    near = [[np.array([[p]])] for p in probs]
+    near[3] = [np.array([[0.49]])]
+    ref[3] = [np.array([[0.52]])]
+    fig = tf.figures({"kind": "vad"}, ref, near)
+    assert fig["frames"]["value"] == 0.99 and fig["frame_drop"]["n"] == 100
+    assert abs(fig["frame_drop"]["value"] - 0.04 / 100) < 1e-9
+    assert fig["frame_drop"]["flips"][0]["frame"] == 3
+    verdict = tf.judge({"kind": "vad"}, fig)
+    assert verdict["passed"] and verdict["shown"] and list(verdict["figures"]) == ["frame_drop"]
+    assert "speech frames agree on 99% of 100 frames" in verdict["text"]   # (reported)
+    sure = [[np.array([[p]])] for p in probs]
+    sure[0] = [np.array([[0.05]])]   # FP32 0.9: a confident flip
+    sure[4] = [np.array([[0.05]])]
+    fig = tf.figures({"kind": "vad"}, ref, sure)
+    assert abs(fig["frame_drop"]["value"] - 2 * 0.8 / 100) < 1e-9
+    assert not tf.judge({"kind": "vad"}, fig)["passed"]
+    assert not tf.judge({"kind": "vad"}, tf.figures({"kind": "vad"}, ref, near),
+                        {"frames": 0.995})["passed"]   # --keep frames=99.5% gates agreement
+
+
 def posteriorgram(seed, frames=20, labels=8):
     return [np.random.default_rng(seed).random((1, frames, labels))]
 

@@ -8,7 +8,7 @@ from typing import Any
 from .._runtimes.runner.task_spec import task_kind
 from ..errors import SpecError
 from ..graph.execute import run_model
-from ..progress import OFF
+from ..progress import OFF, Log
 from ..quantization.budget import (
     EMBEDDING_COSINE,
     AccuracyBudget,
@@ -21,6 +21,7 @@ from ..quantization.budget import (
 from ..quantization.calibration import sample_labels
 from ..quantization.decision import Decision, decide
 from ..quantization.quantize import check_exclude
+from ..quantization.streamed import state_pairs
 from ..source.eager_timing import against_eager
 from ..targets import Target
 from ..tasks.declare import parse_task
@@ -128,7 +129,17 @@ def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, out
         task=plan.task, keep=ctx.keep,
         class_outputs=class_outputs(shaped.simplified.graph, req.labels),
         feeds_part=ctx.feeds_part, truth=truth, suggested=suggested,
-        truth_output=truth_output)
+        truth_output=truth_output, states=_states(shaped.simplified, plan.task, ctx.log))
+
+
+def _states(model: Any, task: dict[str, Any] | None, log: Log) -> tuple[tuple[str, str], ...]:
+    """The recurrent state pairs a declared task's frames judge, said in one line."""
+    pairs = state_pairs(model) if task_kind(task) != "raw" else ()
+    if pairs:
+        log(f"budget: {', '.join(f'{o} feeds {i} back' for i, o in pairs)}: each model "
+            "streams the held-out samples in order, its own state fed back, and the "
+            f"{task_kind(task)} task judges the frames (the state's cosine is reported)")
+    return pairs
 
 
 def _box_truth(req: PartRequest, plan: PartPlan, data: PartData, ctx: BuildContext,

@@ -57,7 +57,7 @@ class Judging:
         rotation = decision.rotation
         if rotation is None or any(_calibrated(c) and not c.folds for c in graphs):
             return cls(held, labels, fp32_outputs, Evidence("held-out", len(held)))
-        return cls(rotation.order, None, rotation.reference, rotation.evidence, rotation)
+        return cls(rotation.order, None, rotation.sampled, rotation.evidence, rotation)
 
     def rows(self, keys: dict[str, Candidate], chain: list
              ) -> tuple[list[ort_builds.Row], dict[str, list[int]], list[Sample]]:

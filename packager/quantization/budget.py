@@ -66,6 +66,10 @@ class AccuracyBudget:
     truth_output: str | None = None
     # the task the build suggests for a part that declares none: (--task text, the task)
     suggested: tuple[str, dict[str, Any]] | None = None
+    # (input, output) pairs of a recurrent state fed back by the caller (streamed.state_pairs):
+    # with a task judged, each model streams the held-out samples and the task judges the
+    # frames; the state outputs' cosine is reported
+    states: tuple[tuple[str, str], ...] = ()
 
     @property
     def active(self) -> bool:
@@ -99,13 +103,27 @@ class AccuracyBudget:
                       for name, value in keep_for(self.task, self.keep).items()]
         return " and ".join(parts) or "none"
 
+    @property
+    def streams(self) -> bool:
+        """Whether the candidates are judged streamed (a recurrent state, a task's frames)."""
+        return bool(self.states) and self.judged and not self.feeds_part
+
     def evaluate(self, candidate: Path, fp32: Path, held: Sequence[Sample],
                  labels: Sequence[Any] | None = None,
                  reference: dict[str, np.ndarray] | None = None,
-                 outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                 outputs: dict[str, np.ndarray] | None = None,
+                 streamed: bool = False) -> dict[str, Any]:
         """measure_accuracy plus the drop and whether the budget holds (*reference*: FP32's
         outputs on *held*, when already computed; *outputs*: the candidate's, when it ran
-        elsewhere, e.g. under another execution provider)."""
+        elsewhere, e.g. under another execution provider; *streamed*: both were run as
+        streams, each its own state fed back). Where the budget streams and the candidate
+        runs here, both stream; outputs given sample by sample keep the state's cosine gate."""
+        if self.streams and outputs is None and not streamed:
+            from .streamed import run_streamed
+
+            reference = run_streamed(fp32, held, self.states)
+            outputs = run_streamed(candidate, held, self.states)
+            streamed = True
         reference = run_model(fp32, held) if reference is None else reference
         outputs = run_model(candidate, held) if outputs is None else outputs
         reference_outputs, candidate_outputs = reference, outputs
@@ -121,6 +139,9 @@ class AccuracyBudget:
         # what a head's figure or the labels judge: their cosine is said, not gated
         read = self.read_by_head(list(reference_outputs)) | (
             {self.truth_output} if labelled else set())
+        if streamed and self.streams:   # a state reaches the frames: they judge it
+            read |= {o for _, o in self.states if o in reference_outputs}
+            acc["streamed"] = {"states": [list(p) for p in self.states], "samples": len(held)}
         gated = [n for n in acc["outputs"] if n not in read]
         if read:
             acc["cosine_reported"] = sorted(n for n in acc["outputs"] if n in read)
@@ -337,7 +358,7 @@ def scores_expected_drop(reference: np.ndarray, outputs: np.ndarray) -> dict[str
     sample the mean over its positions of FP32's probability of its own answer minus FP32's
     probability of the candidate's (a softmax of the scores where they are logits), averaged
     over the samples; the samples with a flip, with the costliest flip's FP32 margin."""
-    from .._runtimes.runner.task_classify import flip_words
+    from .._runtimes.runner.task_figures import flip_words
     from .._runtimes.runner.tasks import as_probabilities
 
     axis, count = class_axis(reference), len(reference)

@@ -447,7 +447,8 @@ def _cross_check(passing: list[Candidate], pool: list[Sample], fp32: Path, folde
                  search: Search, budget: AccuracyBudget, log: Log, keep: bool,
                  cap: int | None) -> tuple[list[Candidate], kfold.Rotation]:
     """The candidates within budget judged again by k-fold rotation over every sample."""
-    rotation = kfold.Rotation(fp32, pool, cap=cap)
+    rotation = kfold.Rotation(fp32, pool, cap=cap,
+                              states=budget.states if budget.streams else ())
     log(f"search: the held-out split is too thin to decide; judging on "
         f"{rotation.evidence.words()}")
     kept = kfold.confirm(passing, rotation, folder=folder, budget=budget, log=log,

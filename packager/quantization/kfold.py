@@ -103,14 +103,30 @@ class Rotation:
     """The pool of samples in fold order and FP32's outputs on it, computed once."""
 
     def __init__(self, fp32: Path, pool: Sequence[Sample], folds: int = FOLDS,
-                 cap: int | None = None):
+                 cap: int | None = None, states: Sequence[tuple[str, str]] = ()):
         """*cap*: the most samples one calibration may hold (what memory fits: the pool may
-        be the whole set where the build's own calibration was thinned to fit)."""
-        self.fp32, self.pool, self.cap = fp32, list(pool), cap
+        be the whole set where the build's own calibration was thinned to fit). *states*: a
+        recurrent state's (input, output) pairs: each fold is run as one stream (in order,
+        each model's own state fed back; streamed.py)."""
+        self.fp32, self.pool, self.cap, self.states = fp32, list(pool), cap, tuple(states)
         self.folds = folds_of(len(self.pool), folds)
         self.order = [self.pool[i] for fold in self.folds for i in fold]
-        self.reference = run_model(fp32, self.order)
+        self.reference = self._joined([self._run(fp32, [self.pool[i] for i in fold])
+                                       for fold in self.folds])
+        # FP32 sample by sample, as another provider's outputs are gathered (not streamed)
+        self.sampled = run_model(fp32, self.order) if self.states else self.reference
         self.evidence = Evidence("k-fold", len(self.order), len(self.folds))
+
+    def _run(self, model: Path, samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+        if self.states:
+            from .streamed import run_streamed
+
+            return run_streamed(model, samples, self.states)
+        return run_model(model, samples)
+
+    @staticmethod
+    def _joined(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def accuracy(self, source: Path, config: QuantConfig, folder: Path,
                  budget: AccuracyBudget, histogram_cap: int | None,
@@ -121,7 +137,8 @@ class Rotation:
         if config.mode != "static":   # no calibration: every sample is unseen already
             path = folder / "kfold_all.onnx"
             quantize_file(source, path, config=config)
-            return self._judge(path, budget, run_model(path, self.order))
+            return self._judge(path, budget, self._joined(
+                [self._run(path, [self.pool[i] for i in fold]) for fold in self.folds]))
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             folder = keep
@@ -137,11 +154,10 @@ class Rotation:
                 calib = [calib[i] for i in spread(len(calib), histogram_cap)]
             path = folder / f"kfold_{j}.onnx"
             quantize_file(source, path, config=config, samples=calib)
-            parts.append(run_model(path, [self.pool[i] for i in fold]))
+            parts.append(self._run(path, [self.pool[i] for i in fold]))
             if j and keep is None:
                 (folder / f"kfold_{j - 1}.onnx").unlink(missing_ok=True)
-        outputs = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-        return self._judge(path, budget, outputs)
+        return self._judge(path, budget, self._joined(parts))
 
     def fold_graphs(self, keep: Path) -> list[Path]:
         """The graphs accuracy(..., keep=*keep*) left, fold by fold."""
@@ -149,7 +165,8 @@ class Rotation:
 
     def _judge(self, path: Path, budget: AccuracyBudget,
                outputs: dict[str, np.ndarray]) -> dict[str, Any]:
-        acc = budget.evaluate(path, self.fp32, self.order, None, self.reference, outputs)
+        acc = budget.evaluate(path, self.fp32, self.order, None, self.reference, outputs,
+                              streamed=bool(self.states))
         acc["evidence"] = self.evidence.to_record()
         return acc
 

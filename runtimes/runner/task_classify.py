@@ -6,7 +6,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .task_figures import share
+from .task_figures import flip_words, share
 from .tasks import as_probabilities, label_of, pick
 
 
@@ -39,16 +39,6 @@ def figures(conf, reference, candidate, feeds=None):
     return {"top1": share(same, n),
             "expected_drop": {"value": cost / n if n else None, "n": n, "matched": same,
                               "flips": flips, "detail": flip_words(flips)}}
-
-
-def flip_words(flips, shown=5):
-    """'2 flips, FP32's margins 0.008, 0.31' (the costliest first), or '' with none."""
-    if not flips:
-        return ""
-    worst = sorted((f["margin"] for f in flips), reverse=True)
-    return "%d flip%s, FP32's margin%s %s%s" % (
-        len(flips), "s" * (len(flips) > 1), "s" * (len(flips) > 1),
-        ", ".join("%.3g" % m for m in worst[:shown]), " ..." * (len(worst) > shown))
 
 
 def summary(result):

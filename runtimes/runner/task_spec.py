@@ -36,7 +36,7 @@ FIGURES = {
     "embed": ("recall5", "rank", "retrieval1", "cosine_min"),
     "ctc": ("exact", "cer"),
     "segment": ("iou", "pixels"),
-    "vad": ("frames",),
+    "vad": ("frame_drop", "frames"),
     "multilabel": ("f1",),
     "tts": ("length", "mel", "snr"),
 }

@@ -6,7 +6,7 @@ try:  # checked in cli.run_command, which says how to install it (its import err
 except ImportError:
     np = None
 
-from .task_figures import share
+from .task_figures import flip_words, share
 from .tasks import pick
 
 
@@ -21,11 +21,22 @@ def read(conf, outputs, feed=None, part_labels=None):
 
 
 def figures(conf, reference, candidate, feeds=None):
+    """frames: the share of frames on the same side of the threshold; frame_drop: the frames
+    the candidate is expected to lose under the reference's own probability (a flipped
+    frame costs |2p - 1|: what the reference was sure of), averaged over the frames."""
     ref = np.concatenate([vad_probabilities(conf, o) for o in reference] or [np.zeros(0)])
     got = np.concatenate([vad_probabilities(conf, o) for o in candidate] or [np.zeros(0)])
     flags_r, flags_g = ref >= conf["threshold"], got >= conf["threshold"]
-    return {"frames": share(int(np.sum(flags_r == flags_g)), len(ref),
-                            speech=int(flags_r.sum()), samples=len(reference))}
+    flipped = np.nonzero(flags_r != flags_g)[0]
+    margins = np.abs(2.0 * np.clip(ref[flipped], 0.0, 1.0) - 1.0)
+    n = len(ref)
+    flips = [{"frame": int(i), "fp32": float(ref[i]), "candidate": float(got[i]),
+              "margin": float(m)} for i, m in zip(flipped, margins)]
+    return {"frames": share(int(np.sum(flags_r == flags_g)), n,
+                            speech=int(flags_r.sum()), samples=len(reference)),
+            "frame_drop": {"value": float(margins.sum()) / n if n else None, "n": n,
+                           "matched": n - len(flipped), "flips": flips,
+                           "detail": flip_words(flips)}}
 
 
 def summary(result):
