@@ -19,8 +19,23 @@ import numpy as np
 from ._runtimes.runner.load import load_facts, snapshot
 
 # the device script and the host stop timing rounds by one rule
-from ._runtimes.time_models import MIN_ROUNDS, SETTLE, apart, blocks, enough_rounds, hopeless, settled  # noqa: F401
+from ._runtimes.time_models import (  # noqa: F401
+    MIN_ROUNDS,
+    SETTLE,
+    TIMING_SECONDS,
+    WARMUP_SECONDS,
+    apart,
+    blocks,
+    enough_rounds,
+    hopeless,
+    settled,
+)
 from .progress import OFF, Progress
+
+# Every timing is bounded in seconds, as on the device (time_models): no round starts after
+# TIMING_SECONDS (one round at least), and a contender's warm-up stops after WARMUP_SECONDS
+# (one call at least). Kokoro-82M runs 1.4 s a call here: 5 rounds of its original and its
+# graph took about 100 s on a quiet machine, and a build on a loaded one ran 35 minutes of it.
 
 
 class Tally:
@@ -47,8 +62,8 @@ def tally() -> Iterator[Tally]:
 
 def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5, block: int = 20,
                 switch_warmup: int = 3, warmup: int = 5, steps: Progress | None = None,
-                phase: str = "timing", settle: float | None = None
-                ) -> dict[str, dict[str, float]]:
+                phase: str = "timing", settle: float | None = None,
+                seconds: float = TIMING_SECONDS) -> dict[str, dict[str, float]]:
     """p50/p90/mean (ms) per contender over rounds x block timed calls, interleaved in blocks.
 
     *steps* reports each block (round x contender), weighted by the contender's warm-up time per call.
@@ -58,6 +73,8 @@ def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
     *settle* (e.g. SETTLE) ends the rounds early once `enough_rounds` holds for the per-round
     medians: from MIN_ROUNDS on, the fastest is clear or ties within *settle*; from
     two rounds on, the fastest is CLEAR (1.25x) apart from every other in each.
+    No round starts after *seconds*, and warm-ups stop after WARMUP_SECONDS (a model that
+    takes a second a call: one warm-up call, a round or two).
     """
     began = time.perf_counter()
     before = snapshot()
@@ -66,10 +83,11 @@ def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
     medians: dict[str, list[float]] = {name: [] for name in contenders}
     cost = {}
     for name, fn in contenders.items():
-        start = time.perf_counter()
-        for _ in range(warmup):
+        start, made = time.perf_counter(), 0
+        while made < warmup and (made == 0 or time.perf_counter() - start < WARMUP_SECONDS):
             fn()
-        cost[name] = (time.perf_counter() - start) / max(warmup, 1)
+            made += 1
+        cost[name] = (time.perf_counter() - start) / max(made, 1)
     # a contender SLOW (2x) slower than the fastest in warm-up: a shorter block (time_models.blocks)
     calls = blocks(cost, block) if warmup else dict.fromkeys(contenders, block)
     steps.start(phase, [(cost[name] or 1e-6) * calls[name] / block
@@ -79,7 +97,8 @@ def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
     for r in range(rounds):
         for name, fn in racing.items():
             steps.step(f"round {r + 1}/{rounds}, {name}")
-            for _ in range(switch_warmup):
+            for _ in range(switch_warmup if cost.get(name, 0.0) * switch_warmup <
+                           WARMUP_SECONDS else 1):
                 fn()
             for _ in range(calls[name]):
                 start = time.perf_counter()
@@ -87,6 +106,8 @@ def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
                 times[name].append((time.perf_counter() - start) * 1000.0)
             medians[name].append(float(np.median(times[name][-calls[name]:])))
         done = r + 1
+        if done < rounds and time.perf_counter() - began > seconds:
+            break
         if settle is None or done == rounds:
             continue
         for name in hopeless({n: cost[n] for n in racing}, {n: medians[n] for n in racing}) \

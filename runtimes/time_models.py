@@ -31,6 +31,11 @@ SETTLE = 0.03    # rounds stop early once the fastest is apart from or tied this
 MIN_ROUNDS = 3   # fewer rounds than this never settle a tie: one slow round must be outvoted
 CLEAR = 1.25     # ... but two rounds do when the fastest is this far (1.25x) from every other
 SLOW = 2.0       # a model this much slower than the fastest in warm-up gets a shorter block
+# no round starts after this many seconds (one round at least), and warm-ups stop after
+# WARMUP_SECONDS (one call at least): a model that takes a second a call (Kokoro-82M, 1.4 s)
+# is timed in well under a minute, on a loaded machine too
+TIMING_SECONDS = 30.0
+WARMUP_SECONDS = 1.0
 
 
 def blocks(costs, block):
@@ -185,18 +190,20 @@ def main(argv):
     # each model gets the inputs it has (a model with a constant folded in has fewer)
     feeds = dict((path, own_inputs(s, feed)) for path, s in sessions.items())
     costs = {}
+    began = time.perf_counter()
     for path, session in sessions.items():
-        start = time.perf_counter()
-        for _ in range(5):
+        start, made = time.perf_counter(), 0
+        while made < 5 and (made == 0 or time.perf_counter() - start < WARMUP_SECONDS):
             session.run(None, feeds[path])
-        costs[path] = (time.perf_counter() - start) / 5
+            made += 1
+        costs[path] = (time.perf_counter() - start) / made
     calls = blocks(costs, block)
     medians = dict((path, []) for path in sessions)
     racing = dict(sessions)   # a model that is hopeless after a round is timed no further
     done = 0
     while done < rounds:
         for path, session in racing.items():
-            for _ in range(3):
+            for _ in range(3 if costs[path] * 3 < WARMUP_SECONDS else 1):
                 session.run(None, feeds[path])
             for _ in range(calls[path]):
                 start = time.perf_counter()
@@ -204,6 +211,8 @@ def main(argv):
                 times[path].append((time.perf_counter() - start) * 1000.0)
             medians[path].append(float(np.median(times[path][-calls[path]:])))
         done += 1
+        if time.perf_counter() - began > TIMING_SECONDS:
+            break
         if not every:
             for path in hopeless(dict((p, costs[p]) for p in racing),
                                  dict((p, medians[p]) for p in racing)):

@@ -224,3 +224,62 @@ def test_timing_rounds_stop_once_the_order_is_clear_and_count_as_timing():
     assert clock.line().endswith("bundle 1.3 s; total "
                                  f"{sum(clock.seconds.values()):.1f} s")
     assert "search " not in clock.line() and "search" in clock.record()
+
+
+def test_a_slow_model_is_timed_within_a_bound_in_seconds(monkeypatch):
+    """Kokoro-82M runs 1.4 s a call: 5 rounds of it and its original took 100 s on a quiet
+    machine and a build on a loaded one ran 35 minutes of them. Warm-ups stop after
+    WARMUP_SECONDS (one call at least), a slow contender's switch warm-up is one call, and no
+    round starts after *seconds* (one round at least): counted in calls, not timed here."""
+    import time
+
+    from packager import timing
+
+    monkeypatch.setattr(timing, "WARMUP_SECONDS", 0.05)
+    calls = {"a": 0, "b": 0}
+
+    def slow(name):
+        def run():
+            calls[name] += 1
+            time.sleep(0.03)
+        return run
+
+    times = timing.time_blocks({"a": slow("a"), "b": slow("b")}, rounds=5, block=3,
+                               seconds=0.2)
+    assert times["a"]["rounds"] == times["b"]["rounds"] == 1
+    assert times["a"]["calls"] == 3
+    # warm-up: 1 or 2 calls (0.05 s), not 5; the switch warm-up one call, not 3
+    assert 3 + 1 + 1 <= calls["a"] <= 3 + 1 + 2, calls
+    full = timing.time_blocks({"none": lambda: None}, rounds=4, block=2, warmup=0)
+    assert full["none"]["rounds"] == 4   # a fast one runs every round
+
+
+def test_the_bundle_is_not_timed_against_the_same_file(tmp_path):
+    """A graph is not timed against itself: where the bundle ships the original's bytes the
+    speed comparison says so and times nothing; another graph is timed against it."""
+    import shutil
+
+    from test_kfold import mlp
+
+    from packager.build.fp32_graph import against_original
+
+    model = mlp(tmp_path / "m.onnx")
+    copy = shutil.copy(model, tmp_path / "original.onnx")
+    timed = []
+
+    def time_graphs(paths):
+        timed.append(paths)
+        return {str(p): {"p50": 1.0, "p10": 0.9, "p90": 1.1} for p in paths}, {"cpu": "x"}
+
+    record = against_original(model, copy, time_graphs, "")
+    assert record == {"measured": False, "why": "the bundle ships the original file unchanged"}
+    assert not timed
+    other = mlp(tmp_path / "other.onnx")
+    other.write_bytes(other.read_bytes() + b"")   # the same bytes: still the same file
+    assert not against_original(other, copy, time_graphs, "")["measured"]
+    from onnx import load, save
+    changed = load(str(model))
+    changed.doc_string = "simplified"
+    save(changed, str(tmp_path / "changed.onnx"))
+    assert against_original(tmp_path / "changed.onnx", copy, time_graphs, "")["measured"]
+    assert len(timed) == 1

@@ -131,3 +131,39 @@ def test_shapes_from_run_hands_back_the_data_dependent_bytes_it_saw(tmp_path):
     _, varying = shapes_from_run(model, feeds(), sizes)
     assert set(sizes) == set(varying) and sum(sizes.values()) > 0
     assert sum(sizes.values()) == observed_bytes(model, varying, feeds())
+
+
+def test_a_model_that_is_never_calibrated_is_never_warned_about_calibration_memory(
+        tmp_path, monkeypatch):
+    """Kokoro-82M, quantized already (its INT8 ships as given), was warned that calibrating it
+    would hold 110 GiB and stop the build. With the memory made scarce, the float model is
+    warned (it would calibrate); the same model quantized already, or built with --precision
+    fp32 or --mode dynamic, is not, and its calibration set is not thinned."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from test_kfold import mlp, samples
+
+    from packager.build import data
+    from packager.build.job import build
+    from packager.source.specs import TensorSpec
+
+    monkeypatch.setattr(data, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(data, "fit_memory", lambda calib, per_sample: calib[:4])
+    model = mlp(tmp_path / "m.onnx")
+    given = tmp_path / "given.onnx"
+    quantize_dynamic(str(model), str(given), weight_type=QuantType.QInt8)
+    np.savez(tmp_path / "x.npz", x=np.stack([s["x"] for s in samples(20)]))
+    spec = [TensorSpec("x", (1, 64))]
+
+    def logged(source, **options):
+        lines: list[str] = []
+        build(str(source), tmp_path / f"out{len(list(tmp_path.iterdir()))}",
+              target="x86_64-cpu", calib=tmp_path / "x.npz", inputs=spec, force=True,
+              log=lines.append, openvino="no", quant=options)
+        return "\n".join(lines)
+
+    assert "warning: calibration holds" in logged(model)
+    for source, options in ((given, {}), (model, {"precision": "fp32"}),
+                            (model, {"mode": "dynamic"})):
+        text = logged(source, **options)
+        assert "calibration holds" not in text and "samples (evenly spread)" not in text, \
+            (source.name, options, text)

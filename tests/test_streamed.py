@@ -50,7 +50,7 @@ def stream(model: Path, count: int, seed: int = 0) -> list[dict[str, np.ndarray]
     out = run_streamed(model, [{"x": x, "state": np.zeros((1, 8), np.float32)} for x in xs],
                        [("state", "stateN")])
     states = [np.zeros((1, 8), np.float32)] + list(out["stateN"][:-1])
-    return [{"x": x, "state": s.astype(np.float32)} for x, s in zip(xs, states)]
+    return [{"x": x, "state": s.astype(np.float32)} for x, s in zip(xs, states, strict=True)]
 
 
 def test_state_pairs_and_a_stream_feed_each_state_back(tmp_path):

@@ -5,6 +5,7 @@ source without data gets random inputs for golden data and accuracy."""
 from dataclasses import replace
 
 from ..errors import CalibrationError
+from ..graph.quantized import quantized_ops
 from ..graph.shapes import dynamic_tensors, shapes_from_run
 from ..quantization.calibration import (
     CALIB_BYTES,
@@ -72,9 +73,19 @@ def part_data(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     given = calib   # the user's set: its size and spread are what the hygiene notes judge
     if kind != "random":
         ctx.log(f"calibration: {len(calib)} samples, {len(held)} held out for accuracy")
-        calib = _fitted(calib, shaped, sum(sizes.values()), ctx)
+        if _calibrates(req, plan, shaped):
+            calib = _fitted(calib, shaped, sum(sizes.values()), ctx)
     ctx.clock.lap("shapes")
     return PartData(kind, samples, calib, held, given), shaped
+
+
+def _calibrates(req: PartRequest, plan: PartPlan, shaped: Shaped) -> bool:
+    """Whether a calibration may run: not for FP32 or FP16 asked for, --mode dynamic, or a
+    model quantized already (its INT8 ships as given). Kokoro-82M, quantized already, was
+    warned that calibrating it would hold 110 GiB and stop the build: it is never calibrated."""
+    if plan.requested in ("fp32", "fp16") or req.quant.mode == "dynamic":
+        return False
+    return not quantized_ops(shaped.simplified.graph)
 
 
 def _fitted(calib: list, shaped: Shaped, varying_bytes: int, ctx: BuildContext) -> list:

@@ -179,6 +179,8 @@ def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer
         return {"measured": False, "why": why_not or "no original graph to time"}
     if same_run:
         return same_run
+    if _same_file(graph, original):   # a graph is not timed against itself
+        return {"measured": False, "why": "the bundle ships the original file unchanged"}
     known = choice.record if choice is not None and choice.path == graph else {}
     if known.get("measured") and "original_p50_ms" in known:
         stats = known["candidates"][choice.label]
@@ -190,6 +192,16 @@ def against_original(graph: Path, original: Path | None, time_graphs: GraphTimer
         mine, theirs = stats["p50"], times[str(original)]["p50"]
         spread, load = (stats.get("p10"), stats.get("p90")), stats.get("load")
     return vs_original(mine, spread, theirs, where, load)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether *a* and *b* hold the same bytes."""
+    import filecmp
+
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 FUSION_SLACK = 1.03   # the fused graph may not be slower than the unfused beyond noise

@@ -75,7 +75,7 @@ def run_streamed(model: Path, samples: Sequence[Sample],
     for sample in samples:
         feed = {k: np.asarray(v) for k, v in sample.items() if k in wanted}
         feed.update(carried)
-        got = dict(zip(names, session.run(names, feed)))
+        got = dict(zip(names, session.run(names, feed), strict=True))
         for name in names:
             rows[name].append(got[name])
         carried = {i: got[o].astype(feed[i].dtype, copy=False) for i, o in pairs if i in feed}
