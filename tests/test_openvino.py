@@ -201,6 +201,27 @@ def test_outputs_plan_takes_ragged_outputs_and_a_row_s_own_samples(openvino, tmp
     np.testing.assert_array_equal(outputs["ov"]["y"][0], np.maximum(feeds[2]["x"], 0))
 
 
+def test_a_graph_a_provider_did_not_start_for_runs_no_sample(tmp_path):
+    """Kokoro-82M's graphs did not start under OpenVINO, and all 8 held-out sentences were
+    run on the CPU provider it fell back to (60 s) for outputs nothing judges: a row whose
+    provider did not start runs no sample and says which provider it got."""
+    import sys
+
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "relu.onnx")
+    feeds = [{"x": np.ones((1, 4), np.float32)}] * 2
+    rows = [("cpu", model, ort_builds.cpu_chain()),
+            ("absent", model, [("NoSuchExecutionProvider", {})])]
+    outputs, ran = ort_builds.outputs_plan(Path(sys.executable), rows, feeds, 1)
+    assert ran == {"cpu": "CPUExecutionProvider", "absent": "CPUExecutionProvider"}
+    assert "absent" not in outputs and outputs["cpu"]["y"].shape == (2, 1, 4)
+
+
 def test_unsigned_activations_run_under_openvino_as_on_the_cpu_provider(openvino, tmp_path):
     """NNCF's signed activations ran wrong under OpenVINO where a split piece went on beside a
     quantized Conv (YOLOv8's C2f: nudenet's class scores vanished, max 0.011 against 0.743);

@@ -117,6 +117,10 @@ def test_a_float_op_between_dequantize_and_quantize_is_an_island(tmp_path):
     assert float_islands(path) == [{"sig", "neg"}]
     prof = profile_model(path, {"x": np.ones(4, np.float32)}, threads=1, runs=3)
     assert prof.islands == 1 and prof.counts.get("QuantizeLinear", 0) >= 1
+    assert prof.runs == 3 and prof.as_dict()["runs"] == 3
+    # bounded in seconds (a 1.4 s TTS model's 13 profiled calls took 50 s): one run at least
+    bounded = profile_model(path, {"x": np.ones(4, np.float32)}, threads=1, runs=10, seconds=0.0)
+    assert bounded.runs == 1 and bounded.counts.get("QuantizeLinear", 0) >= 1
 
 
 def test_debug_quant_profile_prints_where_int8_loses_time(tmp_path, cnn_onnx):

@@ -53,16 +53,40 @@ def tts_any_length(path: Path, mixed: bool, by_shape: bool = False) -> Path:
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def build(root: Path, mixed: bool, *options: str, by_shape: bool = False):
+def build(root: Path, mixed: bool, *options: str, by_shape: bool = False,
+          task: str | None = f"tts:rate={RATE}"):
     model = tts_any_length(root / "tts.onnx", mixed, by_shape)
     (root / "calib").mkdir()
     np.save(root / "calib" / "tokens.npy",
             np.random.default_rng(1).integers(1, VOCAB, (40, 1, 8)).astype(np.int64))
     run = CliRunner().invoke(main, ["build", str(model), "--input", "tokens:1x8:int64",
-                                    "--calib", str(root / "calib"), "--task",
-                                    f"tts:rate={RATE}", *options, "-o", str(root / "out")],
+                                    "--calib", str(root / "calib"),
+                                    *(["--task", task] if task else []), *options,
+                                    "-o", str(root / "out")],
                              catch_exceptions=False)
     return model, run
+
+
+def test_a_waveform_from_tokens_is_judged_as_speech_without_task(tmp_path):
+    """Kokoro-82M (tokens, style, speed -> audio) built without --task was judged raw and
+    shipped at 64 tokens, where padding moved its speech 16 dB. A model whose one output is a
+    float waveform by its name, its length fixed by no input, spoken from integer tokens, is
+    judged as speech by default, said in one line, and keeps its length open where padding
+    moves the speech; --task raw opts out."""
+    import json
+
+    (tmp_path / "auto").mkdir()
+    _, run = build(tmp_path / "auto", True, task=None)
+    assert run.exit_code == 0, run.output
+    assert "task: tts, applied by default: output 'waveform' is a waveform" in run.output
+    part = json.loads((tmp_path / "auto" / "out" / "manifest.json").read_text())["parts"][0]
+    assert part["task"]["kind"] == "tts" and part["length"]["dynamic"] is True
+    (tmp_path / "raw").mkdir()
+    _, run = build(tmp_path / "raw", True, task="raw")
+    assert run.exit_code == 0, run.output
+    assert "applied by default" not in run.output
+    part = json.loads((tmp_path / "raw" / "out" / "manifest.json").read_text())["parts"][0]
+    assert (part.get("task") or {}).get("kind", "raw") == "raw" and "length" not in part
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ length axis open, each checked at a shorter and a longer length against the orig
 where that fails the bundle speaks exactly the build's length. The manifest's part["length"]
 says which, with the measurements."""
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,13 @@ def at_other_lengths(model: onnx.ModelProto, wanted: list[tuple[int, dict, np.nd
     try:
         session = probe_session(model)
     except Exception as exc:   # a graph whose shapes were fixed at build time
-        return [], 0.0, f"onnxruntime cannot load it with the length open ({exc})"[:300]
+        return [], 0.0, f"onnxruntime cannot load it with the length open ({cause(exc)})"
     tried, worst = [], 0.0
     for count, feed, want in wanted:
         try:
             got = speak(session, feed, conf)
         except Exception as exc:
-            return tried, worst, f"it fails at {count} tokens ({exc})"[:300]
+            return tried, worst, f"it fails at {count} tokens ({cause(exc)})"
         if abs(len(got) - len(want)) > conf["length_tolerance"] * max(1, len(want)):
             return tried, worst, f"at {count} tokens it speaks {len(got)} samples, the " \
                 f"original {len(want)}"
@@ -105,6 +106,18 @@ def at_other_lengths(model: onnx.ModelProto, wanted: list[tuple[int, dict, np.nd
     if worst > conf["mel_db"]:
         return tried, worst, f"its speech is {worst:.2f} dB from the original's there"
     return tried, worst, ""
+
+
+def cause(exc: BaseException) -> str:
+    """onnxruntime's error in a few words: the node and its message, without the source file
+    and the check that failed ('Add node /encoder/bert/embeddings/Add: Attempting to broadcast
+    an axis by a dimension other than 1. 32 by 64')."""
+    text = " ".join(str(exc).split())
+    node = re.search(r"running (\S+) node\. Name:'([^']*)'", text)
+    message = text.split("Status Message:", 1)[-1]
+    message = re.sub(r"^\s*\S+\.(?:h|cc|cpp):\d+\s+", "", message)
+    message = message.split(" was false. ", 1)[-1].strip()
+    return ((f"{node.group(1)} node {node.group(2)}: " if node else "") + message)[:200]
 
 
 def length_part(plan: PartPlan, frozen: Frozen, data: PartData, graphs: list[Path],

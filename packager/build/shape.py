@@ -4,6 +4,8 @@ its task, its family and the precision requested, decided once here."""
 from dataclasses import replace
 from typing import Any
 
+import onnx
+
 from ..errors import SpecError
 from ..graph.inspection import check_labels, graph_inputs, io_specs, model_family
 from ..graph.metadata import class_names, head_task
@@ -77,6 +79,9 @@ def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | 
     one output holds four box numbers (and an objectness) beside a score per named class for
     every anchor (a user who knows better passes --task raw)."""
     outputs = graph.graph.output
+    speech = _speech(req, graph, log)
+    if speech is not None:
+        return speech
     if not req.labels_from or not req.labels or len(outputs) != 1:
         return None
     dims = [d.dim_value for d in outputs[0].type.tensor_type.shape.dim]
@@ -89,6 +94,38 @@ def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | 
         "the candidates are judged by the answer (expected top-1 drop) and run.py infer answers "
         "with labels (--task raw opts out)")
     return {"kind": "classify"}
+
+
+SPEECH_NAMES = ("audio", "wav", "waveform", "speech")
+
+
+def _speech(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | None:
+    """tts, where the model's one output is a float waveform by its name (audio, wav,
+    waveform, speech) whose length no input shape fixes, and an integer input of shape (1, n)
+    holds the tokens: Kokoro-82M (tokens, style, speed -> audio) built without --task shipped
+    its graph at 64 tokens, and padding a sentence to 64 moved its speech 16 dB."""
+    outputs = graph.graph.output
+    if len(outputs) != 1:
+        return None
+    out = outputs[0]
+    kind = out.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in kind.shape.dim]
+    if kind.elem_type != onnx.TensorProto.FLOAT or not 1 <= len(dims) <= 3 or dims[-1] > 0 \
+            or any(d not in (0, 1) for d in dims[:-1]) or \
+            not any(word in out.name.lower() for word in SPEECH_NAMES):
+        return None
+    inits = {t.name for t in graph.graph.initializer}
+    tokens = [i.name for i in graph.graph.input if i.name not in inits
+              and i.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+              and len(i.type.tensor_type.shape.dim) == 2]
+    if not tokens:
+        return None
+    log(f"{req.label()}task: tts, applied by default: output '{out.name}' is a waveform whose "
+        f"length no input fixes, spoken from the tokens of '{tokens[0]}'; the candidates are "
+        "judged as speech (the same length, log-mel distance, at 24000 Hz: --task "
+        "tts:rate=N for another), the length is kept open where padding moves the speech, "
+        "and run.py infer writes WAV files (--task raw opts out)")
+    return {"kind": "tts"}
 
 
 def _detector(req: PartRequest, output: str, dims: list[int], log: Any

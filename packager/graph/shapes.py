@@ -109,7 +109,7 @@ def probe_session(model: onnx.ModelProto) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4   # (a failing run's error is the exception's, not stderr's)
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 

@@ -59,6 +59,7 @@ class OpProfile:
     nodes: list[tuple[str, str, float]] = field(default_factory=list)   # name, op, ms; slowest
     islands: int = 0                    # float runs between DQ and Q
     island_ms: float = 0.0              # their float kernels' time
+    runs: int = 0                       # the timed calls behind p50_ms
 
     def by_family(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -76,13 +77,16 @@ class OpProfile:
                 "by_op": {k: round(v, 4) for k, v in self.by_op.items()},
                 "counts": dict(self.counts), "qdq_ms": round(self.qdq_ms, 4),
                 "float_islands": self.islands, "island_ms": round(self.island_ms, 4),
-                "top_nodes": [{"node": n, "op": o, "ms": round(ms, 4)}
+                "runs": self.runs, "top_nodes": [{"node": n, "op": o, "ms": round(ms, 4)}
                               for n, o, ms in self.nodes]}
 
 
 def profile_model(path: Path, feed: Sample, *, threads: int = 0, runs: int = 20,
-                  warmup: int = 3, top: int = 10) -> OpProfile:
-    """Run *path* *runs* times under onnxruntime's profiler; per-op-type kernel time per run."""
+                  warmup: int = 3, top: int = 10, seconds: float | None = None) -> OpProfile:
+    """Run *path* *runs* times under onnxruntime's profiler; per-op-type kernel time per run.
+    *seconds*: no run starts after it (one at least), and the warm-up stops after
+    WARMUP_SECONDS (one call at least): a model that takes a second a call (Kokoro-82M's 13
+    profiled calls took 50 s of its build)."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="edgepack-prof-") as tmp:
@@ -99,17 +103,25 @@ def profile_model(path: Path, feed: Sample, *, threads: int = 0, runs: int = 20,
         except Exception as exc:
             raise QuantizationError(f"{path}: onnxruntime cannot load it ({_first(exc)})",
                                     "profile a model that `edgepack inspect` reads") from None
-        for _ in range(warmup):
+        from ..timing import WARMUP_SECONDS
+
+        began, warm = time.perf_counter(), 0
+        while warm < warmup and (warm == 0 or time.perf_counter() - began < WARMUP_SECONDS):
             sess.run(None, feed)
-        walls = []
-        for _ in range(runs):
+            warm += 1
+        walls: list[float] = []
+        began = time.perf_counter()
+        while len(walls) < runs and not (walls and seconds is not None and
+                                         time.perf_counter() - began > seconds):
             start = time.perf_counter()
             sess.run(None, feed)
             walls.append(time.perf_counter() - start)
         events = json.loads(Path(sess.end_profiling()).read_text())
         islands = float_islands(optimized) if os.path.isfile(optimized) else []
-    return _summarise(str(path), events, runs + warmup, sorted(walls)[len(walls) // 2] * 1e3,
-                      islands, top)
+    found = _summarise(str(path), events, len(walls) + warm,
+                       sorted(walls)[len(walls) // 2] * 1e3, islands, top)
+    found.runs = len(walls)
+    return found
 
 
 def _summarise(path: str, events: list[dict], calls: int, p50_ms: float,
