@@ -198,8 +198,9 @@ def print_infer(report):
             print("%s: %.3f ms = %s%s" % (
                 entry["file"], sum(stages.values()), " + ".join(
                     "%s %.3f" % (k, v) for k, v in stages.items()),
-                "; %.1fx real time" % entry["real_time_factor"]
-                if "real_time_factor" in entry else ""))
+                "; real-time factor %.3f (%.1fx real time)" % (
+                    entry["real_time_factor"], entry["x_real_time"])
+                if "x_real_time" in entry else ""))
     if report.get("out"):
         print("outputs written to %s%s" % (report["out"], " and %d WAV file(s) beside it" % len(
             report["wav"]) if report.get("wav") else ""))
