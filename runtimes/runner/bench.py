@@ -41,10 +41,8 @@ def bench_part(bundle, manifest, part, args):
         "not_running": opened["not_running"], "provider_options": opened["provider_options"],
         "providers": session.get_providers(),
     }
-    speech = speech_seconds(session, part, feed, names)
-    if speech:   # a TTS: its real-time factor, compute over audio (lower is better)
-        result["audio_s"] = speech
-        result["real_time_factor"] = latency["p50"] / 1000.0 / speech
+    if (part.get("task") or {}).get("kind") == "tts":   # its real-time factor (task_tts.py)
+        result.update(optional_module("task_tts").real_time(session, part, feed, latency))
     if getattr(args, "files", None):   # photo to answer by stage, in the same session
         result["stages"] = extra_module("stages", manifest).stage_times(
             session, part, args.files, args)
@@ -61,17 +59,6 @@ def bench_part(bundle, manifest, part, args):
         result["operations_per_call"] = ops
         result["achieved_gops"] = ops / (result["latency_ms"]["p50"] * 1e6)
     return result
-
-
-def speech_seconds(session, part, feed, names):
-    """The seconds of audio a tts part speaks for *feed* (one more run), else None."""
-    task = part.get("task") or {}
-    if task.get("kind") != "tts":
-        return None
-    speech = optional_module("task_tts")
-    conf = speech.settings(task)
-    spoken = speech.waveform(conf, dict(zip(names, session.run(names, feed))))
-    return len(spoken) / float(conf["rate"]) or None
 
 
 def cmd_bench(bundle, manifest, args):

@@ -124,3 +124,14 @@ def figures(conf, reference, candidate, feeds=None):
 def summary(result):
     return "%.2f s of speech at %d Hz (%d samples, peak %.2f)" % (
         result["seconds"], result["rate"], result["samples"], result["peak"])
+
+
+def real_time(session, part, feed, latency):
+    """`bench`'s speech figures: the seconds of audio *feed* speaks (one more run) and the
+    real-time factor, compute over audio (lower is better, as Piper, Coqui and ESPnet)."""
+    conf = settings(part.get("task"))
+    names = [o.name for o in session.get_outputs()]
+    seconds = len(waveform(conf, dict(zip(names, session.run(names, feed))))) / float(conf["rate"])
+    if not seconds:
+        return {}
+    return {"audio_s": seconds, "real_time_factor": latency["p50"] / 1000.0 / seconds}
