@@ -29,6 +29,7 @@ from ._runtimes.time_models import (  # noqa: F401
     enough_rounds,
     hopeless,
     settled,
+    warm_up,
 )
 from .progress import OFF, Progress
 
@@ -83,11 +84,7 @@ def time_blocks(contenders: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
     medians: dict[str, list[float]] = {name: [] for name in contenders}
     cost = {}
     for name, fn in contenders.items():
-        start, made = time.perf_counter(), 0
-        while made < warmup and (made == 0 or time.perf_counter() - start < WARMUP_SECONDS):
-            fn()
-            made += 1
-        cost[name] = (time.perf_counter() - start) / max(made, 1)
+        cost[name] = warm_up(fn, warmup)[1] if warmup else 0.0
     # a contender SLOW (2x) slower than the fastest in warm-up: a shorter block (time_models.blocks)
     calls = blocks(cost, block) if warmup else dict.fromkeys(contenders, block)
     steps.start(phase, [(cost[name] or 1e-6) * calls[name] / block

@@ -38,6 +38,16 @@ TIMING_SECONDS = 30.0
 WARMUP_SECONDS = 1.0
 
 
+def warm_up(call, count):
+    """*call* up to *count* times, stopping after WARMUP_SECONDS (one call at least): the
+    calls made and their mean seconds (the host's timing and profile warm up the same way)."""
+    start, made = time.perf_counter(), 0
+    while made < count and (made == 0 or time.perf_counter() - start < WARMUP_SECONDS):
+        call()
+        made += 1
+    return made, (time.perf_counter() - start) / made
+
+
 def blocks(costs, block):
     """Timed calls per block for each model, from its warm-up seconds per call (*costs*): *block*
     for every model within SLOW of the fastest; a slower one gets fewer (3 at least), so that its
@@ -196,11 +206,7 @@ def main(argv):
     costs = {}
     began = time.perf_counter()
     for path, session in sessions.items():
-        start, made = time.perf_counter(), 0
-        while made < 5 and (made == 0 or time.perf_counter() - start < WARMUP_SECONDS):
-            session.run(None, feeds[path])
-            made += 1
-        costs[path] = (time.perf_counter() - start) / made
+        costs[path] = warm_up(lambda s=session, f=feeds[path]: s.run(None, f), 5)[1]
     calls = blocks(costs, block)
     medians = dict((path, []) for path in sessions)
     racing = dict(sessions)   # a model that is hopeless after a round is timed no further

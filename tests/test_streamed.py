@@ -66,8 +66,15 @@ def test_state_pairs_and_a_stream_feed_each_state_back(tmp_path):
         state = out["stateN"][0]
     assert np.allclose(streamed["output"], np.stack(probs), atol=1e-6)
     assert streamed["output"].shape == (6, 1, 1)
-    # names that only look alike, or shapes that differ, are no pair
-    assert state_pairs(cell(tmp_path / "plain.onnx", reads_state=0.0)) == (("state", "stateN"),)
+    # the name alone is no pair: an output 'stateN' of another shape is not the state
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["state", "zero", "four", "one"], ["stateN"])], "slice",
+        [helper.make_tensor_value_info("state", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array([v]), k)
+         for v, k in ((0, "zero"), (4, "four"), (1, "one"))])
+    assert state_pairs(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)])) == ()
 
 
 def test_a_state_the_frames_barely_read_is_judged_by_the_frames_streamed(tmp_path):

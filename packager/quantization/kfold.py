@@ -111,8 +111,7 @@ class Rotation:
         self.fp32, self.pool, self.cap, self.states = fp32, list(pool), cap, tuple(states)
         self.folds = folds_of(len(self.pool), folds)
         self.order = [self.pool[i] for fold in self.folds for i in fold]
-        self.reference = self._joined([self._run(fp32, [self.pool[i] for i in fold])
-                                       for fold in self.folds])
+        self.reference = self._over_folds(fp32)
         # FP32 sample by sample, as another provider's outputs are gathered (not streamed)
         self.sampled = run_model(fp32, self.order) if self.states else self.reference
         self.evidence = Evidence("k-fold", len(self.order), len(self.folds))
@@ -123,6 +122,13 @@ class Rotation:
 
             return run_streamed(model, samples, self.states)
         return run_model(model, samples)
+
+    def _over_folds(self, model: Path) -> dict[str, np.ndarray]:
+        """*model* on every sample in fold order: one run, or a stream per fold (states)."""
+        if not self.states:
+            return run_model(model, self.order)
+        return self._joined([self._run(model, [self.pool[i] for i in fold])
+                             for fold in self.folds])
 
     @staticmethod
     def _joined(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -137,8 +143,7 @@ class Rotation:
         if config.mode != "static":   # no calibration: every sample is unseen already
             path = folder / "kfold_all.onnx"
             quantize_file(source, path, config=config)
-            return self._judge(path, budget, self._joined(
-                [self._run(path, [self.pool[i] for i in fold]) for fold in self.folds]))
+            return self._judge(path, budget, self._over_folds(path))
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             folder = keep

@@ -103,12 +103,9 @@ def profile_model(path: Path, feed: Sample, *, threads: int = 0, runs: int = 20,
         except Exception as exc:
             raise QuantizationError(f"{path}: onnxruntime cannot load it ({_first(exc)})",
                                     "profile a model that `edgepack inspect` reads") from None
-        from ..timing import WARMUP_SECONDS
+        from ..timing import warm_up
 
-        began, warm = time.perf_counter(), 0
-        while warm < warmup and (warm == 0 or time.perf_counter() - began < WARMUP_SECONDS):
-            sess.run(None, feed)
-            warm += 1
+        warm = warm_up(lambda: sess.run(None, feed), warmup)[0] if warmup else 0
         walls: list[float] = []
         began = time.perf_counter()
         while len(walls) < runs and not (walls and seconds is not None and
