@@ -22,11 +22,11 @@ RATE = 16000
 TOKENS, CHUNK = 12, 16
 
 
-def write_pipeline(root: Path, extra: str = "") -> Path:
+def write_pipeline(root: Path, extra: str = "", factory: str = "tts_parts") -> Path:
+    import tts_torch
     from safetensors.torch import save_file
-    from tts_torch import tts_parts
 
-    save_file(tts_parts().state_dict(), root / "tts.safetensors")
+    save_file(getattr(tts_torch, factory)().state_dict(), root / "tts.safetensors")
     sentences = root / "sentences"
     sentences.mkdir()
     rng = np.random.RandomState(3)
@@ -34,7 +34,7 @@ def write_pipeline(root: Path, extra: str = "") -> Path:
         np.save(sentences / f"s{i:02d}.npy", rng.randint(1, 32, size=rng.randint(3, 21)))
     path = root / "tts.toml"
     path.write_text(f"""kind = "tts"
-model = "{Path(__file__).parent / 'tts_torch.py'}:tts_parts"
+model = "{Path(__file__).parent / 'tts_torch.py'}:{factory}"
 weights = "tts.safetensors"
 
 [[stage]]
@@ -79,7 +79,12 @@ def test_the_parts_build_as_one_bundle_judged_end_to_end_as_speech(speech):
     accuracy = manifest["pipeline"]["accuracy"]
     assert accuracy["passed"] and accuracy["sentences"] == 3 and accuracy["same"] == 3
     assert "runner/cascade_tts.py" in manifest["files"]
-    assert "end to end: 3 of 3 held-out sentence(s) sound alike" in run.output
+    # judged against the model as it runs (its forward()), the glue's padding measured first
+    assert "end to end: against the PyTorch model's forward(): 3 of 3 held-out sentence(s) " \
+        "sound alike" in run.output
+    assert "padding to 12 tokens (longer sentences in pieces of 12) keeps the speech within " \
+        "the budget" in run.output
+    assert accuracy["reference"] == "the PyTorch model's forward()"
     r = run_py(root / "out", "check")
     assert r.returncode == 0 and "golden sentence(s) sound alike" in r.stdout, \
         r.stdout[-2000:] + r.stderr[-2000:]
@@ -221,9 +226,125 @@ model = "vocoder.onnx"
 input = "frames:1x{CHUNK}x16"
 rate = {RATE}
 """)
-    run = CliRunner().invoke(main, ["build", "--pipeline", str(root / "onnx.toml"), "-o",
+    run = CliRunner().invoke(main, ["--debug", "build", "--pipeline", str(root / "onnx.toml"), "-o",
                                     str(root / "out")], catch_exceptions=False)
     assert run.exit_code == 0 and "3 of 3 held-out sentence(s) sound alike" in run.output, \
         run.output
     r = run_py(root / "out", "check")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_an_attention_encoder_keeps_its_length_open_and_speaks_as_forward(tmp_path):
+    """Issue 45 item 5: an encoder whose tokens all see each other without a mask (the docs'
+    recipe with attention) changes its speech when padded. The build measures that against
+    the model's own forward() before it builds, keeps the encoder's token axis open (exported
+    so), and the bundle then speaks as forward() at 5, 9, 12 and 30 tokens (the padded glue
+    spoke 9 tokens 14 % too long); the end-to-end judge compares with forward() too."""
+    import torch
+    from safetensors.torch import load_file
+    from tts_torch import attention_parts
+
+    from packager._runtimes.runner.task_tts import mel_distance
+
+    path = write_pipeline(tmp_path, factory="attention_parts")
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(path), "-o",
+                                    str(tmp_path / "out")], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    assert "moves the speech" in run.output and "over the budget; the encoder has no mask" \
+        in run.output and "the encoder keeps tokens's length open" in run.output, run.output
+    assert "end to end: against the PyTorch model's forward(): 3 of 3" in run.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    enc = next(p for p in manifest["parts"] if p["name"] == "enc")
+    assert enc["length"]["dynamic"] and enc["length"]["input"] == "tokens", enc.get("length")
+    assert enc["source"]["export"]["dynamic"] == {"tokens": {"1": "length"}}
+    model = attention_parts()
+    model.load_state_dict(load_file(tmp_path / "tts.safetensors"))
+    files = []
+    for n in (5, 9, 12, 30):
+        files.append(tmp_path / f"say{n}.npy")
+        np.save(files[-1], np.random.RandomState(n).randint(1, 32, size=n))
+    r = run_py(tmp_path / "out", "infer", *map(str, files), "--json", "--out",
+               str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    audio = np.load(tmp_path / "o.npz")
+    for path, result in zip(files, json.loads(r.stdout)["results"], strict=True):
+        with torch.no_grad():
+            want = model(torch.from_numpy(np.load(path))[None]).numpy().reshape(-1)
+        got = audio[f"{result['key']}/audio"]
+        assert abs(len(got) / len(want) - 1) <= 0.02, (path.name, len(got), len(want))
+        assert mel_distance(want, got, RATE) <= 2.0, path.name
+    r = run_py(tmp_path / "out", "check")
+    assert r.returncode == 0 and "golden sentence(s) sound alike" in r.stdout, \
+        r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_blame_names_the_part_whose_graph_breaks_the_speech(speech):
+    """The end-to-end judge's attribution: with the vocoder's samples spoiled, putting the
+    original vocoder in its place restores the speech and the original encoder does not: the
+    vocoder is blamed, and the encoder where its durations are spoiled instead."""
+    from packager._runtimes.runner.cascade import pipeline_sessions, session_runner
+    from packager._runtimes.runner.manifest import load_manifest
+    from packager.cascade.spec import load_pipeline
+    from packager.cascade.speech import (
+        load_root,
+        original_parts,
+        original_speech,
+        read_sentence,
+        sentence_files,
+    )
+    from packager.cascade.speech_reference import blame, reference_speech
+
+    root, _ = speech
+    spec = load_pipeline(root / "tts.toml")
+    model = load_root(spec)
+    runs = original_parts(spec, model)
+    reference = reference_speech(spec, model, runs, original_speech(spec, model, runs=runs))
+    manifest = load_manifest(str(root / "out"))
+    run_part = session_runner(pipeline_sessions(str(root / "out"), manifest, None))
+    sentences = [read_sentence(p) for p in sentence_files(root / "sentences")[:4]]
+
+    def spoiled(part, change):
+        def run(entry, feed):
+            out = run_part(entry, feed)
+            return [change(o) for o in out] if entry["name"] == part else out
+        return run
+    noisy = spoiled("voc", lambda o: o + 0.3 * np.sign(np.sin(np.arange(o.size))).reshape(
+        o.shape).astype(o.dtype))
+    assert blame(reference, manifest, noisy, runs, sentences, ["enc", "voc"]) == ["voc"]
+    longer = spoiled("enc", lambda o: o + 1 if o.ndim == 2 else o)
+    assert blame(reference, manifest, longer, runs, sentences, ["enc", "voc"]) == ["enc"]
+    assert blame(reference, manifest, longer, runs, sentences, ["enc"]) == ["enc"]
+
+
+def test_a_miss_rebuilds_the_blamed_part_alone_and_says_why(tmp_path, monkeypatch):
+    """Issue 45 item 5: where the end-to-end judge blames one part (the vocoder here, its
+    first judgement made to miss), only that part goes back to FP32, its precision saying
+    why (not "asked for"); the encoder keeps its INT8."""
+    import packager.cascade.build as pipeline_build
+    from packager.cascade.speech import speech_end_to_end
+
+    calls = []
+
+    def first_misses(spec, bundle, held):
+        figure = speech_end_to_end(spec, bundle, held)
+        calls.append([s.precision for s in spec.stages])
+        if len(calls) == 1:
+            figure = dict(figure, passed=False, worst_mel_db=2.5, below=["enc", "voc"],
+                          blame=["voc"], text=figure["text"] + ": FAILED")
+        return figure
+    monkeypatch.setattr(pipeline_build, "speech_end_to_end", first_misses)
+    path = write_pipeline(tmp_path, extra='precision = "int8"\n')
+    text = path.read_text().replace('rate = ', 'precision = "int8"\nrate = ')
+    path.write_text(text)
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(path), "-o",
+                                    str(tmp_path / "out")], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    assert calls == [["int8", "int8"], ["int8", "fp32"]]
+    assert "voc breaks it (the original in its place keeps it): building voc again at FP32, " \
+        "enc kept" in run.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    precision = {p["name"]: p["precision"] for p in manifest["parts"]}
+    assert precision["enc"]["precision"] == "int8" and precision["voc"]["precision"] == "fp32"
+    reason = precision["voc"]["decision"]["reason"]
+    assert "asked for" not in reason and "end to end, the held-out speech missed its budget " \
+        "with voc below FP32 (worst 2.50 dB)" in reason, reason

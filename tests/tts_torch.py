@@ -68,3 +68,35 @@ class TTSParts(nn.Module):
 def tts_parts():
     torch.manual_seed(1)
     return TTSParts().eval()
+
+
+class AttentionEncoder(nn.Module):
+    """A FastSpeech-like encoder without a mask: every token attends to every other, the pad
+    tokens too, so padding a sentence changes its hidden states and durations."""
+
+    def __init__(self, vocab=32, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+        self.duration = nn.Linear(dim, 1)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        weights = torch.softmax(4.0 * self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
+        h = torch.tanh(x + 2.0 * self.out(weights @ self.v(x)))
+        return h, torch.clamp(torch.ceil(2.0 * torch.relu(self.duration(h))), max=3)[..., 0]
+
+
+class AttentionParts(TTSParts):
+    """TTSParts with the attention encoder: its forward() is the model the bundle must speak
+    like, at any length."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = AttentionEncoder()
+
+
+def attention_parts():
+    torch.manual_seed(2)
+    return AttentionParts().eval()

@@ -57,7 +57,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           offline: bool = False, openvino: str = "auto",
           tasks: Mapping[str, Mapping[str, Any]] = {},
           keep: Mapping[str, float] | None = None,
-          runner_extras: Sequence[str] = RUNNER_EXTRAS, require_proof: bool = False) -> BuildResult:
+          runner_extras: Sequence[str] = RUNNER_EXTRAS, require_proof: bool = False,
+          open_lengths: Mapping[str, str] = {}) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
     *model* is an .onnx file or a PyTorch source (`file.py:factory`, `pkg.mod:factory`,
@@ -82,6 +83,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
     (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
     *require_proof*: INT8 only where the samples could show its budget (else it ships, said).
+    *open_lengths* maps part names to an input whose length axis (1) their shipped graphs keep
+    open (a tts pipeline's encoder whose padding moves the speech: build/length.py).
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
@@ -97,7 +100,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                               part_calib=part_calib, export_options=export_options,
                               part_quant={k: QuantRequest.of(v) for k, v in part_quant.items()},
                               part_preprocess=part_preprocess)
-        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name)) for r in requests]
+        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name),
+                            open_length=open_lengths.get(r.name, "")) for r in requests]
         check_requests(requests, tasks, keep, target)
         results, payloads = [], []
         with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:

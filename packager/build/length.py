@@ -15,9 +15,11 @@ import onnx
 
 from .._runtimes.runner.task_spec import settings
 from .._runtimes.runner.task_tts import mel_distance, waveform
+from ..errors import ModelError
 from ..graph.inspection import graph_inputs
 from ..graph.modelio import save_model
 from ..graph.shapes import probe_session
+from .plan import PartRequest
 from .records import BuildContext, Frozen, PartData, PartPlan
 
 PROBES = 4       # samples the padding is measured on
@@ -180,3 +182,65 @@ def checked(models: list[onnx.ModelProto], wanted: list[tuple[int, dict, np.ndar
         if problem:
             return tried, worst, problem
     return tried, worst, ""
+
+
+def open_part(req: PartRequest, frozen: Frozen, data: PartData, graphs: list[Path],
+              ctx: BuildContext, original_fits: bool = False) -> dict[str, Any] | None:
+    """The manifest's part["length"] of a part asked to keep *req.open_length*'s axis 1 open
+    (a tts pipeline's encoder whose padding moves the speech: cascade/speech.py measured it);
+    else None. The shipped *graphs* are rewritten with that axis open, each run at half and
+    one and a half times the build's length, where it must give the original's output shapes
+    (the pipeline's end-to-end judge then hears the sentences at their own lengths); where a
+    shipped graph cannot, the original graph ships in its place when *original_fits* (FP32),
+    else ModelError names the part and what failed."""
+    name = req.open_length
+    if not name:
+        return None
+    if token_axis(frozen.proto) != name:
+        raise ModelError(f"{req.label()}its input {name} does not take any length in the "
+                        "original, so the shipped graph cannot keep it open",
+                        "export the encoder with its token axis open, or give it a mask input")
+    samples = (data.held or data.samples)[:PROBES]
+    static = int(np.asarray(samples[0][name]).shape[1])
+    original = probe_session(frozen.proto)
+    wanted = []
+    for count in (max(1, static // 2), static * 3 // 2):
+        feed = dict(samples[0], **{name: np.resize(np.asarray(samples[0][name])[0], count)[None]
+                                   .astype(np.asarray(samples[0][name]).dtype)})
+        wanted.append((count, feed, [o.shape for o in original.run(None, feed)]))
+    opened = [reopened(onnx.load(str(path)), name) for path in graphs]
+    problem, graph = _runs_open(opened, wanted), "shipped"
+    if problem and original_fits and len(graphs) == 1:
+        opened, graph = [frozen.proto], f"original (unsimplified: the simplified one {problem})"
+        problem = _runs_open(opened, wanted)
+    if problem:
+        raise ModelError(f"{req.label()}padding moves the pipeline's speech, but its shipped "
+                        f"graph cannot keep {name}'s length open: {problem}",
+                        "set the stage's precision = \"fp32\" (the original graph then ships)")
+    for path, model in zip(graphs, opened, strict=True):
+        save_model(model, path)
+    tried = [count for count, _, _ in wanted]
+    ctx.log(f"length: the bundle keeps {name}'s length open in the {graph} graph (checked at "
+            f"{', '.join(map(str, tried))} tokens): a sentence runs whole, unpadded")
+    return {"input": name, "axis": 1, "static": static, "dynamic": True, "checked": tried,
+            "graph": graph.split(" ", 1)[0], "why": "padding moves the pipeline's speech: the encoder has no "
+            "mask input"}
+
+
+def _runs_open(models: list[onnx.ModelProto],
+               wanted: list[tuple[int, dict[str, np.ndarray], list[tuple[int, ...]]]]) -> str:
+    """What fails ('' if nothing) when each of *models* runs *wanted*'s feeds: it must load
+    and give the original's output shapes there."""
+    for model in models:
+        try:
+            session = probe_session(model)
+        except Exception as exc:
+            return f"onnxruntime cannot load it with the length open ({cause(exc)})"
+        for count, feed, shapes in wanted:
+            try:
+                got = [o.shape for o in session.run(None, feed)]
+            except Exception as exc:
+                return f"it fails at {count} tokens ({cause(exc)})"
+            if got != shapes:
+                return f"at {count} tokens it gives shapes {got}, the original {shapes}"
+    return ""

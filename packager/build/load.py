@@ -17,6 +17,8 @@ from ..targets import Target
 from .plan import SINGLE, PartRequest
 from .records import BuildContext, Frozen, Loaded
 
+LENGTH = "length"   # the symbol of an open length axis
+
 
 def load_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext) -> Loaded:
     """The part's model file: its .onnx, or its PyTorch source exported into *tmp* (validated
@@ -37,13 +39,16 @@ def load_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext) ->
                                preprocess=req.preprocess, progress=ctx.progress)
     exported = export_loaded(module, tmp / f"{req.name}.exported.onnx", inputs=specs,
                              consts=req.consts, other_consts=req.name != SINGLE,
+                             dynamic={req.open_length: {1: LENGTH}} if req.open_length else None,
                              opset=options.opset, target=target,
                              output_names=options.output_names if req.name == SINGLE else (),
                              samples=samples or (), tolerance=options.tolerance, log=ctx.log)
     export = {"source": exported.source, "exporter": exported.exporter,
               "opset": exported.opset, "validation": exported.validation,
               "weights": exported.weights, "warnings": exported.warnings,
-              "consts": exported.consts}
+              "consts": exported.consts,
+              **({"dynamic": {k: {str(a): v for a, v in d.items()} for k, d in
+                              exported.dynamic.items()}} if exported.dynamic else {})}
     source = {"model": module.description,
               "files": {p.name: sha256(p) for p in module.files if p.is_file()},
               "export": export}

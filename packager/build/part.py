@@ -11,7 +11,7 @@ from ..targets import Target
 from ..tasks.part import recorded_task
 from .data import golden_samples, part_data
 from .insight import insight
-from .length import length_part
+from .length import length_part, open_part
 from .load import freeze_part, load_part
 from .measure import accuracy_of, decide_part, precision_record, providers_part, reference
 from .plan import PartRequest
@@ -70,9 +70,10 @@ def build_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext
     plan, ref = recognised_fits(req, plan, shaped, ref, ctx)   # a recognised head that misfits
     decision = decide_part(req, plan, data, ref, target, tmp, ctx)
     picked = providers_part(req, data, ref, decision, target, tmp, ctx)
-    length = length_part(plan, frozen, data, [decision.candidate.path,
-                                              *(g.model for g in picked.graphs)], ctx,
-                         decision.config.mode == "given" or decision.config.precision == "fp32")
+    shipped = [decision.candidate.path, *(g.model for g in picked.graphs)]
+    fits = decision.config.mode == "given" or decision.config.precision == "fp32"
+    length = open_part(req, frozen, data, shipped, ctx, fits) or \
+        length_part(plan, frozen, data, shipped, ctx, fits)
     seen = insight(req, data, ref, decision, shaped.simplified.graph,
                    int(target.session.get("intra_op_threads", 0)), ctx)
     ctx.clock.lap("profile")

@@ -30,6 +30,8 @@ class PartRequest:
     task: Mapping[str, Any] | None = None   # its declared task (tasks/declare.py); None: raw
     labels_from: str = ""   # where the labels came from when not --labels: "metadata 'KEY'"
     head_task: str = ""     # the task the model's metadata names for its head ("detect")
+    open_length: str = ""   # the input whose length axis (1) the shipped graphs keep open (a
+                            # tts pipeline's encoder, where padding moves the speech)
 
     def label(self) -> str:
         """'part NAME: ' before a message about a part of several, else ''."""

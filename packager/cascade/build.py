@@ -18,11 +18,11 @@ from .host import crop_calibration, photos
 from .judge import end_to_end
 from .spec import PipelineSpec, load_pipeline
 from .speech import (
-    original_speech,
     read_sentence,
     sentence_files,
     speech_calibration,
     speech_end_to_end,
+    speech_lengths,
     speech_sources,
     stage_of,
 )
@@ -84,7 +84,9 @@ def build_speech(spec: PipelineSpec, output: Path, log: Callable[[str], None],
         raise CalibrationError(f"{encode.calib}: no sentences (.npy files of token ids)",
                                "save each sentence's token ids with numpy.save")
     held = found[HELD_OUT_EVERY - 1::HELD_OUT_EVERY] if len(found) >= 2 * HELD_OUT_EVERY else []
-    original = original_speech(spec)
+    original, opened = speech_lengths(spec, held or found, log)
+    if opened:
+        options = dict(options, open_lengths={encode.part: opened})
     with tempfile.TemporaryDirectory(prefix="edgepack-pipeline-") as tmp:
         made = speech_calibration(spec, original, [read_sentence(p) for p in found
                                                    if p not in held], Path(tmp))
@@ -102,19 +104,46 @@ def _judged(spec: PipelineSpec, output: Path, made: dict[str, Path],
             figure_of: Callable[[PipelineSpec, Path, list[Path]], dict[str, Any]]
             ) -> tuple[BuildResult, dict[str, Any]]:
     """The bundle built and judged end to end on *held* (figure_of); one that misses with a
-    stage below FP32 is built again with every stage at FP32, said in one line."""
+    stage below FP32 is built again with the stage that breaks it at FP32 (the figure's
+    `blame`, a tts pipeline's), the others kept, and with every stage at FP32 where that
+    misses too; each said in one line, each part's precision saying why."""
     lower = [s.part for s in spec.stages if s.precision != "fp32"]
     try:
         return _build(spec, output, made, log, options,
                       _judge(spec, held, log, bool(lower), figure_of))
-    except Missed:
+    except Missed as missed:
+        below = missed.figure.get("below", lower)   # the bundle's parts below FP32
+        blamed = missed.figure.get("blame") or below
+        why = f"end to end, the held-out speech missed its budget with {{}} below FP32 " \
+            f"(worst {missed.figure.get('worst_mel_db', 0.0):.2f} dB)" if spec.kind == "tts" \
+            else "end to end, the held-out photos missed their budget with {} below FP32"
+    if len(blamed) < len(below):
+        log(f"end to end: the budget is missed; {', '.join(blamed)} breaks it (the original "
+            f"in its place keeps it): building {', '.join(blamed)} again at FP32, "
+            f"{', '.join(p for p in below if p not in blamed)} kept")
+        again = _at_fp32(spec, blamed, why.format(", ".join(blamed)))
+        try:
+            return _build(again, output, made, log, options,
+                          _judge(again, held, log, True, figure_of))
+        except Missed:
+            log(f"end to end: the budget is missed again; building {', '.join(lower)} at FP32")
+    else:
         log(f"end to end: the budget is missed; building {', '.join(lower)} again at FP32")
-    spec = replace(spec, stages=tuple(replace(s, precision="fp32") for s in spec.stages))
+    spec = _at_fp32(spec, lower, why.format(", ".join(lower)))
     return _build(spec, output, made, log, options, _judge(spec, held, log, False, figure_of))
+
+
+def _at_fp32(spec: PipelineSpec, parts: list[str], why: str) -> PipelineSpec:
+    return replace(spec, stages=tuple(replace(s, precision="fp32", why=why) if s.part in parts
+                                      else s for s in spec.stages))
 
 
 class Missed(BudgetMissed):
     """The staged bundle misses its end-to-end budget with a stage below FP32: built again."""
+
+    def __init__(self, message: str, figure: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.figure = figure
 
 
 def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], retry: bool,
@@ -128,7 +157,7 @@ def _judge(spec: PipelineSpec, held: list[Path], log: Callable[[str], None], ret
         log(figure["text"])
         if not figure["passed"]:
             if retry:
-                raise Missed(figure["text"])
+                raise Missed(figure["text"], figure)
             raise BudgetMissed(f"{spec.path}: the pipeline misses its end-to-end budget with "
                                f"every stage at FP32 ({figure['text']})",
                                "check the glue parameters against the models' own pipeline")
@@ -162,8 +191,8 @@ def _build(spec: PipelineSpec, output: Path, made: dict[str, Path], log: Callabl
     result = build(source, output, **sources, inputs=inputs,
                    part_calib={s.part: made.get(s.part) or s.calib for s in spec.stages},
                    part_preprocess={s.part: s.preprocess for s in spec.stages if s.preprocess},
-                   part_quant={s.part: QuantRequest(precision=s.precision) for s in spec.stages
-                               if s.precision},
+                   part_quant={s.part: QuantRequest(precision=s.precision, why=s.why or None)
+                               for s in spec.stages if s.precision},
                    tasks={s.part: s.task for s in spec.stages if s.task},
                    pipeline=spec.section(), judge=judge, log=log, **options)
     return result, result.bundle.manifest["pipeline"].get("accuracy", {"photos": 0})

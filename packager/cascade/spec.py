@@ -62,6 +62,7 @@ class Stage:
     batch: int = 1   # the part's static batch (a face pipeline's crop stages)
     input: TensorSpec | None = None   # a tts stage's static input (tokens, or frames)
     module: str | None = None         # a tts stage's part of the pipeline's PyTorch model
+    why: str = ""                     # why *precision* is what it is, where the build set it
 
 
 @dataclass(frozen=True)

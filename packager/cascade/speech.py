@@ -6,6 +6,7 @@ end on held-out sentences against the original parts run through the same glue, 
 sound (length, log-mel distance); a few of those sentences and the original's speech kept in
 the bundle (golden/pipeline/) for `run.py check`."""
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ from .._runtimes.runner.errors import BundleError
 from .._runtimes.runner.manifest import load_manifest
 from ..errors import CalibrationError
 from .spec import PipelineSpec, Stage
+from .speech_reference import blame, padding_effect, reference_speech
 
 MAX_FRAMES = 2000     # vocoder windows kept to calibrate on (the quantizer holds them at once)
 GOLDEN_SENTENCES = 4  # held-out sentences a bundle keeps for `run.py check`
+PROBES = 4            # sentences the glue's padding is measured on before the build
 
 
 def sentence_files(folder: Path) -> list[Path]:
@@ -48,48 +51,120 @@ def _torch_runner(module: Any) -> Any:
             out = module(torch.from_numpy(np.ascontiguousarray(tensor)))
         return [t.detach().cpu().numpy() for t in (out if isinstance(out, (tuple, list))
                                                    else (out,))]
+    run.open = True   # type: ignore[attr-defined]  (eager modules take any length)
     return run
 
 
-def _onnx_runner(model: Path) -> tuple[Any, list[str]]:
+def _onnx_runner(model: Path) -> Any:
+    """run(feed array) -> [numpy outputs] of an .onnx part on the CPU provider; run.names are
+    its outputs' names, run.open whether its input's axis 1 takes any length."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    name = session.get_inputs()[0].name
-    return (lambda tensor: session.run(names, {name: tensor})), names
+    first = session.get_inputs()[0]
+
+    def run(tensor: np.ndarray) -> list[np.ndarray]:
+        return session.run(names, {first.name: tensor})
+    run.names = names   # type: ignore[attr-defined]
+    run.open = len(first.shape) > 1 and not isinstance(first.shape[1], int)  # type: ignore
+    return run
 
 
-def original_speech(spec: PipelineSpec) -> Speech:
-    """The runner's Speech over the pipeline's original parts: onnxruntime sessions on its
-    .onnx files, or its PyTorch model's modules in eager mode (outputs named as the export
-    names them: output, or output_0, output_1...)."""
-    root = None
-    if spec.model:
-        from ..source.torchload import load_source, select_submodule
+def load_root(spec: PipelineSpec) -> Any:
+    """The pipeline's PyTorch model (LoadedModel) with its weights, or None for .onnx parts."""
+    if not spec.model:
+        return None
+    from ..source.torchload import load_source
 
-        root = load_source(spec.model, weights=spec.weights)
-    parts, runs = [], {}
+    return load_source(spec.model, weights=spec.weights)
+
+
+def original_parts(spec: PipelineSpec, root: Any = None) -> dict[str, Any]:
+    """{part: run(feed array) -> [numpy outputs]} of the pipeline's original parts:
+    onnxruntime sessions on its .onnx files, or its PyTorch model's (*root*) modules in eager
+    mode; each runs any length its original takes."""
+    runs = {}
+    for stage in spec.stages:
+        if root is not None:
+            from ..source.torchload import select_submodule
+
+            module = select_submodule(root.module, stage.module or "", str(spec.model))
+            runs[stage.part] = _torch_runner(module.eval())
+        else:
+            runs[stage.part] = _onnx_runner(stage.model)
+    return runs
+
+
+def original_speech(spec: PipelineSpec, root: Any = None, open_encoder: bool = False,
+                    runs: dict[str, Any] | None = None) -> Speech:
+    """The runner's Speech over the pipeline's original parts (original_parts(): outputs named
+    as the export names them, output or output_0, output_1...), run as the bundle's glue runs
+    them: the encoder on padded pieces of its static length (the whole sentence with
+    *open_encoder*), the vocoder on chunks."""
+    runs = runs if runs is not None else original_parts(spec, root)
+    parts = []
     for stage in spec.stages:
         assert stage.input is not None   # load_pipeline requires it of a tts stage
-        if root is not None:
-            module = select_submodule(root.module, stage.module or "", str(spec.model))
-            run = _torch_runner(module.eval())
-            outputs = run(np.zeros(stage.input.shape, stage.input.dtype))
-            names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in
-                                                         range(len(outputs))]
-            shapes = [list(o.shape) for o in outputs]
-        else:
-            run, names = _onnx_runner(stage.model)
-            shapes = [list(o.shape) for o in run(np.zeros(stage.input.shape, stage.input.dtype))]
-        parts.append({"name": stage.part, "inputs": [{"name": stage.input.name,
-                                                      "shape": list(stage.input.shape),
-                                                      "dtype": stage.input.dtype}],
-                      "outputs": [{"name": n, "shape": s} for n, s in zip(names, shapes,
-                                                                           strict=True)]})
-        runs[stage.part] = run
+        outputs = runs[stage.part](np.zeros(stage.input.shape, stage.input.dtype))
+        names = getattr(runs[stage.part], "names", None) or (
+            ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))])
+        part = {"name": stage.part, "inputs": [{"name": stage.input.name,
+                                                "shape": list(stage.input.shape),
+                                                "dtype": stage.input.dtype}],
+                "outputs": [{"name": n, "shape": list(o.shape)} for n, o in zip(names, outputs,
+                                                                                 strict=True)]}
+        if open_encoder and stage.step == "encode":
+            part["length"] = {"input": stage.input.name, "axis": 1, "dynamic": True}
+        parts.append(part)
     return Speech(Cascade({"parts": parts, "pipeline": spec.section()},
                           lambda part, feed: runs[part["name"]](next(iter(feed.values())))))
+
+
+def speech_lengths(spec: PipelineSpec, sentences: list[Path], log: Callable[[str], None]
+                   ) -> tuple[Speech, str]:
+    """(the original parts as the bundle will run them, the encoder input kept open or ''):
+    on up to PROBES of *sentences*, the original parts through the glue at the encoder's static
+    length against the model as it runs (speech_reference); where that misses the vocode
+    stage's budget and the encoder takes any length, it keeps its length open (a sentence then
+    runs whole), said in one line with the measured figures either way."""
+    encode = stage_of(spec, "encode")
+    assert encode.input is not None   # load_pipeline requires it of a tts stage
+    root = load_root(spec)
+    runs = original_parts(spec, root)
+    padded = original_speech(spec, root, runs=runs)
+    reference = reference_speech(spec, root, runs, padded)
+    probes = [read_sentence(p) for p in sentences[:PROBES]]
+    static = int(encode.input.shape[1])
+    said = f"length: against {reference.what} on {len(probes)} sentence(s), padding to " \
+        f"{static} tokens (longer sentences in pieces of {static})"
+    effect = _worst(padding_effect(reference, padded, probes))
+    if effect["alike"]:
+        log(f"{said} keeps the speech within the budget ({_said(effect)}): the encoder "
+            f"runs at {static} tokens")
+        return padded, ""
+    if not getattr(runs[encode.part], "open", False):
+        log(f"{said} moves the speech ({_said(effect)}, over the budget), and the encoder's "
+            "original fixes its length: the end-to-end judge decides")
+        return padded, ""
+    whole = original_speech(spec, root, open_encoder=True, runs=runs)
+    opened = _worst(padding_effect(reference, whole, probes))
+    log(f"{said} moves the speech ({_said(effect)}, over the budget; the encoder has no mask "
+        f"for it): the encoder keeps {encode.input.name}'s length open, a sentence runs whole "
+        f"({_said(opened)}" + ("" if opened["alike"] else "; still over: the vocoder's chunks, "
+                               "raise the vocode stage's context") + ")")
+    return whole, encode.input.name
+
+
+def _worst(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sentences' figures as one: the worst distance and length, all alike or not."""
+    return {"mel_db": max([r["mel_db"] for r in results] or [0.0]),
+            "length": max([abs(r["length_ratio"] - 1) for r in results] or [0.0]),
+            "alike": all(r["alike"] for r in results)}
+
+
+def _said(effect: dict[str, Any]) -> str:
+    return f"worst {effect['mel_db']:.2f} dB, length off by {100 * effect['length']:.1f} %"
 
 
 def speech_calibration(spec: PipelineSpec, original: Speech, sentences: list[np.ndarray],
@@ -121,23 +196,33 @@ def speech_calibration(spec: PipelineSpec, original: Speech, sentences: list[np.
 
 
 def speech_end_to_end(spec: PipelineSpec, bundle: Path, held: list[Path]) -> dict[str, Any]:
-    """The staged *bundle*'s speech on the *held* sentences against the original parts'
-    through the same glue, each judged by the vocode stage's budget: every sentence must sound
-    alike. The first GOLDEN_SENTENCES and the original's speech are written into the bundle's
-    golden/pipeline/ (tokens.npz, audio.npz) for `run.py check`."""
-    original = original_speech(spec)
+    """The staged *bundle*'s speech on the *held* sentences against the model as it runs
+    (speech_reference: its PyTorch forward(), or its parts unpadded), each judged by the vocode
+    stage's budget: every sentence must sound alike. Where one does not, `blame` names the
+    part below FP32 that breaks it (speech_reference.blame). The first GOLDEN_SENTENCES and
+    the reference's speech are written into the bundle's golden/pipeline/ (tokens.npz,
+    audio.npz) for `run.py check`."""
+    root = load_root(spec)
+    runs = original_parts(spec, root)
+    reference = reference_speech(spec, root, runs, original_speech(spec, root, runs=runs))
     manifest = load_manifest(str(bundle))
-    shipped = Speech(Cascade(manifest, session_runner(pipeline_sessions(str(bundle), manifest,
-                                                                         None))))
-    results, golden = [], []
+    run_part = session_runner(pipeline_sessions(str(bundle), manifest, None))
+    shipped = Speech(Cascade(manifest, run_part))
+    results, golden, sentences = [], [], []
     for path in held:
-        tokens = read_sentence(path)
-        want, got = original.speak(tokens, {}), shipped.speak(tokens, {})
+        sentences.append(read_sentence(path))
+        want, got = reference.speak(sentences[-1]), shipped.speak(sentences[-1], {})
         results.append(dict(alike(shipped.voc_conf, want, got), sentence=path.name))
         if len(golden) < GOLDEN_SENTENCES:
-            golden.append((tokens, want, results[-1]["alike"]))
+            golden.append((sentences[-1], want, results[-1]["alike"]))
     figure = speech_figure(shipped.voc_conf, results, "held-out sentence(s)")
-    figure["text"] = "end to end: " + figure["text"]
+    figure["text"] = f"end to end: against {reference.what}: " + figure["text"]
+    figure["reference"] = reference.what
+    lower = [p["name"] for p in manifest["parts"]
+             if (p.get("precision") or {}).get("precision") != "fp32"]
+    if not figure["passed"] and lower:
+        figure["below"] = lower
+        figure["blame"] = blame(reference, manifest, run_part, runs, sentences, lower)
     if golden:
         figure["golden"] = write_speech_golden(bundle, golden)
     return figure

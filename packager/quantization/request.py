@@ -30,6 +30,8 @@ class QuantRequest:
     calibration_method: str | None = None
     exclude: tuple[str, ...] = ()         # node names kept FP32
     search_seconds: float | None = None
+    why: str | None = None                # why *precision* is forced, where not the user's
+                                          # choice (a pipeline's end-to-end judge)
 
     @classmethod
     def of(cls, value: Union["QuantRequest", Mapping[str, Any], None]) -> "QuantRequest":
@@ -57,7 +59,8 @@ class QuantRequest:
 
     def config_fields(self) -> dict[str, Any]:
         """The chosen fields a QuantConfig has (all but precision and the search's limit)."""
-        return {k: v for k, v in self.given().items() if k not in ("precision", "search_seconds")}
+        return {k: v for k, v in self.given().items() if k not in ("precision", "search_seconds",
+                                                                   "why")}
 
     def pinned(self) -> set[str]:
         """The config fields the user fixed: the search does not vary them."""

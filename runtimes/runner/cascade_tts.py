@@ -11,7 +11,8 @@ Both parts keep static shapes: a sentence is padded with the `pad` id to the enc
 tokens (only its own tokens' rows are kept) and cut into pieces of T tokens when longer; the
 frames are run C at a time. Exact where a token's outputs do not depend on the padding (a
 per-token encoder, or one with a mask); the build judges the bundle end to end against the
-original parts run the same way, and the user's PyTorch model against the bundle (docs).
+model as it runs (its PyTorch forward(), or its parts unpadded), and where padding moves the
+speech the encoder keeps its length open (its part's `length`): a sentence then runs whole.
 
     Speech(cascade)               .speak(tokens, timing) -> float32 samples
     regulate(hidden, durations, max_repeat)
@@ -122,12 +123,16 @@ class Speech(object):
         self.vocoder, self.voc_conf = cascade.stage("vocode")
         self.hidden, self.durations = encoder_outputs(self.encoder, self.enc_conf)
         self.tokens = self.encoder["inputs"][0]["shape"][1]
+        # an encoder whose padding moves the speech keeps its length open: a sentence runs whole
+        self.open = bool((self.encoder.get("length") or {}).get("dynamic"))
         self.chunk = self.vocoder["inputs"][0]["shape"][1]
 
     def frames(self, tokens, timing):
-        """(F, D) frames of one sentence: the encoder on pieces of its T tokens, padded."""
+        """(F, D) frames of one sentence: the encoder on pieces of its T tokens, padded (on the
+        whole sentence where its length is open)."""
         rows = []
-        for feed, count in pieces(tokens, self.tokens, self.enc_conf["pad"],
+        for feed, count in pieces(tokens, len(tokens) if self.open else self.tokens,
+                                  self.enc_conf["pad"],
                                   self.encoder["inputs"][0].get("dtype", "int64")):
             out = self.cascade.run(self.encoder, feed, timing)
             clock = _Clock(timing, "glue")
