@@ -89,8 +89,20 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     *bundle*: its shipped graph is one more row, "shipped (NAME: precision)". *audio_rate*:
     the first output is a waveform at that many Hz (speech): each row's real-time factor.
     """
+    from .compare_speech import compare_speech, is_speech
+
+    speech = is_speech(source)
+    if speech:   # whole sentences, real-time factors and log-mel distance (compare_speech.py)
+        chosen = load_target(target) if isinstance(target, str | Path) else target
+        return compare_speech(source, speech, calib=calib, bundle=bundle, rounds=rounds,
+                              threads=int(chosen.session.get("intra_op_threads", 0))
+                              if threads is None else threads, cold=cold, log=log)
     refuse_as_model(source)
     shipped = shipped_graph(bundle) if bundle is not None else None
+    if shipped and shipped.get("pipeline"):
+        raise PackagerError(f"--bundle {bundle}: a pipeline's bundle; compare takes it with "
+                            "the pipeline file it was built from",
+                            f"edgepack compare PIPELINE.toml --bundle {bundle}")
     audio_rate = audio_rate or (shipped or {}).get("audio_rate")
     steps = steps or OFF
     target = load_target(target) if isinstance(target, str | Path) else target
@@ -171,8 +183,10 @@ def _finish_rows(rows: list[dict[str, Any]], audio_rate: int | None) -> None:
     """Each row's real-time factor for speech, and no private keys left."""
     for r in rows:
         if audio_rate and "error" not in r and r.get("_out0_elements"):
-            # seconds of speech per second of compute, warm (the cold start is its own column)
-            r["rtf"] = r["_out0_elements"] / audio_rate / (r["p50_ms"] / 1000.0)
+            # seconds of speech per second of compute, warm (the cold start is its own column);
+            # the real-time factor is its inverse, compute over audio, as Piper and ESPnet say
+            r["x_real_time"] = r["_out0_elements"] / audio_rate / (r["p50_ms"] / 1000.0)
+            r["rtf"] = 1.0 / r["x_real_time"] if r["x_real_time"] else None
             r.pop("top1", None)   # a waveform's samples are no class scores
         r.pop("_path", None)
         r.pop("_out0_elements", None)
@@ -220,6 +234,10 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
 
 def markdown(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (one row per variant and batch)."""
+    if result.get("kind") == "speech":
+        from .compare_speech import speech_markdown
+
+        return speech_markdown(result)
     from ._runtimes.runner.load import BUSY
     from .timing import machine_line
 
@@ -255,7 +273,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['size_mb']:.2f} | {r['cosine_min']:.4f} | "
             f"{num(100 * r['top1'], '.1f') + '%' if 'top1' in r else '-'} | "
             f"{num(cold, '.0f')} | {num(r.get('prepare_s'), '.1f')} |"
-            + (f" {num(r.get('rtf'), '.1f')} |" if audio else ""))
+            + (f" {num(r.get('x_real_time'), '.1f')} |" if audio else ""))
     lines += ["", f"cosine / top-1: against {result['reference']} on "
         f"{result['samples']['held_out']} held-out {result['samples']['data']} samples. Cold "
         "start: import + load + first call in a fresh process (batch "

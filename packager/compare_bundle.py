@@ -44,4 +44,5 @@ def shipped_graph(bundle: Path) -> dict[str, Any]:
     task = part.get("task") or {}
     return {"path": Path(bundle) / part["model"]["file"], "batch": int(shape[0]) if shape else 1,
             "label": f"{SHIPPED} ({manifest['name']}: {precision})",
-            "audio_rate": settings(task)["rate"] if task_kind(task) == "tts" else None}
+            "audio_rate": settings(task)["rate"] if task_kind(task) == "tts" else None,
+            "pipeline": bool(manifest.get("pipeline"))}

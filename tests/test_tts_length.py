@@ -188,3 +188,38 @@ def test_a_length_folded_by_simplification_ships_the_original_graph_open(tmp_pat
     check = subprocess.run([sys.executable, str(tmp_path / "out" / "run.py"), "check"],
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+
+
+def test_compare_speaks_whole_sentences_in_real_time_factors(mixed, tmp_path):
+    """Issue 45 item 6: compare on a speech model times whole sentences at their own lengths
+    (3, 8 and 21 tokens, none padded) as the model's own package runs it and as the bundle
+    does, in real-time factors (compute / audio), with the cold start and a log-mel column
+    against the model as given; OpenVINO's rows where its Python exists, else a note."""
+    from packager.compare import compare, markdown
+
+    root, model, _ = mixed
+    for count in (3, 8, 21):
+        np.save(tmp_path / f"s{count:02d}.npy",
+                np.random.default_rng(count).integers(1, VOCAB, count).astype(np.int64))
+    result = compare(model, calib=tmp_path, bundle=root / "out", rounds=2)
+    assert result["kind"] == "speech"
+    rows = {r["variant"].split(" (")[0]: r for r in result["rows"]}
+    assert {"ORT as given", "shipped"} <= set(rows), rows
+    for name in ("ORT as given", "shipped"):
+        r = rows[name]
+        assert r["sentences"] == 3 and r["same_length"] == 3 and r["worst_mel_db"] < 0.5, r
+        assert 0 < r["rtf"] < 1 and abs(r["rtf"] * r["x_real_time"] - 1) < 1e-6, r
+        assert r["cold_start_ms"] > r["p50_ms"], r   # import + load + the first sentence
+    under = [r for r in result["rows"] if "under OpenVINO" in r["variant"]]
+    assert under or any(n.startswith("OpenVINO rows") for n in result["notes"])
+    for r in under:
+        assert r["same_length"] == 3 and r["provider"], r
+    table = markdown(result)
+    assert "| real-time factor |" in table and "| log-mel dB (worst) |" in table
+
+
+def test_compare_of_a_speech_model_without_sentences_is_one_line(mixed):
+    root, model, _ = mixed
+    run = CliRunner().invoke(main, ["compare", str(model)])
+    assert run.exit_code == 2 and "compared on sentences" in run.output and \
+        "Traceback" not in run.output, run.output

@@ -238,7 +238,7 @@ def test_an_attention_encoder_keeps_its_length_open_and_speaks_as_forward(tmp_pa
     """Issue 45 item 5: an encoder whose tokens all see each other without a mask (the docs'
     recipe with attention) changes its speech when padded. The build measures that against
     the model's own forward() before it builds, keeps the encoder's token axis open (exported
-    so), and the bundle then speaks as forward() at 5, 9, 12 and 30 tokens (the padded glue
+    so), and the bundle then speaks as forward() at 5 to 149 tokens (the padded glue
     spoke 9 tokens 14 % too long); the end-to-end judge compares with forward() too."""
     import torch
     from safetensors.torch import load_file
@@ -260,7 +260,7 @@ def test_an_attention_encoder_keeps_its_length_open_and_speaks_as_forward(tmp_pa
     model = attention_parts()
     model.load_state_dict(load_file(tmp_path / "tts.safetensors"))
     files = []
-    for n in (5, 9, 12, 30):
+    for n in (5, 9, 10, 12, 30, 54, 149):   # the issue's 10, 54, 149 among them
         files.append(tmp_path / f"say{n}.npy")
         np.save(files[-1], np.random.RandomState(n).randint(1, 32, size=n))
     r = run_py(tmp_path / "out", "infer", *map(str, files), "--json", "--out",
@@ -348,3 +348,26 @@ def test_a_miss_rebuilds_the_blamed_part_alone_and_says_why(tmp_path, monkeypatc
     reason = precision["voc"]["decision"]["reason"]
     assert "asked for" not in reason and "end to end, the held-out speech missed its budget " \
         "with voc below FP32 (worst 2.50 dB)" in reason, reason
+
+
+def test_compare_on_a_pipeline_times_whole_sentences_against_the_model(speech):
+    """Issue 45 item 6: compare takes the pipeline file and its own sentence folder (any
+    length): the model as it runs, its parts through the glue and the bundle, each in
+    real-time factors with a log-mel column against the first; the bundle's stages said. A
+    pipeline's bundle beside the PyTorch model is refused in one line (it was exit 3)."""
+    from packager.compare import compare, markdown
+
+    root, _ = speech
+    result = compare(root / "tts.toml", bundle=root / "out", rounds=2)
+    names = [r["variant"] for r in result["rows"]]
+    assert names[0] == "the model as it runs (the PyTorch model's forward())", names
+    assert names[1] == "the original parts through the glue" and names[2].startswith("shipped")
+    for r in result["rows"]:
+        assert r["sentences"] == 15 and r["same_length"] == 15 and r["worst_mel_db"] < 0.5, r
+        assert 0 < r["rtf"] < 1, r
+    assert set(result["rows"][2]["stages"]) == {"enc", "glue", "voc"}
+    assert "| real-time factor |" in markdown(result)
+    run = CliRunner().invoke(main, ["compare", str(Path(__file__).parent / "tts_torch.py") +
+                                    ":tts_parts", "--input", f"tokens:1x{TOKENS}:int64",
+                                    "--bundle", str(root / "out"), "--no-cold"])
+    assert run.exit_code == 2 and "a pipeline's bundle" in run.output, run.output

@@ -16,7 +16,7 @@ from ..targets import Target
 from ..tasks.part import task_for
 from .fp32_graph import simplify_static
 from .part_shapes import shapes_for
-from .plan import PartRequest
+from .plan import SINGLE, PartRequest
 from .records import BuildContext, Frozen, Loaded, PartPlan, Reference, Shaped
 
 
@@ -97,6 +97,12 @@ def recognised_task(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | 
 
 
 SPEECH_NAMES = ("audio", "wav", "waveform", "speech")
+
+
+def speech_graph(graph: Any) -> bool:
+    """Whether *graph* is recognised as speech (_speech: a waveform output by its name, spoken
+    from integer tokens)."""
+    return _speech(PartRequest(SINGLE, ""), graph, lambda _: None) is not None
 
 
 def _speech(req: PartRequest, graph: Any, log: Any) -> dict[str, Any] | None:

@@ -127,9 +127,9 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               "uses, for a smaller runner to audit (docs/commands.md)")
 @click.option("--task", "tasks", multiple=True, metavar="[PART=]KIND[:key=value,...] | FILE.toml",
               help="what the model does: classify, detect, embed, ctc, segment, vad, "
-              "multilabel or raw (default); the candidates are also judged by the task's figure "
-              "(top-1, box recall/precision, nearest neighbour, strings, pixels, speech frames, "
-              "F1 of the labels on) and run.py "
+              "multilabel, tts or raw (default); the candidates are also judged by the task's "
+              "figure (top-1, box recall/precision, nearest neighbour, strings, pixels, speech "
+              "frames, F1 of the labels on, log-mel distance of the waveform) and run.py "
               "infer answers in its terms; e.g. detect:decoder=yolov8,score=0.25 or "
               "ctc:alphabet=@chars.txt (docs/tasks.md)")
 @click.option("--pipeline", type=click.Path(path_type=Path), default=None,
