@@ -27,6 +27,7 @@ from .bundle.roofline import MATMUL_SHAPES
 from .compare_batch import COMPILED, DYNAMIC_FUSED, EAGER, FUSED, VARIANTS, compare_batch
 from .compare_bundle import refuse_as_model, shipped_graph
 from .compare_openvino import OPENVINO_ROWS, OV_CPU
+from .compare_speech import compare_speech, is_speech, speech_markdown
 from .errors import PackagerError, ShapeError
 from .graph.inspection import graph_inputs, io_specs
 from .graph.modelio import load_model
@@ -36,24 +37,10 @@ from .source.export import make_inputs
 from .source.specs import TensorSpec
 from .source.torchload import is_torch_source, load_source
 from .targets import Target, load_target
-from .timing import machine
+from .timing import COLD_ORT, machine
 
 EVAL_SAMPLES = 16   # random inputs drawn when no calibration data is given
 
-COLD_ORT = """import json, sys, time
-t0 = time.perf_counter()
-import numpy as np, onnxruntime as ort
-t1 = time.perf_counter()
-so = ort.SessionOptions(); so.intra_op_num_threads = int(sys.argv[3])
-s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
-t2 = time.perf_counter()
-feed = dict(np.load(sys.argv[2]))
-t3 = time.perf_counter()
-s.run(None, feed)
-t4 = time.perf_counter()
-print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
-                  "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
-"""
 COLD_TORCH = """import json, sys, time
 t0 = time.perf_counter()
 import numpy as np, torch
@@ -89,34 +76,25 @@ def compare(source: str | Path, *, inputs: Sequence[TensorSpec] = (), calib: Pat
     *bundle*: its shipped graph is one more row, "shipped (NAME: precision)". *audio_rate*:
     the first output is a waveform at that many Hz (speech): each row's real-time factor.
     """
-    from .compare_speech import compare_speech, is_speech
-
-    speech = is_speech(source)
-    if speech:   # whole sentences, real-time factors and log-mel distance (compare_speech.py)
-        chosen = load_target(target) if isinstance(target, str | Path) else target
+    target = load_target(target) if isinstance(target, str | Path) else target
+    if threads is None:
+        threads = int(target.session.get("intra_op_threads", 0))
+    if speech := is_speech(source):   # whole sentences, real-time factors, log-mel distance
         return compare_speech(source, speech, calib=calib, bundle=bundle, rounds=rounds,
-                              threads=int(chosen.session.get("intra_op_threads", 0))
-                              if threads is None else threads, cold=cold, log=log)
+                              threads=threads, cold=cold, log=log)
     refuse_as_model(source)
     shipped = shipped_graph(bundle) if bundle is not None else None
-    if shipped and shipped.get("pipeline"):
-        raise PackagerError(f"--bundle {bundle}: a pipeline's bundle; compare takes it with "
-                            "the pipeline file it was built from",
-                            f"edgepack compare PIPELINE.toml --bundle {bundle}")
     audio_rate = audio_rate or (shipped or {}).get("audio_rate")
     steps = steps or OFF
-    target = load_target(target) if isinstance(target, str | Path) else target
     by_case = {v.lower(): v for v in VARIANTS}
     wanted = [by_case.get(v.lower(), v) for v in variants or VARIANTS]
     unknown = [v for v in wanted if v not in VARIANTS]
     for name, value in (("--batch", min(batches, default=1)), ("--rounds", rounds),
-                        ("--block", block), ("--threads", 1 if threads is None else threads)):
+                        ("--block", block), ("--threads", threads or 1)):
         if value < 1:
             raise PackagerError(f"{name} {value}: must be 1 or more", f"pass {name} 1 or more")
     if unknown:
         raise PackagerError(f"unknown variant '{unknown[0]}'", f"variants: {', '.join(VARIANTS)}")
-    if threads is None:
-        threads = int(target.session.get("intra_op_threads", 0))
     loaded = None
     if is_torch_source(source):
         loaded = load_source(str(source), factory_args=factory_args, weights=weights,
@@ -235,8 +213,6 @@ def _cold_starts(tmp: Path, source, loaded, rows, threads, weights, factory_args
 def markdown(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (one row per variant and batch)."""
     if result.get("kind") == "speech":
-        from .compare_speech import speech_markdown
-
         return speech_markdown(result)
     from ._runtimes.runner.load import BUSY
     from .timing import machine_line

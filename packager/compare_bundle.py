@@ -37,6 +37,10 @@ def shipped_graph(bundle: Path) -> dict[str, Any]:
     from .bundle.manifest import read_manifest
 
     manifest = read_manifest(bundle)
+    if manifest.get("pipeline"):   # its first part is no whole model (it was exit 3)
+        raise PackagerError(f"--bundle {bundle}: a pipeline's bundle; compare takes it with "
+                            "the pipeline file it was built from",
+                            f"edgepack compare PIPELINE.toml --bundle {bundle}")
     part = manifest["parts"][0]
     precision = (part.get("precision") or {}).get("description") or \
         (part.get("precision") or {}).get("precision") or "?"
@@ -44,5 +48,4 @@ def shipped_graph(bundle: Path) -> dict[str, Any]:
     task = part.get("task") or {}
     return {"path": Path(bundle) / part["model"]["file"], "batch": int(shape[0]) if shape else 1,
             "label": f"{SHIPPED} ({manifest['name']}: {precision})",
-            "audio_rate": settings(task)["rate"] if task_kind(task) == "tts" else None,
-            "pipeline": bool(manifest.get("pipeline"))}
+            "audio_rate": settings(task)["rate"] if task_kind(task) == "tts" else None}

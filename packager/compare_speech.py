@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PackagerError
+from .timing import COLD_ORT
 
 SECONDS = 30.0    # a row's timing stops after this much compute (Kokoro: ~1.5 s a sentence)
 AS_GIVEN = "ORT as given"
@@ -234,21 +235,6 @@ def _openvino_rows(graphs: list[tuple[str, Path]], feeds: Sequence[dict], want: 
             "one that really ran."]
 
 
-COLD = """import json, sys, time
-t0 = time.perf_counter()
-import numpy as np, onnxruntime as ort
-t1 = time.perf_counter()
-so = ort.SessionOptions(); so.intra_op_num_threads = int(sys.argv[3])
-s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
-t2 = time.perf_counter()
-feed = dict(np.load(sys.argv[2]))
-t3 = time.perf_counter()
-s.run(None, feed)
-t4 = time.perf_counter()
-print(json.dumps({"total_ms": (t2 - t0 + t4 - t3) * 1e3, "load_ms": (t2 - t1) * 1e3}))
-"""
-
-
 def _cold(rows: list[dict[str, Any]], feed: dict, threads: int) -> None:
     """Each CPU row's import + load + first sentence in a fresh process."""
     with tempfile.TemporaryDirectory(prefix="edgepack-compare-") as tmp:
@@ -256,7 +242,7 @@ def _cold(rows: list[dict[str, Any]], feed: dict, threads: int) -> None:
         for r in rows:
             if not r.get("_path"):
                 continue
-            proc = subprocess.run([sys.executable, "-c", COLD, r["_path"],
+            proc = subprocess.run([sys.executable, "-c", COLD_ORT, r["_path"],
                                    str(Path(tmp) / "feed.npz"), str(threads)],
                                   capture_output=True, text=True, timeout=600)
             if proc.returncode == 0 and proc.stdout.strip():

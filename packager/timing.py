@@ -38,6 +38,22 @@ from .progress import OFF, Progress
 # (one call at least). Kokoro-82M runs 1.4 s a call here: 5 rounds of its original and its
 # graph took about 100 s on a quiet machine, and a build on a loaded one ran 35 minutes of it.
 
+# a cold start, in a fresh process: import, load and the first call (compare's column)
+COLD_ORT = """import json, sys, time
+t0 = time.perf_counter()
+import numpy as np, onnxruntime as ort
+t1 = time.perf_counter()
+so = ort.SessionOptions(); so.intra_op_num_threads = int(sys.argv[3])
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+t2 = time.perf_counter()
+feed = dict(np.load(sys.argv[2]))
+t3 = time.perf_counter()
+s.run(None, feed)
+t4 = time.perf_counter()
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
+                  "first_call_ms": (t4 - t3) * 1e3, "total_ms": (t2 - t0 + t4 - t3) * 1e3}))
+"""
+
 
 class Tally:
     """Seconds spent in time_blocks while it is open (see `tally`)."""

@@ -24,7 +24,7 @@ LAYERS = [
     ("bundle", {"bundle"}),
     ("device", {"device"}),
     ("jobs", {"build", "compare", "compare_batch", "compare_openvino", "compare_samples",
-              "compare_bundle", "demo", "chart",
+              "compare_bundle", "compare_speech", "demo", "chart",
               "cascade"}),
     ("cli", {"cli"}),
     ("entry", {"__init__", "__main__"}),

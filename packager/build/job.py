@@ -66,25 +66,21 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     factories of their own, or .onnx files); their inputs are given as `PART/NAME:shape`,
     their calibration data in *part_calib*, their preprocessing in *part_preprocess* and
     per-part quantization overrides in *part_quant*; *pipeline* is the manifest's section that
-    runs them as a cascade (cascade/build.py), and *judge* measures it end to end on the
-    staged bundle.
+    runs them as a cascade (cascade/build.py), *judge* measures it end to end on the staged
+    bundle, *open_lengths* maps a part to the input whose axis 1 stays open (build/length.py).
     *quant* (a QuantRequest, or a mapping of its fields) overrides fields of the target's
     quantization preset (precision, mode, format, activation_type, weight_type, per_channel,
     reduce_range, calibration_method, exclude) and bounds the search (search_seconds).
     precision "auto" builds the candidates, times them here (or with *timer*, e.g.
     device.remote_timing.remote_timer on a device) and ships the fastest that keeps *min_cosine*
     (default: the target's budget). *tune* (tuning.local_tuner, or remote_tuner for a device)
-    times session options with the finished bundle's runner; the manifest keeps the fastest.
-    *offline* ships each part also optimised offline by this onnxruntime where that loads
-    faster (CPU targets; see offline.py). *openvino*: "auto" lists the target's faster provider
-    (OpenVINO on x86) first where it measures faster here, "yes" wherever its graph keeps the
-    budget, "no" never (build/provider_choice.py).
-    *tasks* maps part names to their declared tasks (tasks/declare.py: the candidates are also
-    judged in the task's terms, and the device's `run.py infer` answers in them); *keep*
-    (--keep) overrides what each task keeps. *runner_extras*: serve, tune, profile, or fewer.
-    *require_proof*: INT8 only where the samples could show its budget (else it ships, said).
-    *open_lengths* maps part names to an input whose length axis (1) their shipped graphs keep
-    open (a tts pipeline's encoder whose padding moves the speech: build/length.py).
+    times session options with the finished bundle's runner, the manifest keeping the fastest;
+    *offline*: each part also optimised offline where that loads faster (CPU targets,
+    offline.py); *openvino*: "auto" lists the target's faster provider (OpenVINO on x86) first
+    where it measures faster here, "yes" wherever its graph keeps the budget, "no" never.
+    *tasks*: {part: its declared task} (tasks/declare.py: candidates judged and `run.py infer`
+    answering in its terms), *keep* (--keep) what each keeps; *runner_extras*: serve, tune,
+    profile, or fewer; *require_proof*: INT8 only where the samples can show its budget.
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
@@ -100,8 +96,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                               part_calib=part_calib, export_options=export_options,
                               part_quant={k: QuantRequest.of(v) for k, v in part_quant.items()},
                               part_preprocess=part_preprocess)
-        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name),
-                            open_length=open_lengths.get(r.name, "")) for r in requests]
+        requests = [replace(r, consts=dict(consts), task=tasks.get(r.name), open_length=
+                            open_lengths.get(r.name, "")) for r in requests]
         check_requests(requests, tasks, keep, target)
         results, payloads = [], []
         with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:

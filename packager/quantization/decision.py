@@ -134,9 +134,8 @@ def decide(fp32: Path, folder: Path, *, target: Target, family: str,
         chosen = reference if forced == "fp32" else _fp16(fp32, folder, base, held, budget,
                                                           labels, candidates, fp32_outputs)
         _check_forced(forced, [chosen] if chosen.passed else [], chosen.line(), budget)
-        why = f"{forced.upper()}: {request.why or 'asked for'}"
-        return _record(chosen, reference, candidates, why, forced, budget, held, started, {},
-                       log)
+        return _record(chosen, reference, candidates, f"{forced.upper()}: "
+                       f"{request.why or 'asked for'}", forced, budget, held, started, {}, log)
     why_not = timing_place(target, timer)
     threads = int(target.session.get("intra_op_threads", 0))
     pays = Pays(forced, why_not, held, reference, fp32, threads, timer, steps, provider_pays, log)
