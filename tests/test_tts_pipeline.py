@@ -371,3 +371,70 @@ def test_compare_on_a_pipeline_times_whole_sentences_against_the_model(speech):
                                     ":tts_parts", "--input", f"tokens:1x{TOKENS}:int64",
                                     "--bundle", str(root / "out"), "--no-cold"])
     assert run.exit_code == 2 and "a pipeline's bundle" in run.output, run.output
+
+
+def test_serve_streams_speech_as_the_vocoder_makes_it(speech, tmp_path):
+    """Issue 45 item 5: POST /infer?stream=1 answers a streamed audio/wav (the header with
+    lengths unknown, then 16-bit PCM piece by piece, the connection closed at its end) whose
+    samples are the whole answer's; the first audio's latency is in infer's JSON; a body that
+    is no sentence is still a JSON error."""
+    import struct
+    import urllib.error
+    import urllib.request
+
+    from conftest import start_server
+
+    root, _ = speech
+    body = io.BytesIO()
+    np.save(body, np.arange(90) % 31 + 1)   # 90 tokens: several vocoder windows
+    proc, url = start_server(root / "out", tmp_path / "serve.log")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/infer?stream=1", data=body.getvalue()), timeout=60) as answer:
+            assert answer.headers["Content-Type"] == "audio/wav"
+            assert answer.headers["X-Edgepack-Stream"] == "1"
+            assert answer.headers["Content-Length"] is None
+            streamed = answer.read()
+        with urllib.request.urlopen(urllib.request.Request(
+                url + "/infer", data=body.getvalue()), timeout=60) as answer:
+            whole = answer.read()
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(
+                url + "/infer?stream=1", data=b"not a sentence"), timeout=60)
+        assert bad.value.code == 400 and "error" in json.loads(bad.value.read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert streamed[:4] == b"RIFF" and struct.unpack("<I", streamed[40:44])[0] == 0xFFFFFFFF
+    assert struct.unpack("<I", streamed[24:28])[0] == RATE
+    with wave.open(io.BytesIO(whole)) as f:
+        pcm = f.readframes(f.getnframes())
+    assert streamed[44:] == pcm and len(pcm) > 2 * CHUNK * 256   # over one window's bytes
+    np.save(tmp_path / "x.npy", np.arange(90) % 31 + 1)
+    r = run_py(root / "out", "infer", str(tmp_path / "x.npy"), "--json")
+    result = json.loads(r.stdout)["results"][0]
+    assert 0 < result["first_audio_ms"] <= sum(result["latency_ms"].values()) + 1.0, result
+
+
+def test_bench_times_whole_sentences_of_a_pipeline(speech, tmp_path):
+    """Issue 45 item 6: `run.py bench FILE...` on a tts pipeline speaks each sentence whole
+    (it asked for --part before): per-sentence p50/p90, the first audio's latency and the
+    real-time factor (compute over audio), and the same over all; each part's own bench
+    beside."""
+    root, _ = speech
+    files = []
+    for n in (6, 40):
+        files.append(tmp_path / f"b{n}.npy")
+        np.save(files[-1], np.arange(n) % 31 + 1)
+    r = run_py(root / "out", "bench", *map(str, files), "--runs", "5", "--warmup", "1",
+               "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    speech_report = json.loads(r.stdout)["speech"]
+    assert [s["tokens"] for s in speech_report["sentences"]] == [6, 40]
+    for s in speech_report["sentences"]:
+        assert s["runs"] == 5 and 0 < s["first_audio_ms"] <= s["latency_ms"]["p90"] + 1.0
+        assert abs(s["real_time_factor"] - s["latency_ms"]["p50"] / 1000 / s["seconds"]) < 1e-9
+    assert 0 < speech_report["real_time_factor"] < 1
+    human = run_py(root / "out", "bench", *map(str, files), "--runs", "3", "--warmup", "1")
+    assert human.returncode == 0 and "first audio p50" in human.stdout and \
+        "real-time factor" in human.stdout, human.stdout + human.stderr

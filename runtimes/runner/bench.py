@@ -69,8 +69,12 @@ def cmd_bench(bundle, manifest, args):
         tuning = tuner.tune(bundle, manifest, args)
         tuning["saved"] = None if args.no_save else tuner.save_tuned(bundle, manifest, tuning)
         args.tuned = {"session": tuning["chosen"]}
-    parts = {}
+    parts, sentences = {}, None
     chosen = select_parts(manifest, args.part)
+    if getattr(args, "files", None) and not args.part and \
+            (manifest.get("pipeline") or {}).get("kind") == "tts":   # whole sentences
+        sentences = optional_module("cascade").bench_speech(bundle, manifest, args)
+        args.files = None
     if getattr(args, "files", None) and len(chosen) > 1:
         raise BundleError("bench FILE...: this bundle has %d parts; name the one the files feed "
                           "with --part" % len(chosen))
@@ -87,7 +91,7 @@ def cmd_bench(bundle, manifest, args):
         "target": manifest.get("target", {}).get("name"),
         "runs": args.runs, "warmup": args.warmup,
         "session": full_session(session_settings(manifest, args)),
-        "parts": parts,
+        "parts": parts, "speech": sentences,
         "providers": first["providers"],
         "peak_rss_mb": peak_rss_mb(),
         "device": device_info(),

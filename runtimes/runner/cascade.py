@@ -284,6 +284,59 @@ def infer_speech(bundle, manifest, args, keys):
     return report
 
 
+BENCH_SECONDS = 30.0   # a sentence's timed runs stop after this much compute (one at least)
+
+
+def bench_speech(bundle, manifest, args):
+    """`bench FILE...` of a tts pipeline: each .npy of token ids spoken whole, --warmup untimed
+    then --runs timed (bounded in seconds): per sentence p50/p90, the first audio's latency
+    (what a listener waits for where `serve` streams) and the real-time factor (compute over
+    audio, lower is better); over all, the same at p50 summed."""
+    from .metrics import latency_stats
+
+    opened = pipeline_sessions(bundle, manifest, args)
+    speech = Speech(Cascade(manifest, session_runner(opened)))
+    rows = []
+    for path in args.files:
+        tokens = read_tokens(read_file(path), printable(path))
+        for _ in range(args.warmup):
+            speech.speak(tokens, {})
+        times, firsts, spent = [], [], 0.0
+        while len(times) < args.runs and (not times or spent < BENCH_SECONDS):
+            start = time.perf_counter()
+            result, _ = speech_answer(speech, tokens, {})
+            times.append((time.perf_counter() - start) * 1000.0)
+            firsts.append(result["first_audio_ms"])
+            spent += times[-1] / 1000.0
+        latency = latency_stats(times)
+        rows.append({"file": printable(path), "tokens": result["tokens"],
+                     "seconds": result["seconds"], "runs": len(times), "latency_ms": latency,
+                     "first_audio_ms": float(np.median(firsts)),
+                     "real_time_factor": latency["p50"] / 1000.0 / max(result["seconds"], 1e-9)})
+    audio = sum(r["seconds"] for r in rows)
+    return {"sentences": rows, "audio_s": audio,
+            "real_time_factor": sum(r["latency_ms"]["p50"] for r in rows) / 1000.0 /
+            max(audio, 1e-9),
+            "first_audio_ms": {"p50": float(np.percentile([r["first_audio_ms"] for r in rows],
+                                                          50)),
+                               "max": max(r["first_audio_ms"] for r in rows)}}
+
+
+def print_speech_bench(report):
+    """bench_speech()'s report as lines a person reads."""
+    for r in report["sentences"]:
+        lat = r["latency_ms"]
+        print("%s: %d token(s), %.2f s of speech: p50 %.1f ms (p90 %.1f, %d runs), first audio "
+              "%.1f ms, real-time factor %.3f" % (r["file"], r["tokens"], r["seconds"],
+                                                  lat["p50"], lat["p90"], r["runs"],
+                                                  r["first_audio_ms"], r["real_time_factor"]))
+    print("sentences: %d, %.2f s of speech: real-time factor %.3f (%.1fx real time), first "
+          "audio p50 %.1f ms (max %.1f)" % (
+              len(report["sentences"]), report["audio_s"], report["real_time_factor"],
+              1.0 / max(report["real_time_factor"], 1e-9), report["first_audio_ms"]["p50"],
+              report["first_audio_ms"]["max"]))
+
+
 class ServedCascade(object):
     """The pipeline as `serve` runs it: a (part, session, names) triple of its own, whose
     "session" answers a request's body (a photo, or an .npy of its pixels)."""
@@ -329,6 +382,13 @@ class ServedCascade(object):
         return 200, dict(result, pipeline="tts", _audio=audio,
                          latency_ms=round((time.perf_counter() - start) * 1000.0, 3),
                          stages_ms=dict((k, round(v, 3)) for k, v in timing.items()))
+
+
+    def stream(self, body):
+        """(the sentence's pieces of float32 samples, a generator, its rate) for `serve`'s
+        streamed answer (BundleError: a body that is no sentence)."""
+        tokens = read_tokens(np.frombuffer(body, dtype=np.uint8), "request body")
+        return self.speech.stream(tokens, {}), self.speech.voc_conf["rate"]
 
 
 def served_cascade(manifest, sessions):

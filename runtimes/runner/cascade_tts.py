@@ -14,7 +14,7 @@ per-token encoder, or one with a mask); the build judges the bundle end to end a
 model as it runs (its PyTorch forward(), or its parts unpadded), and where padding moves the
 speech the encoder keeps its length open (its part's `length`): a sentence then runs whole.
 
-    Speech(cascade)               .speak(tokens, timing) -> float32 samples
+    Speech(cascade)               .speak(tokens, timing) -> float32 samples; .stream(): pieces
     regulate(hidden, durations, max_repeat)
     vocode(frames, run, chunk, context)
     read_tokens(data, path)       a sentence's token ids from an .npy's bytes
@@ -87,10 +87,10 @@ def windows(frames, chunk, context=0):
         yield window[None], min(step, count - start)
 
 
-def vocode(frames, run, chunk, context=0):
-    """The waveform of *frames* (F, D): run((1, chunk, D) frames) -> that chunk's samples, on
-    windows(), each window's middle kept; the samples of F frames."""
-    parts, hop = [], None
+def vocoded(frames, run, chunk, context=0):
+    """The waveform of *frames* (F, D) piece by piece (a generator of float32 samples), as
+    run((1, chunk, D) frames) makes each window's: its middle kept."""
+    hop = None
     for window, keep in windows(frames, chunk, context):
         samples = np.asarray(run(window)).reshape(-1)
         if hop is None:
@@ -98,8 +98,13 @@ def vocode(frames, run, chunk, context=0):
                 raise BundleError("the vocoder gave %d samples for %d frames: not a whole "
                                   "number a frame" % (samples.size, chunk))
             hop = samples.size // chunk
-        parts.append(samples[context * hop:(context + keep) * hop])
-    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+        yield samples[context * hop:(context + keep) * hop].astype(np.float32)
+
+
+def vocode(frames, run, chunk, context=0):
+    """The waveform of *frames* (F, D) whole: vocoded()'s pieces joined."""
+    parts = list(vocoded(frames, run, chunk, context))
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 def encoder_outputs(part, conf):
@@ -142,20 +147,30 @@ class Speech(object):
             clock.stop()
         return np.concatenate(rows)
 
-    def speak(self, tokens, timing):
-        """The waveform (float32 samples) of one sentence's token ids, each stage's
-        milliseconds added to *timing* (encoder and vocoder by part name, and glue)."""
+    def stream(self, tokens, timing):
+        """One sentence's waveform piece by piece as the vocoder makes it (a generator of
+        float32 samples: `serve` sends each as it comes), each stage's milliseconds added to
+        *timing* (encoder and vocoder by part name, and glue) while it runs."""
         frames = self.frames(np.asarray(tokens, np.int64).reshape(-1), timing)
         dtype = self.vocoder["inputs"][0].get("dtype", "float32")
-        name, clock = self.vocoder["name"], _Clock(timing, "glue")
-        ran = timing.get(name, 0.0)
-        audio = vocode(frames.astype(dtype),
-                       lambda window: list(self.cascade.run(self.vocoder, window,
-                                                            timing).values())[0],
-                       self.chunk, self.voc_conf["context"])
-        clock.stop()   # the windows cut and joined are glue; the vocoder's runs are its own
-        timing["glue"] -= timing.get(name, 0.0) - ran
-        return audio
+        name = self.vocoder["name"]
+        pieces = vocoded(frames.astype(dtype),
+                         lambda window: list(self.cascade.run(self.vocoder, window,
+                                                              timing).values())[0],
+                         self.chunk, self.voc_conf["context"])
+        while True:   # the windows cut and joined are glue; the vocoder's runs are its own
+            clock, ran = _Clock(timing, "glue"), timing.get(name, 0.0)
+            piece = next(pieces, None)
+            clock.stop()
+            timing["glue"] -= timing.get(name, 0.0) - ran
+            if piece is None:
+                return
+            yield piece
+
+    def speak(self, tokens, timing):
+        """The waveform (float32 samples) of one sentence's token ids: stream()'s pieces."""
+        parts = list(self.stream(tokens, timing))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 class _Clock(object):
@@ -198,12 +213,19 @@ def speech_figure(conf, results, where):
 
 
 def answer(speech, tokens, timing):
-    """One sentence spoken: ({samples, seconds, rate, peak, summary}, the float32 samples)."""
-    audio = speech.speak(tokens, timing)
+    """One sentence spoken: ({samples, seconds, rate, peak, first_audio_ms, summary}, the
+    float32 samples); first_audio_ms: until the vocoder's first piece (what a listener waits
+    for where the audio streams)."""
+    start, first, parts = time.perf_counter(), None, []
+    for piece in speech.stream(tokens, timing):
+        first = (time.perf_counter() - start) * 1000.0 if first is None else first
+        parts.append(piece)
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     rate = speech.voc_conf["rate"]
     result = {"tokens": int(len(tokens)), "samples": int(len(audio)),
               "seconds": len(audio) / float(rate), "rate": rate,
-              "peak": float(np.abs(audio).max()) if len(audio) else 0.0}
+              "peak": float(np.abs(audio).max()) if len(audio) else 0.0,
+              "first_audio_ms": round(first or 0.0, 3)}
     result["summary"] = "%.2f s of speech at %d Hz from %d token(s) (%d samples)" % (
         result["seconds"], rate, result["tokens"], result["samples"])
     return result, audio

@@ -198,8 +198,8 @@ def print_infer(report):
             print("%s: %.3f ms = %s%s" % (
                 entry["file"], sum(stages.values()), " + ".join(
                     "%s %.3f" % (k, v) for k, v in stages.items()),
-                "; real-time factor %.3f (%.1fx real time)" % (
-                    entry["real_time_factor"], entry["x_real_time"])
+                "; real-time factor %.3f (%.1fx real time), first audio after %.1f ms" % (
+                    entry["real_time_factor"], entry["x_real_time"], entry["first_audio_ms"])
                 if "x_real_time" in entry else ""))
     if report.get("out"):
         print("outputs written to %s%s" % (report["out"], " and %d WAV file(s) beside it" % len(

@@ -159,6 +159,8 @@ def _print_bench(report):
             print(optional_module("stages").stages_line(part, entry["stages"]))
         if entry.get("gpu_memory_mb") is not None:
             print("%s: GPU memory %.0f MB" % (part, entry["gpu_memory_mb"]))
+    if report.get("speech"):   # bench FILE... on a tts pipeline: whole sentences
+        optional_module("cascade").print_speech_bench(report["speech"])
     if report.get("roofline"):   # bench --roofline: only a bundle that ships roofline.py
         optional_module("roofline").print_ceiling(report["roofline"])
     gpu = report.get("gpu")

@@ -183,6 +183,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.no_such(path)
         name = path[len("/infer/"):] or parse_qs(query).get("part", [self.serving.default])[0]
         self.raw = self.serving.args.raw or parse_qs(query).get("raw", [""])[0] in ("1", "true")  # tensors
+        # ?stream=1 on a tts pipeline: the WAV leaves in chunks as the vocoder makes them
+        self.streamed = parse_qs(query).get("stream", [""])[0] in ("1", "true")
         cascade, sessions = self.serving.cascade, self.serving.sessions
         piped = name is None and cascade is not None and not self.raw
         if name is None and not piped:
@@ -241,6 +243,9 @@ class Handler(BaseHTTPRequestHandler):
                                                  % self.serving.args.max_concurrent},
                                   [("Retry-After", "1")])
             try:
+                if self.streamed and entry[2] is None and \
+                        getattr(entry[1], "speech", None) is not None:
+                    return self.stream_speech(entry[1], body)
                 code, answer = self.run_part(entry, body)
             finally:
                 self.serving.slots.release()
@@ -252,6 +257,36 @@ class Handler(BaseHTTPRequestHandler):
                 ("Content-Type", "audio/wav"), ("X-Edgepack-Summary", answer["summary"]),
                 ("X-Edgepack-Stages-Ms", to_json(answer["stages_ms"]).strip())])
         self.reply(code, answer)
+
+    def stream_speech(self, served, body):
+        """A tts pipeline's answer as a streamed audio/wav: the header (lengths unknown,
+        0xFFFFFFFF) at once, then each piece of 16-bit PCM as the vocoder makes it, the
+        connection closed at its end (HTTP/1.0: no length, no chunks). The first piece is made
+        before the status is sent, so a bad sentence is still a JSON error."""
+        tts = optional_module("task_tts")
+        try:
+            pieces, rate = served.stream(body)
+            piece = next(pieces, None)
+        except BundleError as exc:
+            return self.reply(exc.status, {"error": str(exc)})
+        self.close_connection = True
+        self.connection.settimeout(self.serving.args.timeout)
+        self.send_response(200)
+        for key, value in (("Content-Type", "audio/wav"), ("X-Edgepack-Stream", "1"),
+                           ("Connection", "close")):
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command == "HEAD":
+            return None
+        self.wfile.write(tts.wav_stream_header(rate))
+        while piece is not None:
+            self.wfile.write(tts.pcm16(piece))
+            self.wfile.flush()
+            try:
+                piece = next(pieces, None)
+            except BundleError:   # the status is sent: the stream ends short
+                piece = None
+        return None
 
     def content_length(self):
         """The declared body length, or None after a 4xx."""

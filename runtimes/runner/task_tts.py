@@ -73,14 +73,28 @@ def read(conf, outputs, feed=None, part_labels=None):
 
 def wav_bytes(audio, rate):
     """A mono 16-bit PCM WAV file of *audio* (floats in [-1, 1], clipped)."""
-    pcm = (np.clip(np.asarray(audio, np.float64), -1.0, 1.0) * 32767.0).astype("<i2")
     out = io.BytesIO()
     with wave.open(out, "wb") as f:
         f.setnchannels(1)
         f.setsampwidth(2)
         f.setframerate(int(rate))
-        f.writeframes(pcm.tobytes())
+        f.writeframes(pcm16(audio))
     return out.getvalue()
+
+
+def pcm16(audio):
+    """Little-endian 16-bit PCM bytes of *audio* (floats in [-1, 1], clipped)."""
+    return (np.clip(np.asarray(audio, np.float64), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def wav_stream_header(rate):
+    """The 44-byte header of a mono 16-bit WAV whose length is not known yet (a stream: the
+    RIFF and data sizes 0xFFFFFFFF, as streaming servers send them)."""
+    import struct
+
+    return b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " + struct.pack(
+        "<IHHIIHH", 16, 1, 1, int(rate), int(rate) * 2, 2, 16) + b"data" + \
+        struct.pack("<I", 0xFFFFFFFF)
 
 
 def write_wavs(out, arrays, part):
