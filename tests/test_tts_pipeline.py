@@ -438,3 +438,38 @@ def test_bench_times_whole_sentences_of_a_pipeline(speech, tmp_path):
     human = run_py(root / "out", "bench", *map(str, files), "--runs", "3", "--warmup", "1")
     assert human.returncode == 0 and "first audio p50" in human.stdout and \
         "real-time factor" in human.stdout, human.stdout + human.stderr
+
+
+def test_bench_without_files_speaks_the_golden_sentences(speech):
+    """`run.py bench` on a tts pipeline (as verify and deploy run it) also speaks its golden
+    sentences whole: the real-time factor and the first audio reach every device's report."""
+    root, _ = speech
+    r = run_py(root / "out", "bench", "--runs", "3", "--warmup", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert [s["file"] for s in report["speech"]["sentences"]] == \
+        ["golden sentence0", "golden sentence1", "golden sentence2"]
+    assert set(report["parts"]) == {"enc", "voc"}   # each part's own bench beside
+
+
+def test_the_page_has_a_speech_section_with_each_device_s_figures(speech):
+    """Issue 45 item 6: the page of a tts pipeline says how it was judged end to end (against
+    the model as it runs) and, once verify has run, each golden sentence's p50/p90, real-time
+    factor and first audio; the encoder's section no longer asks for class folders."""
+    from page_check import check_figures, parse
+
+    from packager.device.verify import verify
+
+    root, _ = speech
+    report = verify(root / "out", runs=3, warmup=1)
+    data, _ = check_figures(root / "out")
+    assert data["speech"]["reference"] == "the PyTorch model's forward()"
+    assert data["speech"]["passed"] and data["speech"]["sentences"] == 3
+    [device] = data["devices"]
+    assert device["speech"] == report["bench"]["speech"]
+    assert len(device["speech"]["sentences"]) == 3
+    page = root / "out" / "reports" / "index.html"
+    text = " ".join(parse(page).text)
+    assert "Speech" in text and "real-time factor" in text and "first audio ms" in text
+    assert "against the PyTorch model's forward()" in text
+    assert "class folders" not in text

@@ -156,6 +156,15 @@ def device_row(device: str, report: dict[str, Any], when: float, digest: str) ->
                        "providers": part.get("providers"), "loaded": part.get("loaded"),
                        "noisy": part.get("noisy") or "",
                        "roofline_share": part.get("roofline_share")}
+    speech = bench.get("speech") if isinstance(bench.get("speech"), dict) else None
+    for name, part in (bench.get("parts") or {}).items():   # a one-graph tts part's figures
+        if speech is None and isinstance(part.get("real_time_factor"), int | float):
+            lat = part.get("latency_ms") or {}
+            speech = {"sentences": [{"file": f"{name} (golden sample)", "tokens": None,
+                                     "seconds": part.get("audio_s"), "latency_ms": lat,
+                                     "real_time_factor": part["real_time_factor"]}],
+                      "audio_s": part.get("audio_s"),
+                      "real_time_factor": part["real_time_factor"], "first_audio_ms": None}
     failed = [c for c in report.get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
     return {"device": device, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
             "failed": [f"{c.get('name')}: {c.get('detail')}" for c in failed],
@@ -163,7 +172,7 @@ def device_row(device: str, report: dict[str, Any], when: float, digest: str) ->
             "this_version": report.get("digest") == digest, "digest": report.get("digest"),
             "cpu": facts.get("cpu"), "arch": facts.get("arch"),
             "onnxruntime": bench.get("onnxruntime"), "peak_rss_mb": bench.get("peak_rss_mb"),
-            "parts": parts}
+            "parts": parts, "speech": speech}
 
 
 def page_data(bundle: Path, digest: str) -> dict[str, Any]:
@@ -178,4 +187,22 @@ def page_data(bundle: Path, digest: str) -> dict[str, Any]:
             "size": sizes(bundle, manifest),
             "parts": [part_data(bundle, p) for p in manifest.get("parts") or []],
             "devices": device_rows(bundle, digest),
-            "pipeline": bool(manifest.get("pipeline"))}
+            "pipeline": bool(manifest.get("pipeline")), "speech": speech_data(manifest)}
+
+
+def speech_data(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """A speech bundle's judgement as the page shows it: a tts pipeline's end-to-end figure
+    (held-out sentences against the model as it runs), or a tts part's own; else None."""
+    pipeline = manifest.get("pipeline") or {}
+    if pipeline.get("kind") == "tts":
+        acc = pipeline.get("accuracy") or {}
+        return {"text": acc.get("text"), "passed": acc.get("passed"),
+                "reference": acc.get("reference"), "worst_mel_db": acc.get("worst_mel_db"),
+                "sentences": acc.get("sentences")}
+    for part in manifest.get("parts") or []:
+        if (part.get("task") or {}).get("kind") == "tts":
+            task = (part.get("accuracy") or {}).get("task") or {}
+            return {"text": task.get("text"), "passed": task.get("passed"),
+                    "reference": "the FP32 graph", "worst_mel_db": None,
+                    "sentences": task.get("samples")}
+    return None

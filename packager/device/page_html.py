@@ -96,7 +96,7 @@ def candidates(part: dict[str, Any]) -> str:
                      "within budget"], rows, "candidates"))
 
 
-def accuracy(part: dict[str, Any]) -> str:
+def accuracy(part: dict[str, Any], pipeline: bool = False) -> str:
     acc = part["accuracy"]
     out = ["<h3>Accuracy</h3><p>"
            + escape(f"{acc['task'] or 'no task figure'}; cosine min "
@@ -104,7 +104,8 @@ def accuracy(part: dict[str, Any]) -> str:
                     f"on {acc['samples'] or '?'} held-out samples")
            + f" <b class=\"{'pass' if acc['passed'] else 'fail'}\">"
            + ("within budget" if acc["passed"] else "outside budget") + "</b></p>"]
-    out.append(labelled(part.get("labelled")))
+    if part.get("labelled") or part.get("task") in (None, "classify") and not pipeline:
+        out.append(labelled(part.get("labelled")))   # class folders mean something to these
     return "".join(out)
 
 
@@ -192,6 +193,43 @@ def size(data: dict[str, Any]) -> str:
             + "".join(f"<p class=\"note\">{escape(n)}</p>" for n in notes))
 
 
+def speech(data: dict[str, Any]) -> str:
+    """A speech bundle's section: how it was judged end to end, and each device's real-time
+    factor, first audio and per-sentence latency."""
+    found = data.get("speech")
+    if not found:
+        return ""
+    out = ["<h2>Speech</h2><p>" + escape(str(found.get("text") or "not judged end to end"))
+           + (f" (against {escape(str(found['reference']))})" if found.get("reference") else "")
+           + "</p>"]
+    rows = []
+    for d in data["devices"]:
+        s = d.get("speech")
+        if not s:
+            continue
+        first = s.get("first_audio_ms") or {}
+        for r in s.get("sentences") or []:
+            lat = r.get("latency_ms") or {}
+            rows.append([d["device"], r.get("file"), "-" if r.get("seconds") is None else
+                         f"{r['seconds']:.2f}", ms(lat.get("p50")), ms(lat.get("p90")),
+                         "-" if r.get("real_time_factor") is None else
+                         f"{r['real_time_factor']:.3f}", ms(r.get("first_audio_ms"))])
+        rows.append([d["device"], "all sentences", "-" if s.get("audio_s") is None else
+                     f"{s['audio_s']:.2f}", "-", "-", f"{s['real_time_factor']:.3f} ("
+                     f"{1 / max(s['real_time_factor'], 1e-9):.1f}x real time)",
+                     ms(first.get("p50")) if first else "-"])
+    if rows:
+        out.append(table(["device", "sentence", "audio s", "p50 ms", "p90 ms",
+                          "real-time factor", "first audio ms"], rows, "speech"))
+        out.append("<p class=\"note\">Real-time factor: compute over audio (lower is better). "
+                   "First audio: until the vocoder's first piece, what a listener waits for "
+                   "where <code>serve</code> streams (<code>?stream=1</code>).</p>")
+    else:
+        out.append("<p class=\"note\">No device has timed its sentences yet: "
+                   "<code>edgepack verify</code> here or <code>edgepack deploy</code>.</p>")
+    return "".join(out)
+
+
 def devices(data: dict[str, Any]) -> str:
     rows = []
     for d in data["devices"]:
@@ -217,11 +255,11 @@ def devices(data: dict[str, Any]) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    body = [header(data)]
+    body = [header(data), speech(data)]
     for part in data["parts"]:
         title = f"Part {part['name']}" + (f" ({part['task']})" if part.get("task") else "")
         body += [f"<h2>{escape(title)}</h2>", decision(part), speed(part), candidates(part),
-                 accuracy(part), profile(part)]
+                 accuracy(part, data.get("pipeline")), profile(part)]
     body += [size(data), devices(data)]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>"
             f"{escape(str(data['bundle']))}: edgepack bundle</title><style>{CSS}</style></head>"

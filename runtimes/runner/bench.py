@@ -71,8 +71,8 @@ def cmd_bench(bundle, manifest, args):
         args.tuned = {"session": tuning["chosen"]}
     parts, sentences = {}, None
     chosen = select_parts(manifest, args.part)
-    if getattr(args, "files", None) and not args.part and \
-            (manifest.get("pipeline") or {}).get("kind") == "tts":   # whole sentences
+    if not args.part and (manifest.get("pipeline") or {}).get("kind") == "tts":
+        # whole sentences: the files, else the golden ones (cascade.py)
         sentences = optional_module("cascade").bench_speech(bundle, manifest, args)
         args.files = None
     if getattr(args, "files", None) and len(chosen) > 1:

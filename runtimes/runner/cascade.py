@@ -32,7 +32,7 @@ from .cascade_tts import Speech, read_tokens, write_speech
 from .cascade_tts import answer as speech_answer
 from .errors import BundleError, one_line
 from .images import MAX_PIXELS, decode_image
-from .manifest import require_intact
+from .manifest import read_npz, require_intact
 from .sessions import open_session
 from .task_ctc import ctc_decode, ctc_text
 from .task_detect import bounding_boxes, input_to_image, text_quads
@@ -284,24 +284,50 @@ def infer_speech(bundle, manifest, args, keys):
     return report
 
 
-BENCH_SECONDS = 30.0   # a sentence's timed runs stop after this much compute (one at least)
+BENCH_SECONDS = 30.0   # bench's sentences stop after this much compute (one run each at least)
+WARMUP_SECONDS = 1.0   # a sentence's warm-up stops after this much (one call at least)
+
+
+def bench_sentences(bundle, manifest, args):
+    """[(name, token ids)]: bench's files, else the bundle's golden sentences (None: none)."""
+    if getattr(args, "files", None):
+        return [(printable(p), read_tokens(read_file(p), printable(p))) for p in args.files]
+    golden = ((manifest.get("pipeline") or {}).get("accuracy") or {}).get("golden")
+    if not isinstance(golden, dict) or not isinstance(golden.get("tokens"), str):
+        return None
+    tokens = read_npz(bundle, golden["tokens"])
+    return [("golden %s" % key, read_tokens(_npy_bytes(tokens[key]), golden["tokens"]))
+            for key in sorted(tokens)]
+
+
+def _npy_bytes(array):
+    out = io.BytesIO()
+    np.save(out, np.asarray(array))
+    return np.frombuffer(out.getvalue(), dtype=np.uint8)
 
 
 def bench_speech(bundle, manifest, args):
-    """`bench FILE...` of a tts pipeline: each .npy of token ids spoken whole, --warmup untimed
-    then --runs timed (bounded in seconds): per sentence p50/p90, the first audio's latency
-    (what a listener waits for where `serve` streams) and the real-time factor (compute over
-    audio, lower is better); over all, the same at p50 summed."""
+    """`bench` of a tts pipeline: each sentence (bench's .npy files, else the golden ones)
+    spoken whole, warmed up (bounded in seconds) then timed --runs times, all of them stopping
+    after BENCH_SECONDS of compute (one run each at least): per sentence p50/p90, the first
+    audio's latency (what a listener waits for where `serve` streams) and the real-time factor
+    (compute over audio, lower is better); over all, the same at p50 summed. None: no
+    sentences."""
     from .metrics import latency_stats
 
+    named = bench_sentences(bundle, manifest, args)
+    if not named:
+        return None
     opened = pipeline_sessions(bundle, manifest, args)
     speech = Speech(Cascade(manifest, session_runner(opened)))
-    rows = []
-    for path in args.files:
-        tokens = read_tokens(read_file(path), printable(path))
-        for _ in range(args.warmup):
+    rows, spent = [], 0.0
+    for name, tokens in named:
+        start = time.perf_counter()
+        for _ in range(max(1, args.warmup)):
             speech.speak(tokens, {})
-        times, firsts, spent = [], [], 0.0
+            if time.perf_counter() - start > WARMUP_SECONDS:
+                break
+        times, firsts = [], []
         while len(times) < args.runs and (not times or spent < BENCH_SECONDS):
             start = time.perf_counter()
             result, _ = speech_answer(speech, tokens, {})
@@ -309,7 +335,7 @@ def bench_speech(bundle, manifest, args):
             firsts.append(result["first_audio_ms"])
             spent += times[-1] / 1000.0
         latency = latency_stats(times)
-        rows.append({"file": printable(path), "tokens": result["tokens"],
+        rows.append({"file": name, "tokens": result["tokens"],
                      "seconds": result["seconds"], "runs": len(times), "latency_ms": latency,
                      "first_audio_ms": float(np.median(firsts)),
                      "real_time_factor": latency["p50"] / 1000.0 / max(result["seconds"], 1e-9)})
