@@ -280,3 +280,58 @@ def test_a_tts_model_quantized_already_ships_as_given_and_verifies(tmp_path):
     report = verify(tmp_path / "out", runs=5, warmup=1)
     assert report["passed"] and any(c["name"] == "task:tts" and c["passed"]
                                     for c in report["checks"])
+
+
+def test_a_pytorch_tts_model_is_exported_with_its_length_open_and_measured(torch_built, tmp_path):
+    """Issue 45: a one-graph TTS from PyTorch took exactly its static length and refused a
+    shorter sentence with no hint. Its token axis is now exported open, so the build measures
+    what padding does (TinyTTS works token by token: padding keeps the speech, the length
+    stays static and says so), and a shorter sentence is refused with the way to speak it."""
+    root, _, run = torch_built
+    assert run.exit_code == 0, run.output
+    part = json.loads((root / "out" / "manifest.json").read_text())["parts"][0]
+    assert part["source"]["export"]["dynamic"] == {"tokens": {"1": "length"}}
+    assert part["length"]["dynamic"] is False and part["length"]["pad"] == 0
+    np.save(tmp_path / "short.npy", np.arange(1, 6)[None])
+    r = subprocess.run([sys.executable, str(root / "out" / "run.py"), "infer",
+                        str(tmp_path / "short.npy")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "pad the sentence with 0 to 8 tokens" in r.stderr, r.stderr
+
+
+def test_a_pytorch_tts_model_without_a_mask_keeps_its_length_open(tmp_path):
+    """tests/tts_torch.py's AttentionParts as one graph (its forward(): attention encoder
+    without a mask, repeat_interleave, vocoder): padding moves its speech, so the bundle keeps
+    the token length open and speaks as forward() at 5, 16 and 30 tokens (the build's INT8
+    search also ran over its ragged outputs and sequence-typed tensors: two exits 3 before)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tts_torch import attention_parts
+
+    save_file(attention_parts().state_dict(), tmp_path / "tts.safetensors")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "tokens.npy",
+            np.random.default_rng(1).integers(1, VOCAB, (40, 1, 16)).astype(np.int64))
+    source = f"{Path(__file__).parent / 'tts_torch.py'}:attention_parts"
+    run = CliRunner().invoke(main, ["build", source, "--weights", str(tmp_path / "tts.safetensors"),
+                                    "--input", "tokens:1x16:int64", "--calib",
+                                    str(tmp_path / "calib"), "--task", f"tts:rate={RATE}",
+                                    "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    part = json.loads((tmp_path / "out" / "manifest.json").read_text())["parts"][0]
+    assert part["length"]["dynamic"] is True and part["length"]["padding_mel_db"] > 2.0, \
+        part["length"]
+    model = attention_parts()
+    model.load_state_dict(load_file(tmp_path / "tts.safetensors"))
+    for n in (5, 16, 30):
+        ids = np.random.default_rng(n).integers(1, VOCAB, (1, n)).astype(np.int64)
+        np.save(tmp_path / f"s{n}.npy", ids)
+        r = subprocess.run([sys.executable, str(tmp_path / "out" / "run.py"), "infer",
+                            str(tmp_path / f"s{n}.npy"), "--out", str(tmp_path / f"o{n}")],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = np.load(tmp_path / f"o{n}.npz")[f"s{n}.npy/output"].reshape(-1)
+        with torch.no_grad():
+            want = model(torch.from_numpy(ids)).numpy().reshape(-1)
+        assert abs(len(got) / max(len(want), 1) - 1) <= 0.02 and \
+            task_tts.mel_distance(want, got, RATE) <= 2.0, (n, len(got), len(want))

@@ -4,7 +4,7 @@ calibration samples it was validated on), then its constant inputs frozen."""
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
+from ..errors import ExportError, SpecError
 from ..graph.freeze import branch_inputs, calibration_consts, const_value, freeze_inputs
 from ..graph.inspection import graph_inputs, io_specs
 from ..graph.modelio import load_model
@@ -37,12 +37,24 @@ def load_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext) ->
     if req.calib is not None and specs:
         samples = load_samples(req.calib, inputs=[_as_io(s) for s in specs],
                                preprocess=req.preprocess, progress=ctx.progress)
-    exported = export_loaded(module, tmp / f"{req.name}.exported.onnx", inputs=specs,
+    def exported_with(open_input: str) -> Any:
+        return export_loaded(module, tmp / f"{req.name}.exported.onnx", inputs=specs,
                              consts=req.consts, other_consts=req.name != SINGLE,
-                             dynamic={req.open_length: {1: LENGTH}} if req.open_length else None,
+                             dynamic={open_input: {1: LENGTH}} if open_input else None,
                              opset=options.opset, target=target,
                              output_names=options.output_names if req.name == SINGLE else (),
-                             samples=samples or (), tolerance=options.tolerance, log=ctx.log)
+                             samples=samples or (), tolerance=options.tolerance, log=ctx.log,
+                             force=True)
+    tokens = req.open_length or _speech_tokens(req, specs)
+    try:
+        exported = exported_with(tokens)
+    except ExportError as exc:
+        if not tokens or req.open_length:
+            raise
+        ctx.log(f"{req.label()}export: the token length cannot stay open ({exc.message}): the "
+                f"bundle speaks exactly {dict((s.name, s.shape) for s in specs)[tokens][1]} "
+                "tokens")
+        exported = exported_with("")
     export = {"source": exported.source, "exporter": exported.exporter,
               "opset": exported.opset, "validation": exported.validation,
               "weights": exported.weights, "warnings": exported.warnings,
@@ -53,6 +65,16 @@ def load_part(req: PartRequest, target: Target, tmp: Path, ctx: BuildContext) ->
               "files": {p.name: sha256(p) for p in module.files if p.is_file()},
               "export": export}
     return Loaded(exported.path, module, source, export, samples)
+
+
+def _speech_tokens(req: PartRequest, specs: list[TensorSpec]) -> str:
+    """A tts part's token input (integers of shape (1, T)), exported with T open so that the
+    build measures what padding does and keeps the length open where it moves the speech
+    (build/length.py), as for an .onnx that takes any length; else ''."""
+    if (req.task or {}).get("kind") != "tts":
+        return ""
+    return next((s.name for s in specs if len(s.shape) == 2 and s.shape[0] == 1 and
+                 str(s.dtype).startswith(("int", "uint"))), "")
 
 
 def freeze_part(req: PartRequest, loaded: Loaded, ctx: BuildContext) -> Frozen:

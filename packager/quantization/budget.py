@@ -527,12 +527,20 @@ def worst_samples(fp32: Path, candidate: Path, held: Sequence[Sample], count: in
     ref, got = run_model(fp32, held), run_model(candidate, held)
     score = np.ones(len(held))
     for name, r in ref.items():
-        a = got[name].reshape(len(held), -1).astype(np.float64)
-        b = r.reshape(len(held), -1).astype(np.float64)
-        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-        score = np.minimum(score, np.where(norms > 0, (a * b).sum(1) / np.maximum(norms, 1e-30),
-                                           1.0))
+        for i, (a, b) in enumerate(zip(_rows(got[name], len(held)), _rows(r, len(held)),
+                                       strict=True)):
+            if len(a) != len(b):   # a length that follows the input (speech): zero-padded
+                a, b = (np.pad(x, (0, max(len(a), len(b)) - len(x))) for x in (a, b))
+            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+            score[i] = min(score[i], float(a @ b) / norms if norms > 0 else 1.0)
     return [held[i] for i in np.argsort(score)[:count]]
+
+
+def _rows(outputs: np.ndarray, count: int) -> list[np.ndarray]:
+    """Each sample's output flattened, float64: a stacked array's rows, or a ragged one's."""
+    if outputs.dtype == object:
+        return [np.asarray(x, np.float64).ravel() for x in outputs]
+    return list(np.asarray(outputs, np.float64).reshape(count, -1))
 
 
 def measure_accuracy(candidate: Path, reference: Path, samples: Sequence[Sample],

@@ -35,10 +35,15 @@ def intermediate_outputs(model: Path, samples: Sequence[Sample]) -> dict[str, li
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     collected: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    sequences = set()   # a sequence-typed output (SplitToSequence's) comes back as a list
     for sample in samples:
         for name, value in zip(names, session.run(names, sample), strict=True):
-            collected[name].append(np.asarray(value))
-    return {k: v for k, v in collected.items() if v and v[0].dtype.kind == "f"}
+            if isinstance(value, list):
+                sequences.add(name)
+            else:
+                collected[name].append(np.asarray(value))
+    return {k: v for k, v in collected.items()
+            if v and k not in sequences and v[0].dtype.kind == "f"}
 
 
 def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:

@@ -83,10 +83,28 @@ def check_feed(feed, part, source, rows=None):
             raise BundleError("%s: input %s holds %s, not numbers; the model wants %s"
                               % (source, spec["name"], arr.dtype, spec["dtype"]))
         if list(arr.shape) != want:
-            raise BundleError("%s: %s has shape %s, the model wants %s"
-                              % (source, spec["name"], list(arr.shape), want))
+            raise BundleError("%s: %s has shape %s, the model wants %s%s"
+                              % (source, spec["name"], list(arr.shape), want,
+                                 _static_speech(part, spec, arr)))
         out[spec["name"]] = arr.astype(spec["dtype"], copy=False)
     return out
+
+
+def _static_speech(part, spec, arr):
+    """'; ...' the way to speak a sentence of another length with a tts part built static,
+    or ''."""
+    if (part.get("task") or {}).get("kind") != "tts" or len(spec["shape"]) != 2 or \
+            arr.ndim != 2 or arr.shape[0] != 1 or arr.shape[1] == spec["shape"][1]:
+        return ""
+    length = part.get("length") or {}
+    if "pad" in length and arr.shape[1] < spec["shape"][1]:
+        return ("; this bundle speaks exactly %d tokens (%s): pad the sentence with %s to "
+                "%d tokens" % (spec["shape"][1], length.get("why", "built static"),
+                               length["pad"], spec["shape"][1]))
+    return ("; this bundle speaks exactly %d tokens: pad a shorter sentence to them, or build "
+            "from a model whose token length is open (an .onnx that takes any length, or a "
+            "PyTorch model with --task tts: the build keeps it open where padding moves the "
+            "speech)" % spec["shape"][1])
 
 
 def _untimed(stage, call, *args):
