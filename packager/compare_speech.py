@@ -292,12 +292,13 @@ def _pipeline_rows(source: Path, calib: Path | None, bundle: Path | None, thread
         speakers.append((f"shipped ({manifest['name']})",
                          lambda t: shipped.speak(t, stages)))
     rows, want = [], None
-    for variant, speak in speakers:
+    for k, (variant, speak) in enumerate(speakers):
         log(f"compare: {variant}: {len(sentences)} sentence(s)")
         stages.clear()
         times, audio = timed(speak, sentences, rounds)
         want = want or audio
-        rows.append(row(variant, times, audio, want, rate))
+        rows.append(row(variant, times, audio, want, rate, "PyTorch eager" if root is not None
+                        and k < 2 else "CPUExecutionProvider"))
         if stages:
             total = sum(stages.values()) or 1.0
             rows[-1]["stages"] = {k: round(v / total, 3) for k, v in stages.items()}

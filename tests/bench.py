@@ -1,5 +1,6 @@
-"""make bench: `edgepack compare` for a ResNet-18-class CNN, a MobileNetV2-class CNN (224x224)
-and a MiniLM-L6-class sentence encoder (128 tokens); prints the tables and writes BENCHMARKS.md.
+"""make bench: `edgepack compare` for a ResNet-18-class CNN, a MobileNetV2-class CNN (224x224),
+a MiniLM-L6-class sentence encoder (128 tokens) and a TTS pipeline (whole sentences, real-time
+factors); prints the tables and writes BENCHMARKS.md.
 
 Every row runs in one process per model, interleaved in blocks (packager/timing.py), at batch
 1 and 8, with the target's threads, together with the roofline graphs (bundle/roofline.py): the
@@ -169,6 +170,31 @@ def others_share(before, after) -> str:
             "model's run (/proc/stat, less this run's own CPU time).")
 
 
+def speech_section(work: Path, rounds: int) -> str:
+    """A TTS pipeline from PyTorch parts (tests/tts_torch.py's AttentionParts: an attention
+    encoder without a mask, a vocoder; docs/speech.md's recipe) built with `build --pipeline`
+    and compared as a TTS user measures it: whole sentences, real-time factor, log-mel."""
+    from click.testing import CliRunner
+    from test_tts_pipeline import write_pipeline
+
+    from packager.cli import main as cli
+    from packager.compare import compare, markdown
+
+    work.mkdir(parents=True)
+    path = write_pipeline(work, factory="attention_parts")
+    run = CliRunner().invoke(cli, ["build", "--pipeline", str(path), "-o", str(work / "out")])
+    if run.exit_code != 0:
+        return f"## Speech\n\nThe pipeline did not build: {run.output.strip()[-400:]}\n"
+    result = compare(path, bundle=work / "out", rounds=max(rounds, 3))
+    text = ("A TTS pipeline from PyTorch parts (tests/tts_torch.py's AttentionParts: an "
+            "attention encoder without a mask and a vocoder, 16 kHz; docs/speech.md's recipe), "
+            "built with `edgepack build --pipeline` and compared on its 15 sentences of 3-20 "
+            "tokens (`edgepack compare tts.toml --bundle out`). Kokoro-82M's figures are in "
+            f"docs/speech.md.\n\n{markdown(result)}")
+    print(text, flush=True)
+    return f"## Speech: a TTS pipeline, whole sentences\n\n{text}"
+
+
 def latency_section(work: Path) -> str:
     """One bundle (the demo's INT8 CNN) timed by the build's decision, by `verify` and by its own
     `run.py bench`: the figures agree when each p50 lies inside the p10-p90 the others state."""
@@ -237,6 +263,7 @@ def main():
             table = markdown(result)
             print(load + table, flush=True)
             sections.append(f"## {title}\n\n{load}{table}")
+        sections.append(speech_section(work / "speech", args.rounds))
         sections.append(latency_section(work / "latency"))
     info = machine()
     flags = set(info["flags"]) | cpu_flags()

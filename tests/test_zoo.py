@@ -77,3 +77,47 @@ def test_kokoro_builds_with_defaults_and_speaks_like_the_package():
     assert part["task"]["kind"] == "tts" and part["length"]["dynamic"] is True
     assert part["length"]["padding_mel_db"] > part["task"]["mel_db"]
     assert part["precision"]["decision"]["label"] == "INT8 (as given)"
+    # item 3: a 200-token sentence speaks whole as the original does; past the model's own
+    # limit (its attention has 512 places) a sentence is refused in one line
+    import subprocess
+
+    import numpy as np
+    import onnxruntime as ort
+    import zoo_tasks
+
+    from packager._runtimes.runner.task_tts import mel_distance
+
+    tokens, style = zoo_tasks.kokoro_tokens()
+    joined = [t for sentence in tokens for t in sentence]
+    bundle = zoo.CACHE / "bundles" / "kokoro"
+    folder = zoo.CACHE / "results" / "kokoro-long"
+    folder.mkdir(parents=True, exist_ok=True)
+    original = ort.InferenceSession(str(model.model_path()), providers=["CPUExecutionProvider"])
+    for count in (200, 600):
+        sample = zoo_tasks.kokoro_sample(joined[:count - 2], style, None)
+        np.savez(folder / f"s{count}.npz", **sample)
+        r = subprocess.run([sys.executable, str(bundle / "run.py"), "infer",
+                            str(folder / f"s{count}.npz"), "--out", str(folder / f"o{count}")],
+                           capture_output=True, text=True, timeout=600)
+        if count == 200:
+            assert r.returncode == 0, r.stderr[-2000:]
+            got = np.load(folder / f"o{count}.npz")[f"s{count}.npz/audio"].reshape(-1)
+            want = original.run(None, sample)[0].reshape(-1)
+            assert len(got) == len(want) and mel_distance(want, got, 24000) <= 2.0
+        else:
+            lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+            assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr and \
+                "split it into shorter sentences" in lines[0], r.stderr[-2000:]
+    # item 6: compare gives its real-time factors, whole sentences, against the package's run
+    from packager.compare import compare
+
+    (folder / "sentences").mkdir(exist_ok=True)
+    for k, t in enumerate(tokens[40:43]):
+        np.savez(folder / "sentences" / f"held{k}.npz", **zoo_tasks.kokoro_sample(t, style, None))
+    result = compare(model.model_path(), calib=folder / "sentences", bundle=bundle, rounds=1)
+    rows = {r["variant"]: r for r in result["rows"]}
+    given, shipped = rows["ORT as given"], next(r for n, r in rows.items()
+                                                 if n.startswith("shipped"))
+    for r in (given, shipped):
+        assert r["sentences"] == 3 and 0 < r["rtf"] and r["cold_start_ms"] > 0, r
+    assert shipped["worst_mel_db"] <= 2.0 and shipped["same_length"] == shipped["sentences"]

@@ -125,6 +125,20 @@ def model_calls(files, part, max_pixels):
         yield images, stack_images([f for _, f in images], rows), True
 
 
+def _too_long(part, feed):
+    """'; ...' where a tts part whose length is open was refused a sentence longer than the
+    build's: a model's own limit (Kokoro's attention has 512 places), said with the way on."""
+    length = part.get("length") or {}
+    tokens = feed.get(length.get("input"))
+    if not length.get("dynamic") or tokens is None or tokens.ndim != 2 or \
+            tokens.shape[1] <= length.get("static", 0):
+        return ""
+    return ("; the sentence has %d tokens, past what the model itself takes (the build "
+            "checked up to %d): split it into shorter sentences"
+            % (tokens.shape[1], max([length.get("static", 0)] + list(length.get("checked")
+                                                                     or []))))
+
+
 def batching_note(rows, images, calls, padded):
     """The one line saying how images ran stacked: 'batch 4: 10 images in 3 calls, the last
     padded'."""
@@ -148,9 +162,9 @@ def cmd_infer(bundle, manifest, args):
         try:
             outputs = session.run(names, feed)
         except Exception as exc:  # e.g. a token id past the vocabulary: the input's fault
-            raise BundleError("%s: onnxruntime refused it: %s"
-                              % (", ".join(printable(p) for p, _ in group), one_line(exc))) \
-                from None
+            raise BundleError("%s: onnxruntime refused it: %s%s"
+                              % (", ".join(printable(p) for p, _ in group), one_line(exc),
+                                 _too_long(part, feed))) from None
         if stacked:
             stacked_images, stacked_calls = stacked_images + len(group), stacked_calls + 1
             padded += len(group) < rows
