@@ -33,7 +33,7 @@ def bench_part(bundle, manifest, part, args):
     batch = max(int(next(iter(feed.values())).shape[0]) if feed else 1, 1)
     latency = latency_stats(times)
     result = {
-        "precision": opened["precision"], "batch": batch,
+        "precision": opened["precision"], "batch": batch, "runs": len(times),
         "latency_ms": latency, "load": load, "noisy": noise(load, latency),
         "throughput_per_s": float(1000.0 * batch / np.mean(times)),
         "session_load_ms": opened["load_ms"], "graph": opened["graph"],
@@ -89,7 +89,7 @@ def cmd_bench(bundle, manifest, args):
         "roofline": ceiling,
         "bundle": manifest.get("name"),
         "target": manifest.get("target", {}).get("name"),
-        "runs": args.runs, "warmup": args.warmup,
+        "runs": min(p["runs"] for p in parts.values()), "warmup": args.warmup,
         "session": full_session(session_settings(manifest, args)),
         "parts": parts, "speech": sentences,
         "providers": first["providers"],
