@@ -120,6 +120,17 @@ def run_py(bundle: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def spoken(bundle: Path, tokens: np.ndarray, folder: Path, name: str, output: str) -> np.ndarray:
+    """The waveform *bundle*'s `run.py infer` speaks for *tokens* (saved as folder/NAME.npy),
+    read from its --out under the key NAME.npy/OUTPUT."""
+    np.save(folder / f"{name}.npy", tokens)
+    r = subprocess.run([sys.executable, str(bundle / "run.py"), "infer",
+                        str(folder / f"{name}.npy"), "--out", str(folder / f"o{name}")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return np.load(folder / f"o{name}.npz")[f"{name}.npy/{output}"].reshape(-1)
+
+
 @pytest.fixture(scope="session")
 def encoder_files(tmp_path_factory):
     """Trained encoder weights (.safetensors) and a tokenised calibration set (.npz)."""

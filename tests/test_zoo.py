@@ -108,6 +108,11 @@ def test_kokoro_builds_with_defaults_and_speaks_like_the_package():
             lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
             assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr and \
                 "split it into shorter sentences" in lines[0], r.stderr[-2000:]
+    # verify passes on this machine: held to real time (its bench bounded in seconds)
+    from packager.device.verify import verify
+
+    report = verify(bundle, runs=20, warmup=1)
+    assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     # item 6: compare gives its real-time factors, whole sentences, against the package's run
     from packager.compare import compare
 
