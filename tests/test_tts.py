@@ -166,6 +166,24 @@ def test_infer_writes_a_wav_per_input_at_its_own_length(built, tmp_path):
                                             f"({samples} samples, peak ")
 
 
+def test_infer_never_writes_through_a_link_left_at_a_wav_s_temporary_name(built, tmp_path):
+    """hostile-cases-turn5 #3 (data loss): a link at OUT.KEY.wav.tmp made infer write the WAV
+    into whatever it pointed at; the WAV now goes through a fresh name of its own."""
+    root, _ = built
+    np.save(tmp_path / "s3.npy", tokens(3)[0])
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "o.s3.npy.wav.tmp").symlink_to(victim)
+    proc = subprocess.run([sys.executable, str(root / "out" / "run.py"), "infer",
+                           str(tmp_path / "s3.npy"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "keep"
+    with wave.open(str(tmp_path / "o.s3.npy.wav")) as f:
+        assert f.getframerate() == RATE and f.getnframes() > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wav-")]
+
+
 def test_serve_answers_audio_wav_and_json_when_asked(built, tmp_path):
     root, _ = built
     proc, url = start_server(root / "out", tmp_path / "serve.log")

@@ -6,6 +6,7 @@ standard library's wave module."""
 
 import io
 import os
+import tempfile
 import wave
 
 try:  # checked in cli.run_command, which says how to install it (its import error alone does not)
@@ -108,13 +109,15 @@ def write_wavs(out, arrays, part):
             continue
         name = key[:-len("/task.audio")].replace(os.sep, "_").replace("/", "_")
         path = "%s.%s.wav" % (base, name)
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "wb") as f:
+        tmp = None
+        try:   # a fresh name of our own (mkstemp), never a link someone left at PATH.tmp
+            fd, tmp = tempfile.mkstemp(prefix=".wav-", suffix=".tmp",
+                                       dir=os.path.dirname(path) or ".")
+            with os.fdopen(fd, "wb") as f:
                 f.write(wav_bytes(audio, rate))
             os.replace(tmp, path)
         except OSError as exc:
-            if os.path.exists(tmp):
+            if tmp and os.path.exists(tmp):
                 os.remove(tmp)
             raise BundleError("%s: cannot write it (%s); free some space or pass another --out"
                               % (path, exc.strerror or one_line(exc))) from None
