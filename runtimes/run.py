@@ -6,21 +6,17 @@ hashed in manifest.json. Python 3.8+, the standard library, numpy and onnxruntim
 only for image inputs). It never installs anything.
 
     python3 run.py check                 # integrity, the host's outputs reproduced, FP32 budget
-    python3 run.py bench --runs 200 --json
-    python3 run.py infer photo.jpg --json
-    python3 run.py serve --port 8080     # HTTP: POST /infer, GET /health, GET /metadata
+    python3 run.py bench --runs 200 --json | infer photo.jpg --json | serve --port 8080
 
 Exit codes: 0 passed, 1 a check failed (integrity, accuracy, provider), 2 bad input or a broken
-bundle, 3 an unexpected error (a bug: please report it), 130 interrupted, 141 the reader of
-stdout left early (`| head`).
+bundle, 3 a bug (please report it), 130 interrupted, 141 stdout's reader left (`| head`).
 """
 
 import sys
 
 sys.dont_write_bytecode = True   # no __pycache__ written into the bundle
-# Python puts a script's folder first on sys.path (not under -I): set it aside before the first
-# import that could search it (under -S, Python 3.8 has not loaded os yet), so that nothing
-# planted beside run.py (numpy.py, a .so, a package folder) is ever imported.
+# a script's folder is first on sys.path (not under -I): set aside before any import could
+# search it (-S on 3.8: os is not loaded yet), nothing planted beside run.py is ever imported
 FIRST = sys.path[:1]
 del sys.path[:1]
 import importlib.util  # noqa: E402
@@ -32,8 +28,7 @@ sys.path[:] = [p for p in sys.path
                if os.path.realpath(p or os.curdir) != os.path.realpath(HERE)]
 
 RUNNER = "runner"
-# runner/ holds these only (contents.py's files): a .so, .pyc or other .py there could be imported
-# in place of one. The core ships in every bundle, OPTIONAL_MODULES where it uses them.
+# runner/ holds these only (a .so, .pyc or other .py could be imported in place of one)
 CORE_MODULES = ("__init__.py", "bench.py", "check.py", "cli.py", "contents.py", "errors.py",
                 "facts.py", "load.py", "manifest.py", "metrics.py", "places.py", "report.py",
                 "sessions.py")
@@ -64,31 +59,38 @@ def refuse(message):
     line = "%s/%s" % (RUNNER, message)
     sys.stderr.write("error: %s\n" % line)
     command, as_json = command_line()
-    if command != "check":
-        return EXIT_BAD_INPUT
-    if as_json:   # the folder beside run.py is off sys.path: this json is the standard one
-        import json
-        sys.stdout.write(json.dumps({"integrity": [line], "parts": {}, "passed": False}) + "\n")
-    return EXIT_FAILED
+    if command == "check" and as_json:   # the folder beside run.py is off sys.path: stdlib json
+        sys.stdout.write(__import__("json").dumps({"integrity": [line], "parts": {},
+                                                   "passed": False}) + "\n")
+    return EXIT_FAILED if command == "check" else EXIT_BAD_INPUT
 
 
 def main():
-    """Check that runner/ holds the runner's modules and nothing else, load it from there by
-    path (never from sys.path) and run its command line."""
+    """Check that runner/ holds the runner's modules (those the manifest lists) and nothing
+    else, load it from there by path (never from sys.path) and run its command line."""
     folder = os.path.join(HERE, RUNNER)
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         return refuse(": cannot read it (%s); copy the bundle again" % exc.strerror)
-    for name in names:
-        if name not in RUNNER_MODULES:
-            return refuse("%s: not part of the runner; remove it (or copy the bundle again)" % name)
+    try:   # the runner files the manifest lists (unreadable: cli.py loads no optional module)
+        with open(os.path.join(HERE, "manifest.json"), "rb") as f:
+            table = set(k for k in __import__("json").loads(f.read().decode("utf-8"))["files"]
+                        if k.startswith(RUNNER + "/"))
+    except Exception:
+        table = None
+    for name in names:   # an optional module the table does not list would run unchecked
+        unlisted = table and name not in CORE_MODULES and RUNNER + "/" + name not in table
+        if name not in RUNNER_MODULES or unlisted:
+            return refuse("%s: not part of the runner%s; remove it (or copy the bundle again)" % (
+                name, " (the manifest's file table does not list it)" if unlisted else ""))
     for name in CORE_MODULES:
         if not os.path.isfile(os.path.join(folder, name)):
             return refuse("%s: missing; copy the bundle again" % name)
     spec = importlib.util.spec_from_file_location(
         RUNNER, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
     package = importlib.util.module_from_spec(spec)
+    package.LISTED = table is not None   # else the parser imports no optional module (cli.py)
     sys.modules[RUNNER] = package
     spec.loader.exec_module(package)
     return importlib.import_module(RUNNER + ".cli").main()

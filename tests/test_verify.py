@@ -220,3 +220,30 @@ def test_a_bundle_from_before_the_runner_split_still_verifies(built, tmp_path):
     (tmp_path / "new" / "runner" / "serve.py").unlink()
     report = verify(tmp_path / "new", runs=3)
     assert not report["passed"] and "runner/serve.py: missing" in report["checks"][0]["detail"]
+
+
+def test_an_unlisted_optional_module_planted_in_a_lean_bundle_never_runs(tmp_path, cnn_onnx,
+                                                                        image_dir):
+    """hostile-cases-turn5 #2 (security): in a bundle built with --runner-extras none, a
+    runner/serve.py planted by hand ran while run.py parsed its arguments, before `check`'s
+    integrity check. run.py now admits only the runner files the manifest's file table lists,
+    before importing anything; and where it cannot read that table, the parser imports no
+    optional module."""
+    from conftest import PREP
+    from packager.build.job import build
+
+    out = tmp_path / "none"
+    build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          quant={"precision": "fp32"}, runner_extras=())
+    marker = tmp_path / "marker"
+    (out / "runner" / "serve.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    for command in ("check", "bench", "infer", "serve"):
+        r = subprocess.run([sys.executable, str(out / "run.py"), command, "x.npy"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode in (1, 2) and not marker.exists(), (command, r.stderr)
+        assert "runner/serve.py: not part of the runner (the manifest's file table does not " \
+            "list it)" in r.stderr, r.stderr
+    (out / "manifest.json").write_text("{damaged")   # the table unreadable: still never run
+    r = subprocess.run([sys.executable, str(out / "run.py"), "serve", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and not marker.exists() and "manifest" in r.stderr, r.stderr

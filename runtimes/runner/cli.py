@@ -73,7 +73,9 @@ def parse_args(argv):
 def _serve_options(p):
     """serve's own options (serve.py's, which loads no HTTP code); a bundle built without serve
     takes any (run_command then says how to build it with serve)."""
-    try:
+    try:   # not before run.py has checked runner/ against the manifest's file table
+        if not getattr(sys.modules.get(__package__), "LISTED", True):
+            raise BundleError("runner/ unchecked")
         optional_module("serve").add_options(p)
     except BundleError:
         p.set_defaults(unshipped=True)
