@@ -348,3 +348,73 @@ def test_a_pytorch_tts_model_without_a_mask_keeps_its_length_open(tmp_path):
             want = model(torch.from_numpy(ids)).numpy().reshape(-1)
         assert abs(len(got) / max(len(want), 1) - 1) <= 0.02 and \
             task_tts.mel_distance(want, got, RATE) <= 2.0, (n, len(got), len(want))
+
+
+def test_serve_reads_accept_as_media_types_with_weights(built, tmp_path):
+    """hostile-cases-turn5 #13: `serve` chose WAV or JSON by a case-sensitive substring of
+    Accept; now by media type, without case, with q weights."""
+    from packager._runtimes.runner.serve_http import wants_json
+
+    for accept, json_wanted in (("APPLICATION/JSON", True), ("application/json;q=0", False),
+                                ("audio/wav, application/json;q=0.1", False),
+                                ("application/jsonp", False), ("", False), ("*/*", False),
+                                ("audio/wav;q=0.2, Application/Json;q=0.5", True)):
+        assert wants_json(accept) is json_wanted, accept
+    root, _ = built
+    proc, url = start_server(root / "out", tmp_path / "serve.log")
+    try:
+        body = io.BytesIO()
+        np.save(body, tokens(5)[0])
+        kinds = {}
+        for accept in ("APPLICATION/JSON", "application/json;q=0", "application/jsonp"):
+            request = urllib.request.Request(url + "/infer", data=body.getvalue(),
+                                             headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                kinds[accept] = answer.headers["Content-Type"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert kinds == {"APPLICATION/JSON": "application/json", "application/json;q=0": "audio/wav",
+                     "application/jsonp": "audio/wav"}
+
+
+def test_a_speech_model_that_never_speaks_builds_says_so_and_checks(tmp_path):
+    """hostile-cases-turn5 #6: durations all 0 (a Mul by 0 in place of the Relu): the build
+    said nothing and `run.py check` crashed (exit 3) on the empty golden speech; now the build
+    warns that no sample speaks and check judges empty against empty as alike."""
+    t, n = TensorProto, helper.make_node
+    nodes = [n("Gather", ["emb", "tokens"], ["e"], axis=0), n("Reshape", ["e", "s88"], ["h"]),
+             n("MatMul", ["h", "v"], ["dv"]), n("Mul", ["dv", "zerof"], ["dr"]),
+             *regulated_waveform("dr")]
+    graph = helper.make_graph(
+        nodes, "silent", [helper.make_tensor_value_info("tokens", t.INT64, [1, 8])],
+        [helper.make_tensor_value_info("waveform", t.FLOAT, [1, "samples"])],
+        tts_constants(np.random.default_rng(0)) + [helper.make_tensor("zerof", t.FLOAT, [],
+                                                                      [0.0])])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "silent.onnx")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "tokens.npy", tokens(1, 40))
+    run = CliRunner().invoke(main, ["build", str(model), "--calib", str(tmp_path / "calib"),
+                                    "--task", f"tts:rate={RATE}", "--openvino", "no",
+                                    "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert run.exit_code == 0 and "warning: no held-out sample gives speech" in run.output, \
+        run.output
+    r = subprocess.run([sys.executable, str(tmp_path / "out" / "run.py"), "check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "check passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_task_tts_on_an_image_classifier_is_refused(tmp_path, cnn_onnx, image_dir):
+    """hostile-cases-turn5 #12: --task tts on an image classifier built, and its bundle
+    answered 4 samples of "speech" a photo; a tts part takes integer token ids."""
+    from conftest import PREP
+
+    from packager.build.job import build
+    from packager.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"--task tts does not fit .*takes integer token ids "
+                                        r"of shape \(1, T\), this one takes image float"):
+        build(cnn_onnx, tmp_path / "t", target="x86_64-cpu", calib=image_dir,
+              preprocess=PREP, tasks={"model": {"kind": "tts", "rate": RATE}})
+    assert not (tmp_path / "t").exists()

@@ -473,3 +473,21 @@ def test_the_page_has_a_speech_section_with_each_device_s_figures(speech):
     assert "Speech" in text and "real-time factor" in text and "first audio ms" in text
     assert "against the PyTorch model's forward()" in text
     assert "class folders" not in text
+
+
+@pytest.mark.parametrize("extra, where, problem", [
+    ("pad = 99999\n", "stage[0].pad = 99999", "the original enc refuses it"),
+    ("", "stage[1].context", "leaves nothing of a 16-frame chunk"),
+])
+def test_a_pad_past_the_vocabulary_or_a_context_past_the_chunk_is_one_line(
+        tmp_path, extra, where, problem):
+    """hostile-cases-turn5 #7, #8: a pad id past the encoder's vocabulary and a vocode context
+    of half the chunk or more were exit 3 (an onnxruntime refusal, range() of step 0); each is
+    now exit 2 naming the key."""
+    path = write_pipeline(tmp_path, extra=extra)
+    if not extra:
+        path.write_text(path.read_text().replace("rate = ", "context = 8\nrate = "))
+    run = CliRunner().invoke(main, ["build", "--pipeline", str(path), "-o",
+                                    str(tmp_path / "out")])
+    assert run.exit_code == 2 and where in run.output and problem in run.output, run.output
+    assert not (tmp_path / "out").exists()

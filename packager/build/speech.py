@@ -31,6 +31,9 @@ def speech_budget(plan: PartPlan, shaped: Shaped, data: PartData, tmp: Path,
         names = [o.name for o in s.get_outputs()]
         runs.append([dict(zip(names, s.run(names, feed), strict=True)) for feed in data.held])
     pairs = [(waveform(conf, a), waveform(conf, b)) for a, b in zip(*runs, strict=True)]
+    if not any(len(a) for a, _ in pairs):   # (durations all 0: it builds, and says nothing)
+        ctx.log(f"warning: no held-out sample gives speech: the original's waveform "
+                f"is empty on all {len(pairs)} of them; check its durations and its input")
     mel = max(mel_distance(a, b, conf["rate"]) for a, b in pairs)
     worst_snr = min(snr(a, b) for a, b in pairs)
     task = dict(plan.task, mel_spread_db=round(mel, 4),

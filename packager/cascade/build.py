@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._runtimes.runner.errors import BundleError as RunnerError
 from ..build.job import BuildResult, build
 from ..build.plan import DEFAULT_EXPORT
 from ..errors import BudgetMissed, CalibrationError
@@ -47,7 +48,11 @@ def build_pipeline(pipeline: Path | str | PipelineSpec, output: Path, *,
     build, the figure)."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     if spec.kind == "tts":
-        return build_speech(spec, output, log, options)
+        try:
+            return build_speech(spec, output, log, options)
+        except RunnerError as exc:   # the runner's glue refusing what the originals give
+            raise CalibrationError(f"{spec.path}: {exc}", "check the pipeline's glue "
+                                   "parameters against its models") from None
     detect = spec.stages[0]
     assert detect.calib is not None   # load_pipeline requires it of the detect stage
     found = photos(detect.calib)

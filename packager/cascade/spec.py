@@ -236,6 +236,12 @@ def _speech_stage(path: Path, where: str, raw: dict[str, Any], torch_model: bool
                     "the frames the original encoder makes of them")
     precision = _precision(path, where, raw)
     glue = _glue(path, where, step, raw, SPEECH_KEYS)
+    chunk = spec.shape[1] if step == "vocode" and len(spec.shape) == 3 else None
+    if chunk is not None and 2 * int(glue.get("context", 0)) >= chunk:
+        raise _fail(path, f"{where}.context", f"= {glue['context']} leaves nothing of a "
+                    f"{chunk}-frame chunk between its two overlaps",
+                    f"give context below half the chunk (at most {(chunk - 1) // 2}), or a "
+                    "longer chunk in input")
     task = _task(path, raw["task"], f"{where}.task") if "task" in raw else None
     return Stage(part, step, model, {}, calib, task, precision, glue,
                  input=TensorSpec(spec.name, spec.shape, spec.dtype, part=part),

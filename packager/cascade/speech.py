@@ -19,7 +19,7 @@ from .._runtimes.runner.cascade_tts import pieces as sentence_pieces
 from .._runtimes.runner.cascade_tts import windows as frame_windows
 from .._runtimes.runner.errors import BundleError
 from .._runtimes.runner.manifest import load_manifest
-from ..errors import CalibrationError
+from ..errors import CalibrationError, SpecError
 from .spec import PipelineSpec, Stage
 from .speech_reference import blame, padding_effect, reference_speech
 
@@ -133,9 +133,15 @@ def speech_lengths(spec: PipelineSpec, sentences: list[Path], log: Callable[[str
     root = load_root(spec)
     runs = original_parts(spec, root)
     padded = original_speech(spec, root, runs=runs)
+    static, pad = int(encode.input.shape[1]), padded.enc_conf["pad"]
+    try:
+        runs[encode.part](np.full((1, static), pad, encode.input.dtype))
+    except Exception as exc:   # e.g. an id past the embedding: the user's pad, said so
+        raise SpecError(f"{spec.path}: stage[{spec.stages.index(encode)}].pad = {pad}: the "
+                        f"original {encode.part} refuses it ({' '.join(str(exc).split())[:160]})",
+                        "pad with a token id the encoder knows (0 by default)") from None
     reference = reference_speech(spec, root, runs, padded)
     probes = [read_sentence(p) for p in sentences[:PROBES]]
-    static = int(encode.input.shape[1])
     said = f"length: against {reference.what} on {len(probes)} sentence(s), padding to " \
         f"{static} tokens (longer sentences in pieces of {static})"
     effect = _worst(padding_effect(reference, padded, probes))

@@ -20,6 +20,8 @@ def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
     does not fit, or --keep when it names a figure the task lacks); None for raw."""
     if task is not None and task_kind(task) != "raw":
         check_task(task, io_specs(graph.graph.output), str(where))
+        if task_kind(task) == "tts":
+            _speaks(graph, where)
         if keep:
             check_keep(task, keep)
         return dict(task)
@@ -30,6 +32,20 @@ def task_for(task: Mapping[str, Any] | None, keep: Mapping[str, float] | None,
                         "declare it: --task classify (or detect, embed, ctc, segment, vad, "
                         "multilabel)")
     return None
+
+
+def _speaks(graph: onnx.ModelProto, where: Any) -> None:
+    """SpecError naming --task tts where *graph* takes no integer token ids of shape (1, T) (an
+    image classifier "spoke" 4 samples a photo)."""
+    from ..errors import SpecError
+    from ..graph.inspection import graph_inputs
+
+    inputs = io_specs(graph_inputs(graph))
+    if not any(i["dtype"].startswith(("int", "uint")) and len(i["shape"]) == 2 for i in inputs):
+        raise SpecError(f"--task tts does not fit {where}: a speech model takes integer token "
+                        "ids of shape (1, T), this one takes " + ", ".join(
+                            f"{i['name']} {i['dtype']} {'x'.join(map(str, i['shape']))}"
+                            for i in inputs), "drop --task tts, or build the speech model")
 
 
 def say_suggestion(graph: onnx.ModelProto, reference: Mapping[str, np.ndarray],

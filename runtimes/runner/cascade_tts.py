@@ -131,6 +131,10 @@ class Speech(object):
         # an encoder whose padding moves the speech keeps its length open: a sentence runs whole
         self.open = bool((self.encoder.get("length") or {}).get("dynamic"))
         self.chunk = self.vocoder["inputs"][0]["shape"][1]
+        if 2 * self.voc_conf["context"] >= self.chunk:   # windows() would step by 0 or less
+            raise BundleError("the vocode stage's context %d leaves nothing of its %d-frame "
+                              "chunk; rebuild the bundle with a smaller context"
+                              % (self.voc_conf["context"], self.chunk))
 
     def frames(self, tokens, timing):
         """(F, D) frames of one sentence: the encoder on pieces of its T tokens, padded (on the

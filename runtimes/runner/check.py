@@ -103,7 +103,7 @@ def small_drift(name, ref, stats, golden):
     larger outputs or a bundle without the host's figures."""
     hosts = golden.get("host")
     host = hosts.get(name) if isinstance(hosts, dict) else None
-    if ref.dtype.kind != "f" or not len(ref) or ref[0].size > SMALL_OUTPUT or \
+    if ref.dtype.kind != "f" or not ref.size or ref[0].size > SMALL_OUTPUT or \
             not isinstance(host, dict) or not isinstance(host.get("max_abs"), (int, float)) \
             or isinstance(host.get("max_abs"), bool) or not host["max_abs"] >= 0:
         return None

@@ -329,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
         if names is None:   # the pipeline: (its pseudo part, the Cascade, None)
             code, result = session.serve(body, self.serving.max_pixels)
             audio = result.pop("_audio", None)   # a tts pipeline's speech: audio/wav
-            if audio is not None and "json" not in self.headers.get("Accept", ""):
+            if audio is not None and not wants_json(self.headers.get("Accept", "")):
                 result["_wav"] = optional_module("task_tts").wav_bytes(audio, result["rate"])
             return code, result
         stages = {}
@@ -360,7 +360,7 @@ class Handler(BaseHTTPRequestHandler):
                                                   self.serving.args.top, arrays, "r", body))
             result = dict(result, part=part["name"], latency_ms=stages["model"],
                           stages_ms=stages)
-            if "r/task.audio" in arrays and "json" not in self.headers.get("Accept", ""):
+            if "r/task.audio" in arrays and not wants_json(self.headers.get("Accept", "")):
                 rate = optional_module("task_spec").settings(part["task"])["rate"]
                 result["_wav"] = optional_module("task_tts").wav_bytes(arrays["r/task.audio"],
                                                                       rate)
@@ -372,6 +372,24 @@ class Handler(BaseHTTPRequestHandler):
             # argument (a token id past the vocabulary) is the input's fault, the rest ours
             code = 400 if type(exc).__name__ == "InvalidArgument" else 500
             return code, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
+
+
+def wants_json(accept):
+    """Whether an Accept header prefers JSON to the WAV of speech: media types compared without
+    case, each by its q weight (a type not named weighs 0; */* and audio/* name the WAV)."""
+    weights = {}
+    for item in accept.split(","):
+        fields = [f.strip().lower() for f in item.split(";")]
+        q = 1.0
+        for field in fields[1:]:
+            if field.startswith("q="):
+                try:
+                    q = float(field[2:])
+                except ValueError:
+                    q = 0.0
+        weights[fields[0]] = max(q, weights.get(fields[0], 0.0))
+    wav = max(weights.get(k, 0.0) for k in ("audio/wav", "audio/x-wav", "audio/*", "*/*"))
+    return weights.get("application/json", 0.0) > max(wav, 0.0)
 
 
 class Server(ThreadingHTTPServer):
