@@ -409,7 +409,6 @@ def test_task_tts_on_an_image_classifier_is_refused(tmp_path, cnn_onnx, image_di
     """hostile-cases-turn5 #12: --task tts on an image classifier built, and its bundle
     answered 4 samples of "speech" a photo; a tts part takes integer token ids."""
     from conftest import PREP
-
     from packager.build.job import build
     from packager.errors import SpecError
 
