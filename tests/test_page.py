@@ -188,3 +188,27 @@ def test_a_device_report_that_is_no_report_leaves_the_other_rows(labelled, tmp_p
     rows = {d["device"]: d for d in data["devices"]}
     assert rows["pi"]["verdict"] == "unreadable report" and rows["pi"]["parts"] == {}
     assert rows["this machine (edgepack verify)"]["parts"]["model"]["p50_ms"] > 0
+
+
+def test_a_device_report_with_wrong_typed_figures_blanks_no_row(labelled, tmp_path):
+    """hostile-cases-turn5 #9: a device whose bench answered providers [1, 2], peak_rss_mb
+    "big" or p50 "fast" blanked the whole page ("This bundle's records cannot be shown"). Its
+    row now shows what it can read, as numbers or "-", and the other rows stay."""
+    import shutil
+
+    bundle = tmp_path / "typed"
+    shutil.copytree(labelled[0], bundle)
+    verify(bundle, runs=5, warmup=1)
+    (bundle / "reports" / "d3").mkdir()
+    (bundle / "reports" / "d3" / "report.json").write_text(json.dumps(
+        {"bench": {"parts": {"model": {"providers": [1, 2], "latency_ms": {"p50": "fast"},
+                                       "throughput_per_s": True}},
+                   "peak_rss_mb": "big", "speech": {"real_time_factor": "slow"}},
+         "passed": True}))
+    assert edgepack("report", str(bundle)).exit_code == 0
+    data, text = check_figures(bundle)
+    rows = {d["device"]: d for d in data["devices"]}
+    assert rows["d3"]["parts"]["model"]["p50_ms"] is None and rows["d3"]["peak_rss_mb"] is None
+    assert rows["d3"]["parts"]["model"]["providers"] == []
+    assert rows["this machine (edgepack verify)"]["parts"]["model"]["p50_ms"] > 0
+    assert "cannot be shown" not in text

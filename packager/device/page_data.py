@@ -145,34 +145,78 @@ def device_rows(bundle: Path, digest: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: r["when"], reverse=True)
 
 
+def _num(value: Any) -> float | None:
+    """A figure as a number the page can format, or None (a device's report is its own: a
+    string, a bool or NaN there blanked the whole page)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or \
+            value in (float("inf"), float("-inf")):
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _names(value: Any) -> list[str] | None:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+
+
+def _speech(bench: dict[str, Any]) -> dict[str, Any] | None:
+    """The device's speech figures (bench's `speech`, or a one-graph tts part's), numbers
+    only."""
+    found = bench.get("speech")
+    if isinstance(found, dict):
+        first = found.get("first_audio_ms")
+        rows = [r for r in found.get("sentences") or [] if isinstance(r, dict)]
+        return {"sentences": [{"file": _text(r.get("file")), "seconds": _num(r.get("seconds")),
+                               "latency_ms": _latency(r.get("latency_ms")),
+                               "real_time_factor": _num(r.get("real_time_factor")),
+                               "first_audio_ms": _num(r.get("first_audio_ms"))} for r in rows],
+                "audio_s": _num(found.get("audio_s")),
+                "real_time_factor": _num(found.get("real_time_factor")),
+                "first_audio_ms": {"p50": _num(first.get("p50"))} if isinstance(first, dict)
+                else None}
+    for name, part in (bench.get("parts") or {}).items():   # a one-graph tts part's figures
+        if isinstance(part, dict) and _num(part.get("real_time_factor")) is not None:
+            return {"sentences": [{"file": f"{name} (golden sample)",
+                                   "seconds": _num(part.get("audio_s")),
+                                   "latency_ms": _latency(part.get("latency_ms")),
+                                   "real_time_factor": _num(part["real_time_factor"]),
+                                   "first_audio_ms": None}],
+                    "audio_s": _num(part.get("audio_s")),
+                    "real_time_factor": _num(part["real_time_factor"]), "first_audio_ms": None}
+    return None
+
+
+def _latency(value: Any) -> dict[str, float | None]:
+    lat = value if isinstance(value, dict) else {}
+    return {k: _num(lat.get(k)) for k in ("p50", "p10", "p90")}
+
+
 def device_row(device: str, report: dict[str, Any], when: float, digest: str) -> dict[str, Any]:
-    bench = report.get("bench") or {}
-    facts = bench.get("device") or {}
+    bench = report.get("bench") if isinstance(report.get("bench"), dict) else {}
+    facts = bench.get("device") if isinstance(bench.get("device"), dict) else {}
     parts = {}
     for name, part in (bench.get("parts") or {}).items():
-        lat = part.get("latency_ms") or {}
-        parts[name] = {"p50_ms": lat.get("p50"), "p10_ms": lat.get("p10"),
-                       "p90_ms": lat.get("p90"), "throughput_per_s": part.get("throughput_per_s"),
-                       "providers": part.get("providers"), "loaded": part.get("loaded"),
-                       "noisy": part.get("noisy") or "",
-                       "roofline_share": part.get("roofline_share")}
-    speech = bench.get("speech") if isinstance(bench.get("speech"), dict) else None
-    for name, part in (bench.get("parts") or {}).items():   # a one-graph tts part's figures
-        if speech is None and isinstance(part.get("real_time_factor"), int | float):
-            lat = part.get("latency_ms") or {}
-            speech = {"sentences": [{"file": f"{name} (golden sample)", "tokens": None,
-                                     "seconds": part.get("audio_s"), "latency_ms": lat,
-                                     "real_time_factor": part["real_time_factor"]}],
-                      "audio_s": part.get("audio_s"),
-                      "real_time_factor": part["real_time_factor"], "first_audio_ms": None}
+        part = part if isinstance(part, dict) else {}
+        lat = _latency(part.get("latency_ms"))
+        parts[str(name)] = {"p50_ms": lat["p50"], "p10_ms": lat["p10"], "p90_ms": lat["p90"],
+                            "throughput_per_s": _num(part.get("throughput_per_s")),
+                            "providers": _names(part.get("providers")),
+                            "loaded": _text(part.get("loaded")),
+                            "noisy": _text(part.get("noisy")) or "",
+                            "roofline_share": _num(part.get("roofline_share"))}
     failed = [c for c in report.get("checks") or [] if isinstance(c, dict) and not c.get("passed")]
     return {"device": device, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
             "failed": [f"{c.get('name')}: {c.get('detail')}" for c in failed],
-            "verdict": report.get("verdict") or ("passed" if report.get("passed") else "failed"),
-            "this_version": report.get("digest") == digest, "digest": report.get("digest"),
-            "cpu": facts.get("cpu"), "arch": facts.get("arch"),
-            "onnxruntime": bench.get("onnxruntime"), "peak_rss_mb": bench.get("peak_rss_mb"),
-            "parts": parts, "speech": speech}
+            "verdict": _text(report.get("verdict")) or ("passed" if report.get("passed") is True
+                                                        else "failed"),
+            "this_version": report.get("digest") == digest, "digest": _text(report.get("digest")),
+            "cpu": _text(facts.get("cpu")), "arch": _text(facts.get("arch")),
+            "onnxruntime": _text(bench.get("onnxruntime")),
+            "peak_rss_mb": _num(bench.get("peak_rss_mb")), "parts": parts,
+            "speech": _speech(bench)}
 
 
 def page_data(bundle: Path, digest: str) -> dict[str, Any]:

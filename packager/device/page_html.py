@@ -214,10 +214,10 @@ def speech(data: dict[str, Any]) -> str:
                          f"{r['seconds']:.2f}", ms(lat.get("p50")), ms(lat.get("p90")),
                          "-" if r.get("real_time_factor") is None else
                          f"{r['real_time_factor']:.3f}", ms(r.get("first_audio_ms"))])
+        rtf = s.get("real_time_factor")
         rows.append([d["device"], "all sentences", "-" if s.get("audio_s") is None else
-                     f"{s['audio_s']:.2f}", "-", "-", f"{s['real_time_factor']:.3f} ("
-                     f"{1 / max(s['real_time_factor'], 1e-9):.1f}x real time)",
-                     ms(first.get("p50")) if first else "-"])
+                     f"{s['audio_s']:.2f}", "-", "-", "-" if not rtf else
+                     f"{rtf:.3f} ({1 / rtf:.1f}x real time)", ms(first.get("p50"))])
     if rows:
         out.append(table(["device", "sentence", "audio s", "p50 ms", "p90 ms",
                           "real-time factor", "first audio ms"], rows, "speech"))
