@@ -114,12 +114,13 @@ def test_kokoro_builds_with_defaults_and_speaks_like_the_package():
     report = verify(bundle, runs=20, warmup=1)
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     # item 6: compare gives its real-time factors, whole sentences, against the package's run
-    from packager.compare import compare
+    from packager.compare import compare, markdown
 
     (folder / "sentences").mkdir(exist_ok=True)
     for k, t in enumerate(tokens[40:43]):
         np.savez(folder / "sentences" / f"held{k}.npz", **zoo_tasks.kokoro_sample(t, style, None))
-    result = compare(model.model_path(), calib=folder / "sentences", bundle=bundle, rounds=1)
+    result = compare(model.model_path(), calib=folder / "sentences", bundle=bundle, rounds=3)
+    print(markdown(result))   # (pytest -s shows it: docs/speech.md's table)
     rows = {r["variant"]: r for r in result["rows"]}
     given, shipped = rows["ORT as given"], next(r for n, r in rows.items()
                                                  if n.startswith("shipped"))
