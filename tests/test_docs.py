@@ -45,9 +45,24 @@ RUN_FOR_REAL = {
 }
 
 
+@functools.cache
 def runner_entry() -> Path:
-    """The on-device runner's entry point, as every bundle ships it."""
-    return ROOT / "runtimes" / "run.py"
+    """The on-device runner's entry point, as every bundle ships it: run.py and runner/ beside
+    a manifest whose file table lists them (run.py's parser loads no optional module, serve's
+    options among them, where no table lists it)."""
+    import atexit
+    import json
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="edgepack-docs-runner-"))
+    atexit.register(shutil.rmtree, root, True)
+    shutil.copy(ROOT / "runtimes" / "run.py", root / "run.py")
+    shutil.copytree(ROOT / "runtimes" / "runner", root / "runner",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    files = {f"runner/{p.name}": "" for p in (root / "runner").glob("*.py")}
+    (root / "manifest.json").write_text(json.dumps({"files": {"run.py": "", **files}}))
+    return root / "run.py"
 
 
 @dataclass(frozen=True)
