@@ -117,9 +117,17 @@ def test_tuning_on_a_busy_machine_keeps_the_current_settings_and_says_why(built,
     assert not (bundle / TUNED).exists()
 
 
-def test_a_tuned_file_from_another_bundle_version_is_ignored(slow_session, tmp_path):
-    bundle = tmp_path / "b"
-    shutil.copytree(slow_session[0], bundle)
+def test_a_tuned_file_from_another_bundle_version_is_ignored(built, tmp_path):
+    """A tuned file written for this bundle (by hand: a tuning on a busy machine saves none, and
+    this test failed there where its siblings skip), then the manifest changed: ignored."""
+    import onnxruntime
+
+    bundle = copy_with_session(built, tmp_path, {"intra_op_threads": 1,
+                                                 "graph_optimization_level": "disabled"})
+    (bundle / TUNED).write_text(json.dumps({
+        "manifest": manifest_digest(str(bundle)), "onnxruntime": onnxruntime.__version__,
+        "cores": os.cpu_count(),
+        "session": {"intra_op_threads": 2, "graph_optimization_level": "all"}}))
     path = bundle / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["name"] = "renamed"   # a new manifest: another digest
@@ -200,6 +208,8 @@ def test_verify_tune_reports_the_table(built, tmp_path):
     report = verify(bundle, runs=10, warmup=2, tune=True)
     assert report["passed"]
     tuning = report["tuning"]
+    if tuning["noisy"]:   # (it failed there, where its siblings skip: issue 46 item 3)
+        pytest.skip(f"the machine was busy while tuning: {tuning['reason']}")
     assert tuning["chosen"]["graph_optimization_level"] != "disabled"
     assert report["bench"]["session"] == tuning["chosen"]
     text = render_markdown(report)
