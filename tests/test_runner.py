@@ -788,3 +788,20 @@ def test_one_share_of_the_ceiling_for_bench_verify_and_compare():
     # compare's rows use the same function on the same graphs
     row = _roofline_share("ORT INT8 QDQ U8S8", 20e6, 1.0, {"graphs": graphs})
     assert row["gops"] == 20.0 and row["ceiling_share"] == ceiling_share(20.0, "int8", graphs)
+
+
+@pytest.mark.parametrize("given, says", [
+    ("", "names no extra"), (" , ", "names no extra"),
+    ("none,infer", "none means no extras, and cannot be combined with one")])
+def test_runner_extras_that_name_nothing_or_none_with_more_are_refused(cnn_onnx, tmp_path,
+                                                                     given, says):
+    """hostile-cases-turn5 #15, #16: --runner-extras '' built a runner with no extras, silently;
+    'none,infer' was answered "none: not one of the runner's extras ... or none"."""
+    from click.testing import CliRunner
+
+    from packager.cli import main
+
+    run = CliRunner().invoke(main, ["build", str(cnn_onnx), "--runner-extras", given,
+                                    "-o", str(tmp_path / "x")])
+    assert run.exit_code == 2 and says in run.output, run.output
+    assert not (tmp_path / "x").exists()

@@ -37,9 +37,21 @@ def _device_timer(host: str | None, ssh_config: Path | None, python: str, target
 
 
 def extras_of(text: str) -> tuple[str, ...]:
-    """--runner-extras: 'serve,tune' -> ("serve", "tune"); 'none' -> () (build() checks each)."""
+    """--runner-extras: 'serve,tune' -> ("serve", "tune"); 'none' -> () (build() checks each);
+    an empty list, or none beside an extra, is refused (it built no extras, silently)."""
+    from ..errors import SpecError
+
     text = text.strip()
-    return () if text.lower() == "none" else tuple(x.strip() for x in text.split(",") if x.strip())
+    if text.lower() == "none":
+        return ()
+    extras = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not extras:
+        raise SpecError(f"--runner-extras {text!r}: names no extra", "give extras like "
+                        "infer,serve, or none for the runner's core alone")
+    if "none" in (x.lower() for x in extras):
+        raise SpecError(f"--runner-extras {text}: none means no extras, and cannot be combined "
+                        "with one", "give none alone, or the extras alone")
+    return extras
 
 
 def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, target: str):
