@@ -107,10 +107,19 @@ def exit_on_early_interrupt() -> None:
         return
 
     def quit_now(signum: int, frame: object) -> None:
-        os.write(2, b"interrupted: nothing was written\n")
-        os._exit(130)
+        ended = signum in _ENDING   # SIGTERM, SIGHUP: as the command's handler ends them
+        os.write(2, b"terminated: nothing was written\n" if ended else
+                 b"interrupted: nothing was written\n")
+        os._exit(128 + signum if ended else 130)
 
     signal.signal(signal.SIGINT, quit_now)
+    for signum in _ENDING:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, quit_now)
+
+
+_ENDING = tuple(getattr(__import__("signal"), name) for name in ("SIGTERM", "SIGHUP")
+                if hasattr(__import__("signal"), name))   # signals that end a command as a kill
 
 
 class Terminated(KeyboardInterrupt):
@@ -143,11 +152,14 @@ def catch_interrupts() -> object:
         if _importing(frame):
             threading.Thread(target=resend, args=(signum,), daemon=True).start()
             return
-        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        raise Terminated if signum in _ENDING else KeyboardInterrupt
 
-    previous = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    previous = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                signal.getsignal(signal.SIGHUP) if hasattr(signal, "SIGHUP") else None)
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
+    if hasattr(signal, "SIGHUP"):   # a closed terminal ends it as SIGTERM does (no lock left)
+        signal.signal(signal.SIGHUP, interrupted)
     return previous
 
 
@@ -162,18 +174,28 @@ def _importing(frame: Any) -> bool:
 def restore_interrupts(previous: object) -> None:
     import signal
 
-    before_int, before_term = previous if isinstance(previous, tuple) else (previous, None)
+    before_int, before_term, before_hup = (tuple(previous) + (None, None))[:3] \
+        if isinstance(previous, tuple) else (previous, None, None)
     early = getattr(before_int, "__name__", "") == "quit_now"   # output may exist by now
     signal.signal(signal.SIGINT, signal.default_int_handler if early or before_int is None
                   else before_int)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if before_term is None else before_term)
+    for signum, before in ((signal.SIGTERM, before_term),
+                           (getattr(signal, "SIGHUP", None), before_hup)):
+        if signum is not None:   # the early handler says "nothing was written": not now
+            signal.signal(signum, signal.SIG_DFL if before is None or
+                          getattr(before, "__name__", "") == "quit_now" else before)
 
 
 def terminated() -> bool:
     """Whether the command was ended by SIGTERM (not by Ctrl-C)."""
     import signal
 
-    return _interrupted == signal.SIGTERM
+    return _interrupted in (signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM))
+
+
+def ending_signal() -> int:
+    """The signal that ended the command (0: none)."""
+    return _interrupted
 
 
 def was_interrupted(exc: BaseException) -> bool:

@@ -361,10 +361,12 @@ def test_e107_e112_ctrl_c_in_the_first_second_exits_130_in_one_line(cnn_onnx, im
         assert not left, left
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_e_sig_sigterm_during_a_build_exits_143_in_one_line_and_leaves_no_lock(
-        cnn_onnx, image_dir, tmp_path):
+        cnn_onnx, image_dir, tmp_path, sig, code):
     """E-SIG: SIGTERM used to kill the build by the signal, silently, leaving .NAME.lock files
-    beside -o; it now ends as Ctrl-C does (every cleanup runs), with 143."""
+    beside -o; it now ends as Ctrl-C does (every cleanup runs), with 143. SIGHUP (a closed
+    terminal, hostile-cases-turn5 #11) did the same, and now ends the same way, with 129."""
     ended = 0
     for delay in (2.0, 4.0, 6.0):   # past the imports: the command (and its lock) is running
         out = tmp_path / f"term{delay}" / "b"
@@ -372,7 +374,7 @@ def test_e_sig_sigterm_during_a_build_exits_143_in_one_line_and_leaves_no_lock(
                                          "--preprocess", PREP_TEXT, "-o", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=120)
         assert "Traceback" not in err and "unexpected" not in err, (delay, err)
         left = sorted(x.name for x in out.parent.iterdir()) if out.parent.exists() else []
@@ -380,7 +382,7 @@ def test_e_sig_sigterm_during_a_build_exits_143_in_one_line_and_leaves_no_lock(
             assert (out / "manifest.json").is_file() and not any(".lock" in n for n in left)
             continue
         ended += 1
-        assert p.returncode == 143, (delay, p.returncode, err)
+        assert p.returncode == code, (delay, p.returncode, err)
         assert err.strip().splitlines()[-1] == "terminated: nothing was written", err
         assert not left, left
     assert ended   # at least one signal landed mid-build

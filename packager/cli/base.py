@@ -11,6 +11,7 @@ from ..errors import (
     PackagerError,
     SpecError,
     catch_interrupts,
+    ending_signal,
     restore_interrupts,
     terminated,
     was_interrupted,
@@ -129,13 +130,13 @@ def _catch_interrupts() -> object:
 
 
 def _interrupted(ctx: click.Context, terminated: bool = False) -> None:
-    """Ctrl-C (exit 130) or SIGTERM (exit 143): one line saying what was left behind."""
+    """Ctrl-C (exit 130), SIGTERM (143) or SIGHUP (129): one line saying what was left behind."""
     written = ctx.meta.get("edgepack.written")
     note = ("a cut-off copy resumes on the next deploy" if ctx.invoked_subcommand == "deploy"
             else f"{written} was already written in full" if written else
             "nothing was written")
     click.echo(f"{'terminated' if terminated else 'interrupted'}: {note}", err=True)
-    ctx.exit(143 if terminated else 130)
+    ctx.exit(128 + (ending_signal() or 15) if terminated else 130)
 
 
 def _exit_past_user_threads(code: Any) -> None:
