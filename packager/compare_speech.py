@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import PackagerError
 from .timing import COLD_ORT
+from .timing import session as timing_session
 
 SECONDS = 30.0    # a row's timing stops after this much compute (Kokoro: ~1.5 s a sentence)
 AS_GIVEN = "ORT as given"
@@ -139,15 +140,6 @@ def compare_speech(source: str | Path, kind: str, *, calib: Path | None, bundle:
             "reference": rows[0]["variant"] if rows else None}
 
 
-def _session(path: Path, threads: int, providers: Sequence[str] = ("CPUExecutionProvider",)):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=list(providers))
-
-
 def _graph_rows(source: Path, calib: Path | None, bundle: Path | None, threads: int,
                 rounds: int, cold: bool, log: Callable[[str], None]
                 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -156,7 +148,7 @@ def _graph_rows(source: Path, calib: Path | None, bundle: Path | None, threads: 
         raise PackagerError(f"{source}: a speech model is compared on sentences",
                             "pass --calib DIR: an .npz a sentence with the model's inputs "
                             "(its token ids at their own length)")
-    original = _session(source, threads)
+    original = timing_session(source, threads)
     names = [i.name for i in original.get_inputs()]
     feeds = read_sentences(calib, names)
     rate, graphs = 24000, [(AS_GIVEN, source)]
@@ -169,7 +161,7 @@ def _graph_rows(source: Path, calib: Path | None, bundle: Path | None, threads: 
     rows, want = [], None
     for variant, path in graphs:
         log(f"compare: {variant}: {len(feeds)} sentence(s), whole")
-        session = original if path == source else _session(path, threads)
+        session = original if path == source else timing_session(path, threads)
         try:
             times, audio = timed(lambda f, s=session: s.run(None, f)[0], feeds, rounds)
         except Exception as exc:   # onnxruntime's refusal: a sentence it cannot speak

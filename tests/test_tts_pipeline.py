@@ -302,6 +302,7 @@ def test_blame_names_the_part_whose_graph_breaks_the_speech(speech):
     manifest = load_manifest(str(root / "out"))
     run_part = session_runner(pipeline_sessions(str(root / "out"), manifest, None))
     sentences = [read_sentence(p) for p in sentence_files(root / "sentences")[:4]]
+    wants = [reference.speak(t) for t in sentences]
 
     def spoiled(part, change):
         def run(entry, feed):
@@ -310,10 +311,10 @@ def test_blame_names_the_part_whose_graph_breaks_the_speech(speech):
         return run
     noisy = spoiled("voc", lambda o: o + 0.3 * np.sign(np.sin(np.arange(o.size))).reshape(
         o.shape).astype(o.dtype))
-    assert blame(reference, manifest, noisy, runs, sentences, ["enc", "voc"]) == ["voc"]
+    assert blame(wants, manifest, noisy, runs, sentences, ["enc", "voc"]) == ["voc"]
     longer = spoiled("enc", lambda o: o + 1 if o.ndim == 2 else o)
-    assert blame(reference, manifest, longer, runs, sentences, ["enc", "voc"]) == ["enc"]
-    assert blame(reference, manifest, longer, runs, sentences, ["enc"]) == ["enc"]
+    assert blame(wants, manifest, longer, runs, sentences, ["enc", "voc"]) == ["enc"]
+    assert blame(wants, manifest, longer, runs, sentences, ["enc"]) == ["enc"]
 
 
 def test_a_miss_rebuilds_the_blamed_part_alone_and_says_why(tmp_path, monkeypatch):

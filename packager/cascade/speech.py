@@ -214,10 +214,11 @@ def speech_end_to_end(spec: PipelineSpec, bundle: Path, held: list[Path]) -> dic
     manifest = load_manifest(str(bundle))
     run_part = session_runner(pipeline_sessions(str(bundle), manifest, None))
     shipped = Speech(Cascade(manifest, run_part))
-    results, golden, sentences = [], [], []
+    results, golden, sentences, wants = [], [], [], []
     for path in held:
         sentences.append(read_sentence(path))
         want, got = reference.speak(sentences[-1]), shipped.speak(sentences[-1], {})
+        wants.append(want)
         results.append(dict(alike(shipped.voc_conf, want, got), sentence=path.name))
         if len(golden) < GOLDEN_SENTENCES:
             golden.append((sentences[-1], want, results[-1]["alike"]))
@@ -228,7 +229,7 @@ def speech_end_to_end(spec: PipelineSpec, bundle: Path, held: list[Path]) -> dic
              if (p.get("precision") or {}).get("precision") != "fp32"]
     if not figure["passed"] and lower:
         figure["below"] = lower
-        figure["blame"] = blame(reference, manifest, run_part, runs, sentences, lower)
+        figure["blame"] = blame(wants, manifest, run_part, runs, sentences, lower)
     if golden:
         figure["golden"] = write_speech_golden(bundle, golden)
     return figure

@@ -8,7 +8,7 @@ once where the original takes any length, as the glue runs them where the origin
     Reference(speak, what)              .speak(tokens) -> float32 samples; what: said in logs
     reference_speech(spec, root, runs, original)
     padding_effect(reference, padded, sentences)   the glue's padding against the reference
-    blame(reference, manifest, run_part, runs, held, parts)   the part that breaks it
+    blame(wants, manifest, run_part, runs, held, parts)   the part that breaks it
 """
 
 from collections.abc import Callable, Sequence
@@ -89,17 +89,17 @@ def padding_effect(reference: Reference, padded: Speech, sentences: Sequence[np.
             for tokens in sentences]
 
 
-def blame(reference: Reference, manifest: dict[str, Any],
+def blame(wants: Sequence[np.ndarray], manifest: dict[str, Any],
           run_part: Callable[[dict, dict], Any], runs: dict[str, Any],
           sentences: Sequence[np.ndarray], parts: Sequence[str]) -> list[str]:
     """Of *parts* (the bundle's parts below FP32), the one whose shipped graph breaks the
     end-to-end budget: the first whose original, run in its place (the others as the bundle
-    runs them, *run_part*), lets every sentence sound alike; all of them where none alone
-    does."""
+    runs them, *run_part*), lets every sentence sound alike with the reference's speech
+    (*wants*, one a sentence, spoken once by the caller); all of them where none alone does."""
     for part in parts if len(parts) > 1 else ():
         mixed = Speech(Cascade(manifest, _swapped(run_part, runs, part)))
-        if all(alike(mixed.voc_conf, reference.speak(t), mixed.speak(t, {}))["alike"]
-               for t in sentences):
+        if all(alike(mixed.voc_conf, want, mixed.speak(t, {}))["alike"]
+               for want, t in zip(wants, sentences, strict=True)):
             return [part]
     return list(parts)
 
