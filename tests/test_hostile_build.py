@@ -388,6 +388,24 @@ def test_e_sig_sigterm_during_a_build_exits_143_in_one_line_and_leaves_no_lock(
     assert ended   # at least one signal landed mid-build
 
 
+def test_e_sig_a_signal_after_the_outcome_is_decided_cannot_change_the_exit(tmp_path):
+    """CI found a SIGHUP landing after a build's last line killing the program by the signal
+    (exit -1, the bundle whole): once the outcome is printed, SIGINT, SIGTERM and SIGHUP are
+    all ignored, as SIGTERM already was."""
+    code = ("import signal, sys\n"
+            "sys.argv[0] = 'edgepack'\n"
+            "from packager.cli import main\n"
+            "try:\n"
+            "    main(['targets'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print([signal.getsignal(s) is signal.SIG_IGN\n"
+            "       for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.stdout.strip().splitlines()[-1] == "[True, True, True]", (r.stdout, r.stderr)
+
+
 def test_e107_importing_packager_elsewhere_leaves_sigint_alone():
     """The early Ctrl-C handler is edgepack's own: a process that imports the library keeps
     Python's KeyboardInterrupt."""

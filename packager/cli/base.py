@@ -111,6 +111,8 @@ def _outcome_decided() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):   # a closed terminal just after the last line: the same
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _is_program() -> bool:
@@ -150,7 +152,7 @@ def _exit_past_user_threads(code: Any) -> None:
     if not left:
         return
     status = code if isinstance(code, int) else (0 if code is None else 1)
-    if status in (130, 143):   # interrupted: its line is said; a quantizer's pool (NNCF's) was
+    if status in (129, 130, 143):   # interrupted: its line is said; a quantizer's pool (NNCF's) was
         sys.stdout.flush()   # cut off mid-work, which is no news to the user
         sys.stderr.flush()
         os._exit(status)
