@@ -224,7 +224,8 @@ def run_demo(work: Path, *, log: Callable[[str], None] = print,
         f"  shipped: {decision['reason']}",
         f"  budget: {decision['budget']}; evidence: "
         f"{(decision.get('evidence') or {}).get('verdict') or 'FP32 ships (nothing to prove)'}",
-        f"  verify: {'passed' if report['passed'] else 'FAILED'}; the bundle's own runner: p50 "
+        f"  verify: {report.get('verdict') or ('passed' if report['passed'] else 'failed')}; "
+        f"the bundle's own runner: p50 "
         f"{latency['p50']:.3f} ms, p90 {latency['p90']:.3f} ms",
         f"  bundle: {out}/ and {out}.tar.gz",
         f"  page: {out}/reports/index.html (open it in a browser: what shipped and why, speed, "

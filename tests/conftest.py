@@ -240,3 +240,13 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if name in listed:
             item.add_marker(pytest.mark.full)
+
+
+def pytest_sessionstart(session):
+    """A suite started in the background of a non-interactive shell (`make test &`) inherits
+    SIGINT ignored, and so would every process a test starts: the Ctrl-C tests' servers and
+    builds would never stop (they timed out, and an import check saw SIG_IGN). Restore it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

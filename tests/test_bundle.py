@@ -33,7 +33,9 @@ def test_manifest_contract(built):
     assert part["preprocess"] == PREP and part["labels"][0] == "class0"
     assert part["precision"]["activation_type"] == "uint8" and part["precision"]["format"] == "qdq"
     assert part["precision"]["calibration_samples"] == 16 and part["precision"]["family"] == "default"
-    assert part["accuracy"]["samples"] == 4 and part["accuracy"]["cosine_min"] > 0.98
+    # 4 held out of 20 are too few to judge: forced INT8 is cross-checked on all 20 by the
+    # rotation, as the default build's INT8 is (hostile-cases-turn5 #10)
+    assert part["accuracy"]["samples"] == 20 and part["accuracy"]["cosine_min"] > 0.98
     assert part["golden"]["samples"] == 4 and part["source"]["file"] == "cnn.onnx"
     assert m["providers"] == [{"name": "CPUExecutionProvider", "options": {}}]
     assert {"edgepack", "onnx", "onnxruntime", "onnxsim", "numpy"} <= set(m["tools"])

@@ -117,6 +117,6 @@ def test_the_demo_bundle_has_its_page(first_run, tmp_path):
     assert run.returncode == 0
     data, text = check_figures(work / "bundle")
     [device] = data["devices"]
-    assert device["this_version"] and device["verdict"] in ("passed", "not proven")
+    assert device["this_version"] and device["verdict"].startswith("passed")
     assert data["parts"][0]["profile"]["shipped"]["by_op"]
     check_rendered(work / "bundle", tmp_path, data)

@@ -233,7 +233,7 @@ ansible_python_interpreter={sys.executable}
     assert (tmp_path / "d1" / "current" / "run.py").is_file()
     assert (tmp_path / "d2" / "current" / "run.py").is_file()
     table = summary_table(results)
-    assert table.count("| pass |") == 2 and "| down |" in table and "unreachable" in table
+    assert table.count("| passed") == 2 and "| down |" in table and "unreachable" in table
     # latency as run.py bench measures it: threads, p50, p10-p90, other processes' CPU share
     assert "| threads | p50 ms | p10-p90 ms | p99 ms | others' CPU |" in table
     row = next(line for line in table.splitlines() if line.startswith("| device1 |"))

@@ -147,7 +147,7 @@ def test_one_inventory_both_engines_same_outcome(parts, bundles, tmp_path, engin
         rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines()
                 if line.startswith("| pi-")}
         assert set(rows) == {"pi-01", "pi-02"}
-        assert f"{release} (already) | pass |" in rows["pi-01"]
+        assert f"{release} (already) | passed" in rows["pi-01"]
         assert "refused: golden/model.shipped.npz: sha256 mismatch on the device" in rows["pi-02"]
         assert "nothing was run" in rows["pi-02"]
         r = cli("deploy", bundles["v1.tar.gz"], "--hosts", inventory, "--engine", engine,

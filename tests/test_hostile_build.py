@@ -526,3 +526,33 @@ def test_n_task_10_n_pipe_10_at_files_are_regular_files_under_a_cap(tmp_path, op
     assert time.monotonic() - start < 10 and "\n" not in message
     assert ("not a regular file" in message if special != "huge" else "larger than" in message)
     assert ("--labels" in message if option == "labels" else "--task" in message)
+
+
+def test_a_class_folder_named_in_bytes_that_are_not_utf8_is_refused_before_the_build(
+        cnn_onnx, tmp_path):
+    """hostile-cases-turn5 #4: a class folder named b'0\\xff\\xfe' reached the page, whose
+    writer encoded strictly: exit 3 after the bundle was published (and report, verify and
+    deploy exit 3 after it). The folder is refused in one line before anything is written;
+    reports never fail on text they cannot encode."""
+    import shutil
+
+    from conftest import write_images
+
+    cal = tmp_path / "cal"
+    for i, name in enumerate([b"0\xff\xfe", b"1ok", b"2ok", b"3ok"]):
+        folder = os.fsencode(cal) + b"/" + name
+        os.makedirs(folder)
+        for src in write_images(tmp_path / f"src{i}", 4, seed=i).iterdir():
+            shutil.copy(src, os.fsdecode(folder) + "/" + src.name)
+    out = tmp_path / "pg03"
+    r = CliRunner().invoke(main, ["build", str(cnn_onnx), "--calib", str(cal), "--preprocess",
+                                  PREP_TEXT, "--precision", "fp32", "--task", "classify",
+                                  "-o", str(out)])
+    line = one_line_error(r)
+    assert r.exit_code == 2 and "class folder '0\ufffd\ufffd'" in line and "UTF-8" in line, \
+        r.output
+    assert not out.exists() and not Path(f"{out}.tar.gz").exists()
+    from packager.device.reports import write_files
+
+    write_files(tmp_path, ["r"], {"x.html": "name \udcff\udcfe"})   # replaced, not a crash
+    assert (tmp_path / "r" / "x.html").read_bytes() == b"name ??"

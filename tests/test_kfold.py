@@ -58,6 +58,23 @@ def test_a_nan_figure_is_a_miss_and_the_same_infinity_on_both_sides_agrees(tmp_p
     assert not compare(got, ref)["cosine_min"] >= 0.5
 
 
+def test_the_cosine_of_outputs_near_1e200_is_computed_scaled_not_overflowed():
+    """hostile-cases-turn5 #20: three onnx reference models (inputs up to 5.9e199) 'missed the
+    budget' against themselves at FP32: the sum of squares overflowed to inf and the cosine was
+    NaN. Every cosine is taken scaled now (the runner's compare, the worst-sample ranking, the
+    export check, the sensitivity table)."""
+    from packager.graph.execute import scaled_cosine as cosine
+    from packager.quantization.sensitivity import _agreement
+
+    big = np.array([[5.9e199, -3.0e199, 1.0e150, 0.0]])
+    assert abs(compare(big.copy(), big)["cosine_min"] - 1.0) < 1e-12
+    assert abs(compare(-big, big)["cosine_min"] + 1.0) < 1e-12
+    assert abs(cosine(big, big) - 1.0) < 1e-12 and abs(cosine(big, 2 * big) - 1.0) < 1e-12
+    assert cosine(np.zeros(3), np.zeros(3)) == 1.0 and cosine(np.zeros(3), np.ones(3)) == 0.0
+    cos, sqnr = _agreement([big], [big * (1 + 1e-6)])
+    assert abs(cos - 1.0) < 1e-12 and 110 < sqnr < 130
+
+
 def test_folds_cover_every_sample_once():
     folds = folds_of(12)
     assert sorted(i for f in folds for i in f) == list(range(12))
@@ -265,3 +282,38 @@ def test_the_rotation_judges_each_generator_s_next_candidate_when_its_first_miss
                          log=lambda _: None)
     assert judged == ["preset", "heavy", "nncf", "nncf 2", "fp16"]
     assert [c.label for c in kept] == ["heavy", "fp16"]
+
+
+def test_forced_int8_is_judged_by_the_rotation_the_default_build_uses(tmp_path):
+    """hostile-cases-turn5 #10: on 4 images the default build rotated, found INT8 missing and
+    shipped FP32, while --precision int8 judged the one held-out sample alone and shipped INT8
+    'at cosine 1.0000'. Forced INT8 is judged the same way now: a miss under the rotation is
+    exit 1 (BudgetMissed), saying what judged it."""
+    import pytest
+
+    from packager.errors import BudgetMissed
+
+    rng = np.random.default_rng(0)   # two 1x1 Convs (INT8 only as static Q/DQ)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["h"], name="conv"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 1, 1])],
+        [numpy_helper.from_array(rng.normal(size=(64, 64, 1, 1)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(size=(16, 64, 1, 1)).astype(np.float32), "w2")])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "m.onnx")
+    calib = [{"x": s["x"].reshape(1, 64, 1, 1)} for s in samples(4)]
+    calib[3] = {"x": calib[3]["x"] * 40}   # one far outside the rest
+    kwargs = dict(target=load_target("x86_64-cpu"), family="default", calib=calib,
+                  held=[{"x": samples(1, seed=2)[0]["x"].reshape(1, 64, 1, 1)}],
+                  timer=fixed_timer, budget=AccuracyBudget(min_cosine=0.995))
+    (tmp_path / "auto").mkdir()
+    auto = decide(model, tmp_path / "auto", request={}, **kwargs).record
+    assert auto["chosen"] == "FP32" and auto["evidence"]["method"] == "k-fold", auto["reason"]
+    (tmp_path / "forced").mkdir()
+    with pytest.raises(BudgetMissed) as missed:
+        decide(model, tmp_path / "forced", request={"precision": "int8"}, **kwargs)
+    assert "--precision int8 misses the accuracy budget" in missed.value.message
+    assert "all 5 samples, each judged by a model calibrated without it" in missed.value.message

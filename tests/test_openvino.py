@@ -212,7 +212,7 @@ def test_a_model_whose_output_length_follows_its_input_builds_with_openvino_on(
 
     model = length_regulator(tmp_path / "regulator.onnx")
     np.save(tmp_path / "x.npy",
-            np.random.default_rng(1).standard_normal((24, 1, 8)).astype(np.float32))
+            np.random.default_rng(1).standard_normal((80, 1, 8)).astype(np.float32))
     run = CliRunner().invoke(main, ["build", str(model), "--calib", str(tmp_path / "x.npy"),
                                     "--openvino", "yes", *options, "-o", str(tmp_path / "out")],
                              catch_exceptions=False)

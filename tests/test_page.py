@@ -51,6 +51,15 @@ def test_build_writes_the_page_and_says_where(labelled):
                for op in part["profile"]["shipped"]["by_op"])
     assert isinstance(part["float_nodes"], list)
     assert all(n["why"] for n in part["float_nodes"])
+    # the summary first: what shipped, not yet verified, not measured on the target, one
+    # headline speed figure saying what it compares, the labelled top-1, the size
+    top = data["summary"]
+    assert top["shipped"] == part["shipped"] and top["verdict"] is None
+    assert top["target_p50_ms"] is None and top["peak_rss_mb"] is None
+    assert top["headline"]["against"] == part["speed"][0]["against"]
+    assert top["labelled"][0]["shipped"] == part["labelled"]["shipped"]["top1"]
+    assert text.index("Summary") < text.index("Why")
+    assert "not measured on the target" in text and "speed (headline)" in text
 
 
 def test_the_page_holds_labelled_top1_with_confusion_matrices(labelled):
@@ -75,6 +84,10 @@ def test_verify_refreshes_the_page_with_its_report(labelled, tmp_path):
     [device] = data["devices"]
     assert device["device"] == "this machine (edgepack verify)" and device["this_version"]
     assert device["verdict"] == report["verdict"]
+    top = data["summary"]   # the summary says what verify said, in the same words
+    assert top["verdict"] == report["verdict"] and top["verdict"].startswith("passed")
+    assert top["target_p50_ms"] == {"model": device["parts"]["model"]["p50_ms"]}
+    assert top["peak_rss_mb"] == device["peak_rss_mb"] and f"{report['verdict']} (" in text
     assert device["parts"]["model"]["p50_ms"] == \
         report["bench"]["parts"]["model"]["latency_ms"]["p50"]
     check_rendered(bundle, tmp_path, data)
@@ -212,3 +225,26 @@ def test_a_device_report_with_wrong_typed_figures_blanks_no_row(labelled, tmp_pa
     assert rows["d3"]["parts"]["model"]["providers"] == []
     assert rows["this machine (edgepack verify)"]["parts"]["model"]["p50_ms"] > 0
     assert "cannot be shown" not in text
+
+
+def test_non_finite_figures_are_left_out_of_the_charts_and_no_cosine_axis_passes_1():
+    """hostile-cases-turn5 #18: an edited manifest's `cosine_min: NaN` or `p50_ms: Infinity`
+    drew `cx="nan"`; first-week-turn5: the cosine axis was labelled above 1."""
+    import re
+
+    from packager.device.page_svg import bars, scatter
+
+    points = [{"label": "FP32", "p50_ms": 1.0, "cosine_min": 1.0, "meets_budget": True},
+              {"label": "INT8 a", "p50_ms": 0.5, "cosine_min": 0.995, "meets_budget": True,
+               "shipped": True},
+              {"label": "INT8 nan", "p50_ms": 0.4, "cosine_min": float("nan")},
+              {"label": "INT8 inf", "p50_ms": float("inf"), "cosine_min": 0.99}]
+    svg = scatter(points, 0.99, "candidates")
+    assert "nan" not in svg.lower() and "inf" not in svg.lower().replace("info", "")
+    assert svg.count('class="candidate"') == 2
+    ticks = [float(t) for t in re.findall(r'text-anchor="end">(\d\.\d{4})<', svg)]
+    assert ticks and max(ticks) <= 1.0, ticks
+    assert scatter(points, float("nan"), "x").count('class="budget"') == 0
+    svg = bars([("Conv", [1.0, float("nan")]), ("Relu", [float("inf"), 0.5])], ["FP32", "INT8"],
+               "ms", "ops")
+    assert "nan" not in svg.lower() and "inf" not in svg.lower()

@@ -82,10 +82,12 @@ def test_runner_is_a_short_run_py_and_small_modules_shipped_as_used():
     # part's real-time factor, its body in task_tts.py (issue 45); + bench FILE... on a tts
     # pipeline speaking whole sentences and printing them, its body in cascade.py; + bench's
     # timing loops bounded in seconds (issue 45); + run.py admitting only the runner files the
-    # manifest lists, and the parser no optional module where it cannot read it (security)
-    assert core <= 2126, core   # 2,126
+    # manifest lists, and the parser no optional module where it cannot read it (security);
+    # + the cosine scaled before its squares overflow, and --help marking the extras a bundle
+    # was built without (hostile-cases-turn5 #20, #17)
+    assert core <= 2144, core   # 2,144
     code = sum(code_lines(RUNTIMES / rel) for rel in RUNNER_CORE)
-    assert code <= 1584, code   # 1,584 without comments, docstrings and blank lines (issue 35, 45, 46)
+    assert code <= 1598, code   # 1,598 without comments, docstrings and blank lines (issue 35, 45, 46)
 
 
 def code_lines(path: Path) -> int:

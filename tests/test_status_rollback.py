@@ -90,7 +90,7 @@ def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
         r = cli("deploy", bundles["v1"], "--hosts", inventory, "--engine", engine,
                 "--runs", 3, "--warmup", 1)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert f"{v1} (new) | pass |" in r.stdout
+        assert f"{v1} (new) | passed" in r.stdout
         r = cli("rollback", "--hosts", inventory, "--engine", engine, "--runs", 3, "--warmup", 1)
         assert r.returncode == 2
         assert f"pi-01: error: {base} has no previous release to roll back to " \
@@ -100,7 +100,7 @@ def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
         r = cli("deploy", bundles["v2"], "--hosts", inventory, "--engine", engine,
                 "--runs", 3, "--warmup", 1)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert f"{v2} (new) | pass |" in r.stdout
+        assert f"{v2} (new) | passed" in r.stdout
         [folder] = status_of(inventory, engine)["pi-01"]["bundles"]
         assert folder["dir"] == base
         assert (folder["current"]["id"], folder["previous"]["id"]) == (v2, v1)
@@ -127,7 +127,7 @@ def test_status_and_rollback_after_two_deploys(bundles, tmp_path, engine):
         r = cli("deploy", bundles["v2"], "--hosts", inventory, "--engine", engine,
                 "--runs", 3, "--warmup", 1)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert f"{v2} (rolled back) | pass |" in r.stdout
+        assert f"{v2} (rolled back) | passed" in r.stdout
         assert links(f, "pi-01") == (v2, v1)
 
 

@@ -247,3 +247,69 @@ def test_an_unlisted_optional_module_planted_in_a_lean_bundle_never_runs(tmp_pat
     r = subprocess.run([sys.executable, str(out / "run.py"), "serve", "--port", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and not marker.exists() and "manifest" in r.stderr, r.stderr
+
+
+def test_a_lean_bundle_says_what_it_lacks_in_help_and_tune_is_refused_before_a_device(
+        tmp_path, cnn_onnx, image_dir):
+    """hostile-cases-turn5 #17: run.py --help, infer --help and serve --help in a bundle built
+    without those extras described them as available. #14: deploy --tune of a bundle built
+    without `tune` copied it to the device first, then failed there; it is refused before any
+    device is contacted (verify --tune too)."""
+    from click.testing import CliRunner
+
+    from conftest import PREP
+    from packager.build.job import build
+    from packager.cli import main
+
+    out = tmp_path / "lean"
+    build(cnn_onnx, out, target="x86_64-cpu", calib=image_dir, preprocess=PREP,
+          quant={"precision": "fp32"}, runner_extras=("infer",))
+    said = subprocess.run([sys.executable, str(out / "run.py"), "--help"], capture_output=True,
+                          text=True, timeout=60).stdout
+    said = " ".join(said.split())
+    assert "GET /metadata) (not in this bundle: built without `serve`" in said, said
+    assert said.count("not in this bundle") == 1, said   # infer is in it, check always
+    bench = subprocess.run([sys.executable, str(out / "run.py"), "bench", "--help"],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert " ".join(bench.split()).count("not in this bundle: built without") == 3, bench
+    r = CliRunner().invoke(main, ["verify", str(out), "--tune"])
+    assert r.exit_code == 2 and "built without `tune`" in r.output, r.output
+    assert not (out / "reports" / "report.json").exists()
+    hosts = tmp_path / "hosts.ini"
+    hosts.write_text("d4 ansible_host=127.0.0.1 ansible_port=1 ansible_user=nobody\n")
+    r = CliRunner().invoke(main, ["deploy", str(out), "--hosts", str(hosts), "--tune"])
+    assert r.exit_code == 2 and "built without `tune`" in r.output, r.output
+    assert "127.0.0.1" not in r.output and "d4" not in r.output   # no device was contacted
+
+
+def test_one_verdict_in_the_same_words_wherever_it_is_said():
+    """issue 46 item 4: the page said 'not proven' while verify, deploy and status said 'pass'
+    (8 golden samples can never show a 99 % keep). Every surface now says the verdict verify
+    gives: 'passed on 8 samples; 100 show 99%'."""
+    from packager.device.releases import describe
+    from packager.device.rollout import HostResult
+    from packager.device.verify import render_markdown, verdict
+
+    thin = {"name": "task:classify", "passed": True, "proven": False,
+            "detail": "expected top-1 drop under FP32's probabilities 0% over 8 samples (needs "
+                      "at most 1%; 8 samples cannot show 1%: 100 needed)"}
+    ok = {"name": "integrity", "passed": True, "detail": "all file hashes match"}
+    said = verdict([ok, thin])
+    assert said == "passed on 8 samples; 100 show 1%"
+    assert verdict([ok]) == "passed" and verdict([ok, {**thin, "passed": False}]) == "failed"
+    assert verdict([ok, {**thin, "detail": "no words"}]) == \
+        "passed on too few samples to show its budget"
+    report = {"bundle": "b", "target": "x86_64-cpu", "passed": True, "verdict": said,
+              "precision": "FP32", "providers": ["CPUExecutionProvider"], "checks": [ok, thin],
+              "bench": {}, "check": {}}
+    assert "**PASSED** on 8 samples; 100 show 1%" in render_markdown(report)
+    host = HostResult(host="pi", exit_code=0, report=report)
+    assert host.status == "pass" and host.verdict == said and host.to_dict()["verdict"] == said
+    assert HostResult(host="pi", exit_code=2, error="down").verdict == "error"
+    from datetime import UTC, datetime
+
+    release = {"id": "abc", "present": True, "name": "b",
+               "check": {"passed": True, "by": "deploy", "verdict": said}}
+    assert f"by deploy: {said}" in describe(release, datetime.now(UTC))
+    old = {**release, "check": {"passed": True, "by": "deploy"}}   # a record from before
+    assert "by deploy: passed" in describe(old, datetime.now(UTC))

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import PreprocessSuspect
 from ..graph.execute import Sample, run_model
-from ..quantization.calibration import is_image_source, list_sources, spread
+from ..quantization.calibration import class_folders, is_image_source, list_sources, spread
 
 MAX_CHECKED = 200   # labelled images the FP32 model runs on
 MIN_CHECKED = 20    # fewer cannot tell a weak model from a wrongly fed one
@@ -26,8 +26,7 @@ def folder_labels(source: Path, count: int, batch: int = 1) -> list[str] | None:
     files = list_sources(source)
     if not is_image_source(files):
         return None
-    root = Path(source)
-    labels = [p.parent.name if p.parent != root else None for p in files]
+    labels = class_folders(source, files)
     if None in labels or len(set(labels)) < 2:
         return None
     picks = spread(len(labels) // batch)   # as calibration._image_samples picks its samples

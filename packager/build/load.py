@@ -4,7 +4,7 @@ calibration samples it was validated on), then its constant inputs frozen."""
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExportError, SpecError
+from ..errors import ExportError, ModelError, SpecError
 from ..graph.freeze import branch_inputs, calibration_consts, const_value, freeze_inputs
 from ..graph.inspection import graph_inputs, io_specs
 from ..graph.modelio import load_model
@@ -81,6 +81,7 @@ def freeze_part(req: PartRequest, loaded: Loaded, ctx: BuildContext) -> Frozen:
     """The graph with --const inputs, and inputs an If decides on that hold one value in every
     calibration sample (Silero VAD's `sr`), frozen into it; the source section records them."""
     proto = load_model(loaded.path)
+    check_numeric_inputs(proto, loaded.path)
     nodes = len(proto.graph.node)
     names = tuple(i.name for i in graph_inputs(proto))
     # forward() arguments a PyTorch export fixed are constants already (source.export)
@@ -112,6 +113,19 @@ def freeze_part(req: PartRequest, loaded: Loaded, ctx: BuildContext) -> Frozen:
     if argued:
         source["consts"] = {**argued, **source.get("consts", {})}
     return Frozen(proto, nodes, names, consts, argued, samples, source)
+
+
+def check_numeric_inputs(proto: Any, path: Path) -> None:
+    """A model input of strings, or one that is no tensor (a sequence, a map): refused in one
+    line before any sample is read (edgepack ships numeric tensors in and out)."""
+    for value in graph_inputs(proto):
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type" or value.type.tensor_type.elem_type == 8:   # 8: STRING
+            what = "strings" if kind == "tensor_type" else f"a {kind.replace('_type', '')}"
+            raise ModelError(f"{path}: input '{value.name}' holds {what}; edgepack builds "
+                             "models whose inputs are numeric tensors",
+                             "do that step (a tokenizer, a text normaliser) before the model "
+                             "and export the model from the first numeric tensor")
 
 
 def _short(value: Any) -> str:

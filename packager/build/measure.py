@@ -31,6 +31,7 @@ from .box_labels import box_truth
 from .fp32_graph import against_original, choose_fp32, fuse_model, graph_timer, original_graph
 from .label_check import check_labelled, labelled_top1, sample_truth
 from .plan import PartRequest
+from .preprocess_check import check_alternatives
 from .provider_choice import choose_provider, provider_graph, provider_pays
 from .provider_graphs import provider_graphs
 from .records import (
@@ -66,6 +67,10 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     labelled = (labelled_top1(fp32, data.samples, req.calib, req.labels)
                 if data.real and req.preprocess and req.calib is not None else None)
     check_labelled(labelled, ctx.log)   # a model fed wrongly stops here, before any search
+    if labelled and "top1" in labelled:   # fed validly but wrongly: another way scores higher
+        tried = check_alternatives(fp32, req.calib, len(data.samples), req.preprocess,
+                                   shaped.inputs, req.labels, labelled, ctx.log)
+        labelled = {**labelled, "preprocessing": tried} if tried else labelled
     fusion = None
     if ctx.fuse and plan.family == "transformer" and not frozen.consts and \
             not req.quant.exclude and \

@@ -32,6 +32,7 @@ from .verify import (
     bundle_digest,
     check_timing_options,
     check_tune,
+    check_tune_shipped,
     integrity_problems,
     report_folder,
     run_checks,
@@ -182,6 +183,7 @@ def deploy(bundle: Path, hosts: Sequence[Host], *, options: DeployOptions = Depl
     with bundle_folder(bundle) as (folder, reports):
         manifest = read_manifest(folder)
         check_target(manifest, Path(bundle))
+        check_tune_shipped(options.tune, manifest, Path(bundle))
         if engine == "ssh" and any(h.remote_dir is None for h in hosts) and \
                 options.remote_dir is None:
             check_bundle_name(manifest, Path(bundle))
@@ -431,6 +433,7 @@ def check_record(report: dict[str, Any], by: str) -> dict[str, Any]:
               and c.get("passed") is False]
     return {"checked_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "by": by, "passed": bool(report.get("passed")), "p50_ms": p50,
+            "verdict": str(report.get("verdict") or "")[:120],
             "provider": (report.get("providers") or [None])[0], "failed": failed[:5]}
 
 
@@ -513,7 +516,7 @@ def summary_table(results: Sequence[HostResult]) -> str:
                  (f"{100 * max(shares):.0f}%" if shares else "-")
                  + (" NOISY" if noisy else ""),
                  f"{min(cos):.4f}" if cos else "-", _in_use(r.release),
-                 r.status + (f": {r.error or r.skipped}" if r.error or r.skipped else "")]
+                 r.verdict + (f": {r.error or r.skipped}" if r.error or r.skipped else "")]
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "NOISY latency (measure again on a quieter device): " + "; ".join(notes)]

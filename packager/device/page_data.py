@@ -84,7 +84,8 @@ def speed_rows(precision: dict[str, Any]) -> list[dict[str, Any]]:
                      "other_p50_ms": eager["eager_p50_ms"],
                      "bundle_p10_p90_ms": eager.get("bundle_p10_p90_ms"),
                      "other_p10_p90_ms": eager.get("eager_p10_p90_ms"),
-                     "speedup": eager.get("speedup"), "load": eager.get("load")})
+                     "speedup": eager.get("speedup"), "load": eager.get("load"),
+                     "speedup_range": eager.get("speedup_range")})
     choice = (precision.get("decision") or {}).get("provider_choice") or {}
     if choice.get("p50_ms") and choice.get("cpu_p50_ms"):
         name = str(choice.get("provider", "")).replace("ExecutionProvider", "")
@@ -213,6 +214,7 @@ def device_row(device: str, report: dict[str, Any], when: float, digest: str) ->
             "verdict": _text(report.get("verdict")) or ("passed" if report.get("passed") is True
                                                         else "failed"),
             "this_version": report.get("digest") == digest, "digest": _text(report.get("digest")),
+            "on_target": report.get("on_target") is not False,
             "cpu": _text(facts.get("cpu")), "arch": _text(facts.get("arch")),
             "onnxruntime": _text(bench.get("onnxruntime")),
             "peak_rss_mb": _num(bench.get("peak_rss_mb")), "parts": parts,
@@ -223,7 +225,7 @@ def page_data(bundle: Path, digest: str) -> dict[str, Any]:
     """Everything the page shows, from the manifest, the files' sizes and the reports."""
     bundle = Path(bundle)
     manifest = read_manifest(bundle)   # its shape checked: target is an object with a name
-    return {"schema": SCHEMA, "bundle": manifest.get("name"),
+    data = {"schema": SCHEMA, "bundle": manifest.get("name"),
             "target": manifest["target"]["name"],
             "created": manifest.get("created"), "digest": digest,
             "providers": manifest.get("providers"), "budget": manifest.get("budget"),
@@ -232,6 +234,40 @@ def page_data(bundle: Path, digest: str) -> dict[str, Any]:
             "parts": [part_data(bundle, p) for p in manifest.get("parts") or []],
             "devices": device_rows(bundle, digest),
             "pipeline": bool(manifest.get("pipeline")), "speech": speech_data(manifest)}
+    data["summary"] = summary(data)
+    return data
+
+
+def summary(data: dict[str, Any]) -> dict[str, Any]:
+    """The page's first lines: what shipped, the verdict and p50 on the target (or that it was
+    not measured there), one headline speed figure and what it compares, accuracy against the
+    user's labels where there are any, peak memory and size."""
+    parts = data["parts"]
+    several = len(parts) > 1
+    mine = [d for d in data["devices"] if d["this_version"]]
+    there = next((d for d in mine if d["on_target"] and d["parts"]), None)
+    headline = None
+    for part in parts[:1] if not several else ():
+        row = (part.get("speed") or [None])[0]
+        if row:
+            headline = {"against": row["against"], "speedup": row.get("speedup"),
+                        "speedup_range": row.get("speedup_range"),
+                        "bundle_p50_ms": row.get("bundle_p50_ms"),
+                        "other_p50_ms": row.get("other_p50_ms")}
+    labelled = [(p["name"], p["labelled"]) for p in parts
+                if isinstance(p.get("labelled"), dict) and "top1" in p["labelled"]]
+    return {"shipped": "; ".join((f"{p['name']}: " if several else "") + str(p["shipped"])
+                                 for p in parts),
+            "verdict": mine[0]["verdict"] if mine else None,
+            "verdict_on": mine[0]["device"] if mine else None,
+            "target_p50_ms": {n: v["p50_ms"] for n, v in there["parts"].items()} if there
+            else None, "target_device": there["device"] if there else None,
+            "headline": headline,
+            "labelled": [{"part": n, "fp32": found["top1"],
+                          "shipped": (found.get("shipped") or found)["top1"], "n": found["n"]}
+                         for n, found in labelled],
+            "peak_rss_mb": there["peak_rss_mb"] if there else None,
+            "size_mb": round(data["size"]["total"] / 1e6, 2) if data.get("size") else None}
 
 
 def speech_data(manifest: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 against accuracy with the budget line, paired bars (time per op type, FP32 and shipped) and
 one stacked bar (the bundle's bytes by file kind)."""
 
+import math
 from collections.abc import Sequence
 from html import escape
 from typing import Any
@@ -32,17 +33,24 @@ def _span(values: Sequence[float], floor: float | None = None) -> tuple[float, f
     return lo - pad, hi + pad
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def scatter(points: Sequence[dict[str, Any]], budget: float | None, label: str) -> str:
     """Candidates: p50 ms (x) against cosine min (y); the budget a dashed line, the shipped
     ones ringed and named. Points need "label", "p50_ms", "cosine_min", "meets_budget",
     "shipped" ("shipped_under": a faster provider's name); those without a time are left to
     the table under the chart."""
-    drawn = [p for p in points if p.get("p50_ms") and p.get("cosine_min") is not None]
+    drawn = [p for p in points if _finite(p.get("p50_ms")) and p["p50_ms"] > 0
+             and _finite(p.get("cosine_min"))]   # NaN or infinity in an edited manifest: not drawn
+    budget = budget if _finite(budget) else None
     if not drawn:
         return ""
     x0, x1 = _span([0.0] + [p["p50_ms"] for p in drawn])
     y0, y1 = _span([p["cosine_min"] for p in drawn], budget)
-    x0 = 0.0
+    x0, y1 = 0.0, (min(y1, 1.0) if max([p["cosine_min"] for p in drawn] + [budget or 0]) <= 1
+                   else y1)   # a cosine axis never runs past 1
 
     def px(x: float) -> float:
         return PAD + (x - x0) / (x1 - x0) * (W - 2 * PAD)
@@ -85,6 +93,7 @@ def bars(rows: Sequence[tuple[str, Sequence[float | None]]], series: Sequence[st
          unit: str, label: str) -> str:
     """Horizontal bars, one group per row (e.g. an op type), one bar per series (FP32,
     shipped), each with its value written beside it."""
+    rows = [(name, [v if _finite(v) else None for v in vals]) for name, vals in rows]
     if not rows:
         return ""
     top = max((v for _, vals in rows for v in vals if v), default=0.0) or 1.0

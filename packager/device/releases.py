@@ -139,6 +139,15 @@ def _age(stamp: Any, now: datetime) -> str:
     return f"{seconds:.0f} s ago"
 
 
+def _verdict(check: dict[str, Any]) -> str:
+    """The check's verdict as verify said it ('passed on 8 samples; 100 show 99%'), or from
+    a record kept before verdicts were: passed or FAILED."""
+    said = check.get("verdict")
+    if check["passed"] is True:
+        return said if isinstance(said, str) and said.startswith("passed") else "passed"
+    return "FAILED"
+
+
 def describe(release: dict[str, Any] | None, now: datetime) -> str:
     """A release in a few words: id, name, precision, target, its last check."""
     if not release:
@@ -151,7 +160,7 @@ def describe(release: dict[str, Any] | None, now: datetime) -> str:
     if isinstance(check, dict) and "passed" in check:
         p50 = check.get("p50_ms") or []
         text += (f", checked {_age(check.get('checked_at'), now)} by {check.get('by', '?')}: "
-                 + ("pass" if check["passed"] is True else "FAIL")
+                 + _verdict(check)
                  + (f" p50 {' / '.join(f'{x:.2f}' for x in p50 if isinstance(x, int | float))} ms"
                     if p50 else ""))
     else:

@@ -52,7 +52,7 @@ def write_files(base: Path, folders: Sequence[str], files: Mapping[str, str]) ->
             os.close(fd)
             fd, where = sub, where / name
         for name, text in files.items():
-            _write_one(fd, where, name, text.encode())
+            _write_one(fd, where, name, text.encode("utf-8", "replace"))   # never a crash
     finally:
         os.close(fd)
     return where

@@ -142,6 +142,7 @@ def verify(bundle: Path, *, python: str = sys.executable, runs: int = 100, warmu
     bundle = Path(bundle)
     wanted = parse_digest(expect_digest) if expect_digest is not None else None
     manifest = read_manifest(bundle)
+    check_tune_shipped(tune, manifest, bundle)
     digest = bundle_digest(bundle)
     prepare_reports(bundle / REPORTS)
     problems = integrity_problems(bundle, manifest, wanted, digest)
@@ -278,6 +279,18 @@ def check_tune(tune: bool, threads: int | None) -> None:
                           "drop one of them")
 
 
+def check_tune_shipped(tune: bool, manifest: dict[str, Any], bundle: Path) -> None:
+    """--tune of a bundle built without the `tune` extra: refused here, before any device is
+    contacted (deploy copied it first, then the device's run.py said so)."""
+    from .._runtimes.runner.contents import EXTRAS, RUNNER_EXTRAS, shipped
+
+    if tune and not all(shipped(manifest, rel) for rel in RUNNER_EXTRAS["tune"]):
+        raise VerifyError(f"{bundle}: --tune, but this bundle was built without `tune` "
+                          "(edgepack build --runner-extras)",
+                          f"drop --tune, or build it again with --runner-extras "
+                          f"{','.join(EXTRAS)} (the default)")
+
+
 def not_the_target(manifest: dict[str, Any], check: dict[str, Any],
                    bench: dict[str, Any]) -> str:
     """'' when the check ran on the target's arch and first provider, else what differed (a
@@ -342,11 +355,25 @@ def report_folders(out: Path, host: str | None = None) -> tuple[Path, list[str]]
 
 
 def verdict(checks: Sequence[dict[str, Any]]) -> str:
-    """'failed' (a check failed), 'not proven' (none failed, but one passed on too few samples
-    to show its budget: never read as a pass) or 'passed'."""
+    """The one verdict verify, deploy, status, the demo and the page all say: 'failed' (a check
+    failed), 'passed', or where a check passed on too few samples to show its budget,
+    'passed on 8 samples; 100 show 99%' (never read as a plain pass, never called a failure:
+    8 golden samples cannot show a 99 % keep)."""
     if not all(c["passed"] for c in checks):
         return "failed"
-    return "not proven" if any(c.get("proven") is False for c in checks) else "passed"
+    thin = [c for c in checks if c.get("proven") is False]
+    return "passed" if not thin else "passed " + thin_words(thin[0])
+
+
+def thin_words(check: dict[str, Any]) -> str:
+    """'on 8 samples; 100 show 99%' from a check's own words ('8 samples cannot show 99%: 100
+    needed'), or what can be said without them."""
+    found = re.search(r"(\d+) ([a-z][\w ]*?) cannot show ([\d.]+%): (\d+) needed",
+                      str(check.get("detail", "")))
+    if not found:
+        return "on too few samples to show its budget"
+    count, unit, keep, needed = found.groups()
+    return f"on {count} {unit}; {needed} show {keep}"
 
 
 def _result(check: dict[str, Any]) -> str:
@@ -354,12 +381,14 @@ def _result(check: dict[str, Any]) -> str:
         return "not checked"
     if not check["passed"]:
         return "FAIL"
-    return "not proven" if check.get("proven") is False else "pass"
+    return "passed " + thin_words(check) if check.get("proven") is False else "pass"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    word, _, thin = str(report.get("verdict") or ("passed" if report["passed"] else
+                                                  "failed")).partition(" ")
     lines = [f"# Verification: {report['bundle']} ({report['target']})", "",
-             f"**{report.get('verdict', 'passed' if report['passed'] else 'failed').upper()}**"
+             f"**{word.upper()}**{' ' + thin if thin else ''}"
              f" — {report['precision']}; "
              + (f"bundle {report['digest']}; " if report.get("digest") else "") +
              f"providers: {', '.join(report['providers']) or 'n/a'}"

@@ -1,5 +1,6 @@
 """Make every input, intermediate and output shape of a model static."""
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,6 +227,13 @@ def shapes_from_run(model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]],
         hint = (f"an If on an input may pick branches that disagree at these shapes: freeze "
                 f"it, e.g. --const {small[0]}=VALUE" if has_if and small
                 else "check the --input shapes and the calibration data")
+        unknown = re.search(r"([\w.]+:\w+)\(-?\d+\) is not a registered function/op",
+                            str(exc))
+        if unknown:   # (ai.onnx.preview.training:Gradient): no shape or sample would help
+            raise ShapeError(f"the model uses {unknown.group(1)}, an op ONNX Runtime has no "
+                             "kernel for: it cannot run on any target",
+                             "export the model without it (a training op or a custom op)") \
+                from None
         raise ShapeError(f"shapes of {len(open_)} tensor(s) (first: '{open_[0]}') could not be "
                          "inferred, and running the model at the static shapes failed: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:200]}", hint) from None

@@ -64,16 +64,65 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     return moved
 
 
+MIN_IR = 7   # the IR version opset 13 came with
+
+
 def upgrade_opset(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
-    """Convert a model below opset 13 to opset 13."""
+    """Convert a model below opset 13 to opset 13, and its IR version to at least 7."""
     if opset_of(model) >= MIN_OPSET:
-        return model
+        return weights_not_inputs(model)
     try:
-        return onnx.version_converter.convert_version(model, MIN_OPSET)
+        upgraded = onnx.version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:
         raise ModelError(f"{path}: opset {opset_of(model)} could not be upgraded to {MIN_OPSET} "
                          f"({str(exc).splitlines()[0][:160]})",
                          "re-export the model with opset >= 13") from None
+    upgraded = weights_not_inputs(upgraded)
+    if opset_of(model) < 7:
+        channel_slopes(upgraded)
+    return upgraded
+
+
+def channel_slopes(model: onnx.ModelProto) -> int:
+    """Reshape each PRelu's per-channel slope [C] to [C, 1, ...] (how many were).
+
+    Before opset 7, PRelu broadcast a 1-D slope over the channel axis; from 7 on it broadcasts
+    numpy's way (from the last axis), and onnx's converter leaves the slope as it was, so ONNX
+    Runtime refused the upgraded graph ("broadcast an axis by a dimension other than 1")."""
+    slopes = {t.name: t for t in model.graph.initializer}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return 0
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
+             [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+             if v.type.tensor_type.HasField("shape")}
+    fixed = 0
+    for node in model.graph.node:
+        if node.op_type != "PRelu" or len(node.input) < 2 or node.input[1] not in slopes:
+            continue
+        slope, rank = slopes[node.input[1]], ranks.get(node.input[0], 0)
+        if len(slope.dims) == 1 and slope.dims[0] > 1 and rank > 2:
+            value = numpy_helper.to_array(slope).reshape([slope.dims[0]] + [1] * (rank - 2))
+            slope.CopyFrom(numpy_helper.from_array(value, slope.name))
+            fixed += 1
+    return fixed
+
+
+def weights_not_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Raise an IR-3 model (every initializer also a graph input, as IR 3 requires: the onnx
+    reference CNNs, old Caffe2 and PyTorch exports) to IR 7. Its weights leave the graph
+    inputs, as they are constants to ONNX Runtime at IR 3: at IR 4 and later a weight that is
+    also an input could be fed, and onnx's checker (after simplification adds initializers of
+    its own) refused the graph: "X in initializer but not in graph input"."""
+    if model.ir_version >= 4:
+        return model
+    weights = {t.name for t in model.graph.initializer}
+    kept = [i for i in model.graph.input if i.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.ir_version = MIN_IR
+    return model
 
 
 def ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:

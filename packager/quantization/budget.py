@@ -14,7 +14,7 @@ import numpy as np
 
 from .._runtimes.runner.task_spec import task_kind
 from ..errors import PackagerError
-from ..graph.execute import Sample, compare_outputs, run_model
+from ..graph.execute import Sample, compare_outputs, run_model, scaled_cosine
 
 Metric = Callable[[dict[str, np.ndarray], Sequence[Any] | None], float]
 PROBE_SAMPLES = 4       # samples whose intermediate tensors are compared per round
@@ -505,11 +505,15 @@ def hygiene(calib: Sequence[Sample], held: Sequence[Sample]) -> list[str]:
 
 
 def _moments(arrays: Sequence[np.ndarray]) -> tuple[float, float]:
-    """Mean and standard deviation over all elements of *arrays*, summed in float64."""
+    """Mean and standard deviation over all elements of *arrays*, summed in float64, scaled
+    by the largest finite magnitude first (inputs near 1e154 overflowed the squares)."""
     count = sum(a.size for a in arrays)
-    mean = sum(float(np.sum(a, dtype=np.float64)) for a in arrays) / count
-    var = sum(float(np.sum(np.square(a - mean, dtype=np.float64))) for a in arrays) / count
-    return mean, var ** 0.5
+    scale = max((float(np.abs(a[np.isfinite(a)]).max(initial=0.0)) for a in arrays
+                 if a.size), default=0.0) or 1.0
+    mean = sum(float(np.sum(a / scale, dtype=np.float64)) for a in arrays) / count
+    var = sum(float(np.sum(np.square(a / scale - mean, dtype=np.float64)))
+              for a in arrays) / count
+    return mean * scale, var ** 0.5 * scale
 
 
 def calibration_record(calib: Sequence[Sample], method: str) -> dict[str, Any]:
@@ -531,8 +535,7 @@ def worst_samples(fp32: Path, candidate: Path, held: Sequence[Sample], count: in
                                        strict=True)):
             if len(a) != len(b):   # a length that follows the input (speech): zero-padded
                 a, b = (np.pad(x, (0, max(len(a), len(b)) - len(x))) for x in (a, b))
-            norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-            score[i] = min(score[i], float(a @ b) / norms if norms > 0 else 1.0)
+            score[i] = min(score[i], scaled_cosine(a, b))
     return [held[i] for i in np.argsort(score)[:count]]
 
 

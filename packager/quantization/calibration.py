@@ -406,8 +406,7 @@ def source_labels(source: Path, count: int) -> list[Any] | None:
     image (calib/cat/1.jpg -> "cat"), or the "labels" array of a single .npz; else None."""
     files = list_sources(source)
     if is_image_source(files):
-        root = Path(source)
-        labels = [p.parent.name if p.parent != root else None for p in files]
+        labels = class_folders(source, files)
         if None in labels:
             return None
     elif len(files) == 1 and files[0].suffix.lower() == ".npz":
@@ -418,6 +417,24 @@ def source_labels(source: Path, count: int) -> list[Any] | None:
     else:
         return None
     return picked(labels, count)
+
+
+def class_folders(source: Path, files: Sequence[Path]) -> list[str | None]:
+    """The class folder of each image file under *source* (None for an image at the top):
+    the label a classifier's image carries. A folder whose name is not printable UTF-8 text
+    (b'0\\xff\\xfe') is refused in one line: the name is the label the bundle ships, its page
+    shows and its checks compare."""
+    root = Path(source)
+    labels = [p.parent.name if p.parent != root else None for p in files]
+    for label, path in zip(labels, files, strict=True):
+        if label is not None and (not label.isprintable() or
+                                  label != label.encode("utf-8", "replace").decode()):
+            shown = label.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise CalibrationError(
+                f"{path.parent.parent}: the class folder {shown!r} has a name that is not "
+                "printable UTF-8 text (its name is the class label the bundle ships)",
+                "rename the folder to the label you mean and run again")
+    return labels
 
 
 def picked(items: Sequence[Any], count: int) -> list[Any] | None:

@@ -418,16 +418,19 @@ def _evidence(passing: list[Candidate], pool: list[Sample], held: Sequence[Sampl
     provider; *cap*: the most samples one fold's calibration holds (the build's calibration
     set, where the pool is larger than it and the held-out split)."""
     evidence, rotation = Evidence("held-out", len(held)), None
-    if forced:
-        return passing, evidence, "", None
     # under FEW_HELD held-out samples the rotation judges, however many boxes or characters
     # they hold: a text detector's 10 held-out images held 69 boxes, 95.6 % kept (enough
     # boxes to show 95 %), and on 13 unseen images the same graph kept 88 % (boxes of one
     # image move together: the image is the unit that varies)
     if kfold.wanted(len(held), len(pool), passing, FEW_HELD, budget, labels):
+        judged = list(passing)
         passing, rotation = _cross_check(passing, pool, fp32, folder, search, budget, log, keep,
                                          cap if cap and len(pool) > cap + len(held) else None)
         evidence = rotation.evidence
+        if forced:   # --precision int8 is judged as the default build judges it
+            _check_forced("int8", passing, f"on {evidence.words()}, {judged[0].line()}", budget)
+    if forced:   # a forced precision ships with its evidence said, never turned into FP32
+        return passing, evidence, "", rotation
     if evidence.samples < MIN_HELD:
         return passing, evidence, (
             f"FP32: {evidence.samples} samples are too few to decide whether INT8 keeps the "

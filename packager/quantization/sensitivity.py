@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..graph.execute import Sample
+from ..graph.execute import Sample, scaled_cosine
 
 SKIP_OPS = {"QuantizeLinear", "DequantizeLinear", "Constant", "Shape", "Identity"}
 
@@ -56,12 +56,12 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, flo
     if not np.array_equal(finite, np.isfinite(b)):
         return 0.0, -np.inf   # inf/nan where the other graph has numbers (or vice versa)
     a, b = a[finite], b[finite]   # e.g. -inf attention masks, identical in both
-    noise = float(np.sum((a - b) ** 2))
-    signal = float(np.sum(a ** 2))
-    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-    cosine = float(a @ b / norms) if norms > 0 else (1.0 if noise == 0 else 0.0)
+    scale = float(np.abs(a).max()) if a.size else 0.0
+    scale = scale or 1.0   # SQNR in the reference's units scaled to 1: no overflow near 1e154
+    noise = float(np.sum(((a - b) / scale) ** 2))
+    signal = float(np.sum((a / scale) ** 2))
     sqnr = 10 * np.log10(signal / noise) if noise > 0 else np.inf
-    return cosine, float(sqnr)
+    return scaled_cosine(a, b), float(sqnr)
 
 
 def check_pair(fp32: Path, quantized: Path, *, same_graph: bool = True,

@@ -16,7 +16,7 @@ import numpy as np
 from ..atomic import atomic_file, check_free, output_lock
 from ..errors import ExportError, ExportInvalid, PackagerError
 from ..graph.compat import runtime_limits
-from ..graph.execute import Sample
+from ..graph.execute import Sample, scaled_cosine
 from ..graph.modelio import opset_of, save_model
 from ..progress import Log
 from ..targets import Target, load_target
@@ -537,9 +537,8 @@ def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     a, b = a[finite], b[finite]
     diff = float(np.abs(a - b).max()) if a.size else 0.0
     scale = float(np.abs(b).max()) if b.size else 0.0
-    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-    cosine = float(a @ b / norms) if norms > 0 else (1.0 if diff == 0 else 0.0)
-    return {"max_abs": diff, "max_rel": diff / scale if scale > 0 else diff, "cosine": cosine}
+    return {"max_abs": diff, "max_rel": diff / scale if scale > 0 else diff,
+            "cosine": scaled_cosine(a, b)}
 
 
 def _check_dynamic(proto: Any, module: Any, specs: Sequence[TensorSpec],

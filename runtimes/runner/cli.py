@@ -13,7 +13,7 @@ except ImportError:
 
 from .bench import cmd_bench
 from .check import cmd_check
-from .contents import extra_module, optional_module, shipped
+from .contents import RUNNER_EXTRAS, extra_module, optional_module, shipped
 from .errors import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -38,15 +38,17 @@ def parse_args(argv):
                         default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         help="bundle directory (default: the one holding run.py)")
     sub = parser.add_subparsers(dest="command")
+    absent = _absent_extras() if not argv or {"-h", "--help"} & set(argv) else {}
     for name, text in (("check", "verify file hashes and accuracy against the golden outputs"),
                        ("bench", "measure latency, throughput and peak memory"),
                        ("infer", "run the model on image / .npy / .npz files"),
                        ("serve", "serve the model over HTTP (POST /infer, GET /health, "
                                  "GET /metadata)")):
+        text += absent.get(name, "")
         p = sub.add_parser(name, help=text, description=text)
         _common_options(p, name)
         if name == "bench":
-            _bench_options(p)
+            _bench_options(p, absent)
             p.add_argument("files", nargs="*", metavar="FILE",
                            help="also time photo to answer by stage on these images (or "
                                 ".npy/.npz): decode, preprocess, model, post-processing")
@@ -68,6 +70,18 @@ def parse_args(argv):
     if problem:
         parser.error(problem)
     return args
+
+
+def _absent_extras():
+    """{extra: ' (not in this bundle ...)'} for the extras this bundle was built without, so
+    that --help does not offer them as available (none said where the manifest is unreadable)."""
+    try:
+        manifest = load_manifest(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except BundleError:
+        return {}
+    return dict((e, " (not in this bundle: built without `%s`, edgepack build --runner-extras)"
+                 % e) for e, files in RUNNER_EXTRAS.items()
+                if not all(shipped(manifest, f) for f in files))
 
 
 def _serve_options(p):
@@ -96,23 +110,24 @@ def _common_options(p, name):
     g.add_argument("--execution-mode", choices=("sequential", "parallel"), default=None)
 
 
-def _bench_options(p):
+def _bench_options(p, absent):
     p.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
     p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
     p.add_argument("--roofline", action="store_true",
                    help="also time the bundle's roofline graphs (GEMMs and convs, FP32 "
                         "and integer) with the same threads, and report the model's "
-                        "share of the best rate of its kind")
+                        "share of the best rate of its kind" + absent.get("roofline", ""))
     p.add_argument("--tune", action="store_true",
                    help="first try thread counts, optimisation levels and the parallel "
                         "execution mode on this device, keep the fastest (when %d%%%% "
                         "faster and check still passes) in %s, then bench with it; "
-                        "--runs applies to each setting tried" % (100 * TUNE_MARGIN, TUNED))
+                        "--runs applies to each setting tried" % (100 * TUNE_MARGIN, TUNED)
+                   + absent.get("tune", ""))
     p.add_argument("--no-save", action="store_true",
                    help="with --tune: report only, write nothing")
     p.add_argument("--profile", action="store_true",
                    help="also run onnxruntime's profiler and print each op type's "
-                        "kernel time on this device (CPU provider)")
+                        "kernel time on this device (CPU provider)" + absent.get("profile", ""))
     p.add_argument("--io-binding", action="store_true",
                    help="also time runs with inputs and outputs bound on the provider's "
                         "device (no host copies per call), as an application would")

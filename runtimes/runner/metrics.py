@@ -59,11 +59,14 @@ def compare(got, ref):
     agree = ~np.isfinite(b) & ((a == b) | (np.isnan(a) & np.isnan(b)))
     if agree.any():
         a, b = np.where(agree, 0.0, a), np.where(agree, 0.0, b)
-    ref_norm = np.linalg.norm(b, axis=1)
-    norms = np.linalg.norm(a, axis=1) * ref_norm
-    err = np.abs(a - b).max(axis=1) if a.size else np.zeros(len(a))
-    with np.errstate(invalid="ignore"):   # inf / inf: NaN, a miss for the callers
-        cos = np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-30),
+    s = np.where(np.isfinite(b), np.abs(b), 0.0).max(axis=1, initial=0.0)[:, None]
+    s = np.where(s > 0, s, 1.0)   # each sample scaled: squares near 1e154 overflow float64
+    with np.errstate(invalid="ignore", over="ignore"):   # inf / inf: NaN, a miss for callers
+        an, bn = a / s, b / s
+        ref_norm = np.linalg.norm(bn, axis=1) * s[:, 0]
+        norms = np.linalg.norm(an, axis=1) * np.linalg.norm(bn, axis=1)
+        err = np.abs(a - b).max(axis=1) if a.size else np.zeros(len(a))
+        cos = np.where(norms > 0, (an * bn).sum(axis=1) / np.maximum(norms, 1e-300),
                        np.where(err == 0, 1.0, 0.0))
     # A sample whose reference is near silence (a text detector's map of a photo with no
     # text: 1e-5 everywhere) has no direction to compare: there the output must stay within
