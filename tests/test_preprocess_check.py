@@ -28,10 +28,10 @@ def channel_classifier(path: Path) -> Path:
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def coloured_images(root: Path) -> Path:
+def coloured_images(root: Path, seed: int = 0) -> Path:
     """Real PNGs in class folders: 10 red, 30 green, 10 blue (BGR-swapped, red and blue trade
     places: 60 % top-1, well above the 33 % of guessing, so only this check can catch it)."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for label, count in ((0, 10), (1, 30), (2, 10)):
         folder = root / str(label)
         folder.mkdir(parents=True)
@@ -77,3 +77,35 @@ def test_a_bgr_preprocessing_that_scores_above_chance_is_caught(tmp_path):
           preprocess=normalize_preprocess({"size": "16x16", "color": "rgb", "scale": 1 / 255}),
           log=lines.append)
     assert not [line for line in lines if "warning: preprocessing" in line], lines
+
+
+def test_eval_measures_the_labelled_top1_on_images_apart_from_calibration(tmp_path):
+    """--eval DIR: the labelled top-1 of FP32 and the shipped graph on a folder the build
+    never calibrated on (the honest figure), said on the page; refused in one line where it
+    cannot be measured."""
+    from click.testing import CliRunner
+
+    from packager.cli import main
+
+    model = channel_classifier(tmp_path / "m.onnx")
+    calib = coloured_images(tmp_path / "calib")
+    held = coloured_images(tmp_path / "eval", seed=7)
+    prep = "size=16x16,color=rgb,scale=1/255"
+    r = CliRunner().invoke(main, ["build", str(model), "--calib", str(calib), "--preprocess",
+                                  prep, "--eval", str(held), "--precision", "fp32", "-o",
+                                  str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    found = json.loads((tmp_path / "b" / "manifest.json").read_text())["parts"][0][
+        "precision"]["labelled_top1"]
+    assert found["folder"] == str(held) and found["n"] == 50 and found["top1"] == 1.0
+    assert found["shipped"]["top1"] == 1.0
+    page = (tmp_path / "b" / "reports" / "index.html").read_text()
+    assert f"of your --eval folder {held}, never calibrated on" in page
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for image in (held / "1").iterdir():
+        (flat / image.name).write_bytes(image.read_bytes())
+    r = CliRunner().invoke(main, ["build", str(model), "--calib", str(calib), "--preprocess",
+                                  prep, "--eval", str(flat), "-o", str(tmp_path / "c")])
+    assert r.exit_code == 2 and f"--eval {flat}: no images in class folders" in r.output
+    assert not (tmp_path / "c").exists()

@@ -25,7 +25,12 @@ TOP_NODES = 10
 def labelled_both(req: PartRequest, data: PartData, ref: Reference, shipped: Path,
                   fp32_shipped: bool) -> dict[str, Any] | None:
     """FP32's top-1 on the labelled images (the build's preprocessing check) with the shipped
-    graph's beside it, under "shipped", on the same images."""
+    graph's beside it, under "shipped", on the same images: --eval's where given (images the
+    build never calibrated on), else the calibration folders'."""
+    if ref.evaluated:
+        again = ref.evaluated if fp32_shipped else labelled_top1(
+            shipped, ref.eval_samples or [], Path(ref.evaluated["folder"]), req.labels)
+        return {**ref.evaluated, "shipped": again}
     if not ref.labelled or "skipped" in ref.labelled:
         return ref.labelled
     again = ref.labelled if fp32_shipped else labelled_top1(shipped, data.samples, req.calib,

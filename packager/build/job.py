@@ -58,6 +58,7 @@ def build(model: Path | str, output: Path, *, target: Target | str,
           tasks: Mapping[str, Mapping[str, Any]] = {},
           keep: Mapping[str, float] | None = None,
           runner_extras: Sequence[str] = RUNNER_EXTRAS, require_proof: bool = False,
+          evaluate: Path | None = None,
           open_lengths: Mapping[str, str] = {}) -> BuildResult:
     """Export (PyTorch), fix shapes, simplify, quantize, measure and bundle for *target*.
 
@@ -80,10 +81,16 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     where it measures faster here, "yes" wherever its graph keeps the budget, "no" never.
     *tasks*: {part: its declared task} (tasks/declare.py: candidates judged and `run.py infer`
     answering in its terms), *keep* (--keep) what each keeps; *runner_extras*: serve, tune,
-    profile, or fewer; *require_proof*: INT8 only where the samples can show its budget.
+    profile, or fewer; *require_proof*: INT8 only where the samples can show its budget;
+    *evaluate* (--eval): a folder of labelled images apart from *calib* where the labelled
+    top-1 of FP32 and the shipped graph is measured.
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
+    if evaluate is not None and (parts or preprocess is None):
+        raise SpecError("--eval: " + ("give it for a one-model build" if parts else
+                                      "its images need --preprocess"),
+                        "drop --eval" if parts else "pass --preprocess as for --calib")
     # held from the first check to the publish: a second run to this -o fails at once
     with output_lock(output := Path(output), archive_path(output)):
         sources = input_paths(model, calib, part_calib, export_options, parts)
@@ -105,7 +112,8 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                 holdout=holdout, golden=golden, options=export_options, min_cosine=min_cosine,
                 max_drop=max_accuracy_drop, metric=metric, timer=timer, progress=progress,
                 clock=clock, steps=steps, fuse=fuse, openvino=openvino, keep=keep,
-                require_proof=require_proof, log=log)
+                require_proof=require_proof, log=log,
+                evaluate=None if evaluate is None else Path(evaluate))
             for req in requests:
                 payload, result = build_part(req, target, Path(tmp),
                                              part_context(shared, req, requests))

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._runtimes.runner.task_spec import task_kind
 from ..errors import SpecError
-from ..graph.execute import run_model
+from ..graph.execute import Sample, run_model
 from ..progress import OFF, Log
 from ..quantization.budget import (
     EMBEDDING_COSINE,
@@ -18,7 +18,7 @@ from ..quantization.budget import (
     embedding_outputs,
     hygiene,
 )
-from ..quantization.calibration import sample_labels
+from ..quantization.calibration import load_samples, sample_labels
 from ..quantization.decision import Decision, decide
 from ..quantization.quantize import check_exclude
 from ..quantization.streamed import state_pairs
@@ -67,10 +67,14 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     labelled = (labelled_top1(fp32, data.samples, req.calib, req.labels)
                 if data.real and req.preprocess and req.calib is not None else None)
     check_labelled(labelled, ctx.log)   # a model fed wrongly stops here, before any search
-    if labelled and "top1" in labelled:   # fed validly but wrongly: another way scores higher
-        tried = check_alternatives(fp32, req.calib, len(data.samples), req.preprocess,
-                                   shaped.inputs, req.labels, labelled, ctx.log)
-        labelled = {**labelled, "preprocessing": tried} if tried else labelled
+    evaluated, eval_samples = _evaluated(fp32, req, shaped, ctx)
+    judged = evaluated or labelled   # the alternatives tried where the labels are apart
+    if judged and "top1" in judged:   # fed validly but wrongly: another way scores higher
+        tried = check_alternatives(fp32, ctx.evaluate or req.calib,
+                                   len(eval_samples or data.samples), req.preprocess,
+                                   shaped.inputs, req.labels, judged, ctx.log)
+        judged = {**judged, "preprocessing": tried} if tried else judged
+        evaluated, labelled = (judged, labelled) if evaluated else (None, judged)
     fusion = None
     if ctx.fuse and plan.family == "transformer" and not frozen.consts and \
             not req.quant.exclude and \
@@ -83,7 +87,23 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
     labels_held = (sample_labels(req.calib, len(data.samples), ctx.holdout)
                    if ctx.metric and req.calib is not None else None)
     return Reference(choice, fp32, outputs, labelled, fusion, time_graphs, why_not,
-                     no_original, guard, labels_held)
+                     no_original, guard, labels_held, evaluated, eval_samples)
+
+
+def _evaluated(fp32: Path, req: PartRequest, shaped: Shaped, ctx: BuildContext
+               ) -> tuple[dict[str, Any] | None, list[Sample] | None]:
+    """FP32's top-1 on --eval's labelled images (never calibrated on) and those images, or
+    (None, None) without --eval; a folder without class folders is refused in one line."""
+    if ctx.evaluate is None:
+        return None, None
+    samples = load_samples(ctx.evaluate, inputs=list(shaped.inputs), preprocess=req.preprocess)
+    found = labelled_top1(fp32, samples, ctx.evaluate, req.labels)
+    if not found or "top1" not in found:
+        raise SpecError(f"--eval {ctx.evaluate}: " + (
+            found["skipped"] if found else "no images in class folders (eval/cat/1.jpg)"),
+            "put the evaluation images in one folder per class, named as --calib's are")
+    check_labelled(found, lambda line: ctx.log(line.replace("labels: ", "eval: ", 1)))
+    return {**found, "folder": str(ctx.evaluate)}, samples
 
 
 def _guard(req: PartRequest, shaped: Shaped, plan: PartPlan, data: PartData, outputs: dict,

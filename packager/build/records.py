@@ -39,6 +39,7 @@ class BuildContext:
     keep: Mapping[str, float] | None = None
     require_proof: bool = False         # INT8 only where the samples could show its budget
     feeds_part: bool = False            # the part's outputs feed the next part
+    evaluate: Path | None = None        # --eval: a labelled folder apart from calibration
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class Reference:
     no_original: str                    # why the original does not run, or ''
     guard: AccuracyBudget
     labels_held: list[Any] | None       # --metric's labels of the held-out samples
+    evaluated: dict[str, Any] | None = None   # FP32 top-1 on --eval's labelled images
+    eval_samples: list[Sample] | None = None  # those images, preprocessed
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,11 @@ def _tuner(tune: bool, host: str | None, ssh_config: Path | None, python: str, t
               help="text file, one class name per line (default: the names the model's "
               "metadata holds, e.g. Ultralytics' names or Hugging Face's id2label, where they "
               "fit its class scores)")
+@click.option("--eval", "evaluate", type=click.Path(exists=True, file_okay=False,
+                                                   path_type=Path), default=None,
+              help="a labelled evaluation folder of images in class folders (eval/cat/1.jpg), "
+              "apart from --calib: the labelled top-1 of FP32 and of the shipped graph is "
+              "measured there, on images the build never calibrated on")
 @click.option("--time-on", "time_on", default=None, metavar="HOST",
               help="time the precision candidates on this device over SSH")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh -F config for --time-on")
@@ -166,7 +171,8 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
               preprocess: str | None, inputs: tuple[str, ...], consts: tuple[str, ...],
               parts: tuple[str, ...],
               part_precision: tuple[str, ...], holdout: float, golden: int | None,
-              labels: Path | None, time_on: str | None, ssh_config: Path | None,
+              labels: Path | None, evaluate: Path | None, time_on: str | None,
+              ssh_config: Path | None,
               device_python: str, fuse: bool, tune: bool, offline: bool, openvino: str,
               runner_extras: str, tasks: tuple[str, ...], pipeline: Path | None,
               keep: str | None, require_proof: bool, force: bool, as_json: bool,
@@ -199,8 +205,8 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
     if pipeline is not None:
         given = [n for n, v in (("--calib", calib), ("--preprocess", preprocess),
                                 ("--input", inputs), ("--part", parts), ("--task", tasks),
-                                ("--part-precision", part_precision), ("--labels", labels))
-                 if v]
+                                ("--part-precision", part_precision), ("--labels", labels),
+                                ("--eval", evaluate)) if v]
         if given:
             raise SpecError(f"{given[0]} with --pipeline: the pipeline file sets it per stage",
                             f"set it in {pipeline}'s [[stage]] tables (docs/pipelines.md)")
@@ -236,7 +242,7 @@ def build_cmd(model: str | None, output: Path, target: str, calib: tuple[str, ..
                   inputs=[parse_input(v) for v in inputs],
                   parts=parse_assignments(parts, "--part"),
                   part_quant={k: QuantRequest(precision=v) for k, v in precisions.items()},
-                  labels=read_labels(labels), tasks=declared, **common)
+                  labels=read_labels(labels), tasks=declared, evaluate=evaluate, **common)
     emit({"directory": str(r.bundle.directory), "archive": str(r.bundle.archive),
           "digest": r.bundle.digest, "parts": [p.summary() for p in r.parts]}, as_json,
          f"built {r.bundle.directory}: " + "; ".join(

@@ -158,9 +158,11 @@ def labelled(found: dict[str, Any] | None) -> str:
     if "skipped" in found:
         return f"<p class=\"note\">Labelled top-1 not measured: {escape(found['skipped'])}.</p>"
     shipped = found.get("shipped") or found
-    out = [f"<p><b>Against your labels</b> ({escape(str(found['n']))} images in class folders, "
-           f"{escape(found['mapping'])}): labelled top-1 FP32 {pct(found['top1'])}, shipped "
-           f"{pct(shipped['top1'])}.</p>"]
+    where = (f"of your --eval folder {found['folder']}, never calibrated on"
+             if found.get("folder") else "of the calibration set")
+    out = [f"<p><b>Against your labels</b> ({escape(str(found['n']))} images in class folders "
+           f"{escape(where)}, {escape(found['mapping'])}): labelled top-1 FP32 "
+           f"{pct(found['top1'])}, shipped {pct(shipped['top1'])}.</p>"]
     tried = found.get("preprocessing") or {}
     if tried.get("warning"):
         out.append(f"<p class=\"warn\"><b>Warning:</b> {escape(str(tried['warning']))}</p>")

@@ -93,7 +93,7 @@ def _at_threads(module: Any, tensors: Sequence[Any], count: int) -> Any:
 
 
 def _spread(times: dict[str, dict[str, Any]]) -> float:
-    return max(t["p90"] / t["p10"] for t in times.values() if t["p10"] > 0)
+    return max([t["p90"] / t["p10"] for t in times.values() if t["p10"] > 0], default=1.0)
 
 
 def _noisy(times: dict[str, dict[str, Any]]) -> str:
