@@ -317,3 +317,19 @@ def test_forced_int8_is_judged_by_the_rotation_the_default_build_uses(tmp_path):
         decide(model, tmp_path / "forced", request={"precision": "int8"}, **kwargs)
     assert "--precision int8 misses the accuracy budget" in missed.value.message
     assert "all 5 samples, each judged by a model calibrated without it" in missed.value.message
+
+
+def test_fp32_s_reason_names_the_closest_variant_not_every_search_line(tmp_path):
+    """first-week-turn5: the rpi decision line ran to ~700 characters repeating the search's
+    lines; the reason names how many were tried and the closest, the search lines the rest."""
+    model = mlp(tmp_path / "m.onnx")
+    (tmp_path / "s").mkdir()
+    record = decide(model, tmp_path / "s", target=load_target("x86_64-cpu"), family="default",
+                    request={}, calib=samples(32), held=samples(16, seed=2),
+                    budget=AccuracyBudget(min_cosine=0.999999), timer=fixed_timer).record
+    assert record["chosen"] == "FP32", record["reason"]
+    reason = record["reason"]
+    tried = [c for c in record["candidates"][1:] if c.get("cosine_min") is not None]
+    assert f"FP32: none of {len(tried)} INT8 variants kept the budget (the closest: " in reason
+    best = max(c["cosine_min"] for c in tried)
+    assert f"cosine min {best:.4f}" in reason and reason.count("cosine min") == 1, reason

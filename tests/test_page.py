@@ -248,3 +248,35 @@ def test_non_finite_figures_are_left_out_of_the_charts_and_no_cosine_axis_passes
     svg = bars([("Conv", [1.0, float("nan")]), ("Relu", [float("inf"), 0.5])], ["FP32", "INT8"],
                "ms", "ops")
     assert "nan" not in svg.lower() and "inf" not in svg.lower()
+
+
+def test_labels_of_points_close_together_do_not_overlap_and_backticks_are_code():
+    """first-week-turn5: "shipped (CPU provider): INT8 preset" was drawn over "INT8 NNCF";
+    "`make openvino`" showed its backticks."""
+    import re
+
+    from packager.device.page_html import prose
+    from packager.device.page_svg import scatter
+
+    points = [{"label": "INT8 preset", "p50_ms": 0.50, "cosine_min": 0.9950, "meets_budget": True,
+               "shipped": True},
+              {"label": "INT8 NNCF", "p50_ms": 0.51, "cosine_min": 0.9951, "meets_budget": True},
+              {"label": "INT8 heavy ops only", "p50_ms": 0.52, "cosine_min": 0.9949,
+               "meets_budget": True},
+              {"label": "FP32", "p50_ms": 1.0, "cosine_min": 1.0, "meets_budget": True}]
+    svg = scatter(points, 0.98, "candidates")
+    boxes = []
+    for m in re.finditer(r'<text x="([\d.]+)" y="([\d.]+)" font-size="(\d+)" '
+                         r'text-anchor="(\w+)"[^>]*>([^<]*)</text>', svg):
+        x, y, size, anchor, text = float(m[1]), float(m[2]), int(m[3]), m[4], m[5]
+        if text not in [p["label"] for p in points] and not text.startswith("shipped ("):
+            continue
+        width = 0.6 * size * len(text)
+        left = x if anchor == "start" else x - width
+        boxes.append((left, y - size, left + width, y + 3))
+    assert len(boxes) == 4
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+    assert prose("install it (`make openvino`) <b>") == \
+        "install it (<code>make openvino</code>) &lt;b&gt;"

@@ -180,6 +180,8 @@ def test_a_bundle_for_another_arch_is_refused_unless_forced(bundles, tmp_path, e
         assert "pi-01: preflight failed: the bundle is for aarch64 (target rpi) but the device " \
                f"is {os.uname().machine} (uname -m)" in row
         assert "--force" in row
+        if engine == "ssh":   # no install on the device mends another arch (first-week-turn5)
+            assert "install what is missing" not in row and "edgepack targets" in row, row
         assert not (f.remote_dir("pi-01") / "releases").exists()   # nothing copied
         r = cli("deploy", bundles["rpi"], "--hosts", inventory, "--engine", engine,
                 "--runs", 3, "--warmup", 1, "--force")
@@ -250,3 +252,13 @@ def test_state_without_a_folder_lists_every_bundle_under_home(tmp_path):
     assert net["current"]["precision"] == "int8"
     assert net["current"]["intact"] is True and net["current"]["check"] is None
     assert net["previous"] is None and by_dir["asr"]["current"] is None
+
+
+def test_a_host_with_nothing_under_the_default_folder_is_told_where_else_to_look():
+    """first-week-turn5: `status HOST --ssh-config` without --remote-dir said only 'nothing
+    deployed under ~/edgepack', for a bundle its inventory had put elsewhere."""
+    from packager.device.releases import HostState, status_lines
+
+    [line] = status_lines([HostState("pi-02", searched="~/edgepack")])
+    assert line.startswith("pi-02: nothing deployed under ~/edgepack") and \
+        "--remote-dir DIR" in line and "--hosts FILE" in line

@@ -310,8 +310,12 @@ def _deploy(folder: Path, manifest: dict[str, Any], host: Host, reports: Path,
     info["rsync"] = proc.stdout.startswith("RSYNC")
     result.device = info
     problems = preflight_problems(info, manifest, _size(folder), options)
-    if problems:
+    arch = None if options.any_arch else arch_problem(manifest, info.get("arch"))
+    if problems:   # a bundle for another arch: no install on the device mends that
         raise DeviceError(f"{host.name}: preflight failed: " + "; ".join(problems),
+                          f"build the bundle for this device's target ({info.get('arch')}: "
+                          "edgepack targets lists them), or deploy this one to its own"
+                          if arch and len(problems) == 1 else
                           "install what is missing on the device (or pass --python with the "
                           "Python that has it, e.g. a venv's: --python ~/ort/bin/python), "
                           "then deploy again")

@@ -1,6 +1,7 @@
 """The bundle's page (reports/index.html) from its data (page_data.py): one self-contained HTML
 file, inline CSS and SVG, no script, font or link to anything outside it."""
 
+import re
 from collections.abc import Sequence
 from html import escape
 from typing import Any
@@ -13,7 +14,8 @@ color:#222}h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:left;font-size:.9em}th{background:#f3f3f3}.pass{color:#1a7f37}.fail{color:#c62828}
 .warn{color:#b26a00}.note{color:#555;font-size:.9em}svg.chart{display:block;margin:8px 0}
-code{background:#f5f5f5;padding:0 3px}"""
+code{background:#f5f5f5;padding:0 3px}table.devices,table.speed{display:block;overflow-x:auto;
+max-width:100%}"""
 
 
 def ms(value: Any) -> str:
@@ -27,6 +29,11 @@ def spread(pair: Any) -> str:
 
 def pct(value: Any) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def prose(text: Any) -> str:
+    """Escaped text, its `code` spans (a reason's `make openvino`) set as code, not backticks."""
+    return re.sub(r"`([^`<>]{1,200})`", r"<code>\1</code>", escape(str(text)))
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
@@ -82,14 +89,14 @@ def summary(data: dict[str, Any]) -> str:
 def decision(part: dict[str, Any]) -> str:
     out = [f"<p><b>Shipped:</b> {escape(str(part['shipped']))}.</p>",
            f"<p><b>Why</b> (the search's own timing of its candidates, on the build's host)"
-           f": {escape(str(part['reason'] or 'no decision recorded'))}</p>"]
+           f": {prose(part['reason'] or 'no decision recorded')}</p>"]
     if part.get("evidence"):
-        out.append(f"<p><b>Evidence:</b> {escape(str(part['evidence']))} (whether the samples "
+        out.append(f"<p><b>Evidence:</b> {prose(part['evidence'])} (whether the samples "
                    "judged could show the accuracy budget: one confident miss would break "
                    "it)</p>")
     choice = part.get("provider_choice")
     if choice and choice.get("reason"):
-        out.append(f"<p><b>Faster provider:</b> {escape(choice['reason'])}</p>")
+        out.append(f"<p><b>Faster provider:</b> {prose(choice['reason'])}</p>")
     return "".join(out)
 
 

@@ -70,7 +70,8 @@ def scatter(points: Sequence[dict[str, Any]], budget: float | None, label: str) 
         body += [f'<line x1="{PAD}" y1="{py(budget):.1f}" x2="{W - PAD}" y2="{py(budget):.1f}" '
                  f'stroke="#d62728" stroke-dasharray="5,4" class="budget"/>',
                  _text(W - PAD, py(budget) - 4, f"budget: cosine >= {budget}", "end", 10)]
-    for p in drawn:
+    labels = Labels()
+    for p in sorted(drawn, key=lambda p: not (p.get("shipped") or p.get("shipped_under"))):
         x, y = px(p["p50_ms"]), py(p["cosine_min"])
         color = "#2ca02c" if p.get("meets_budget") else "#d62728"
         title = (f"{p['label']}: {p['p50_ms']:.3f} ms p50, cosine {p['cosine_min']:.4f}, "
@@ -83,10 +84,37 @@ def scatter(points: Sequence[dict[str, Any]], budget: float | None, label: str) 
                                  + ([p["shipped_under"]] if p.get("shipped_under") else []))
             body += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="10" fill="none" stroke="#000" '
                      f'stroke-width="2" class="shipped"/>',
-                     _text(x + 13, y + 4, f"shipped ({where}): {p['label']}", size=11)]
+                     labels.place(x, y + 4, f"shipped ({where}): {p['label']}", 13, 11)]
         else:
-            body.append(_text(x + 8, y - 7, str(p["label"]), size=10))
+            body.append(labels.place(x, y - 7, str(p["label"]), 8, 10))
     return _svg(W, H, body, label)
+
+
+class Labels:
+    """Where each point's label goes: beside it, moved a line up or down (or to its left,
+    anchored at its end) until it overlaps no label placed before it (the demo's "shipped
+    (CPU provider): INT8 preset" was drawn over "INT8 NNCF")."""
+
+    def __init__(self) -> None:
+        self.boxes: list[tuple[float, float, float, float]] = []
+
+    def place(self, x: float, y: float, text: str, dx: float, size: int) -> str:
+        width, height = 0.6 * size * len(text), size + 3
+        tries = [(x + dx, y + k * height, "start") for k in (0, -1, 1, -2, 2, -3, 3)]
+        tries += [(x - dx, y + k * height, "end") for k in (0, -1, 1)]
+        for tx, ty, anchor in tries:
+            left = tx if anchor == "start" else tx - width
+            box = (left, ty - size, left + width, ty + 3)
+            if left >= 0 and box[2] <= W and 0 <= box[1] and box[3] <= H - PAD + 12 and \
+                    not any(_overlaps(box, other) for other in self.boxes):
+                self.boxes.append(box)
+                return _text(tx, ty, text, anchor, size)
+        self.boxes.append((x + dx, y - size, x + dx + width, y + 3))
+        return _text(x + dx, y, text, size=size)
+
+
+def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def bars(rows: Sequence[tuple[str, Sequence[float | None]]], series: Sequence[str],

@@ -183,7 +183,9 @@ def status_lines(states: Sequence[HostState]) -> list[str]:
             continue
         if not s.bundles:
             lines.append(f"{s.host}: nothing deployed"
-                         + (f" under {s.searched}" if s.searched else ""))
+                         + (f" under {s.searched} (a bundle deployed elsewhere: pass "
+                            "--remote-dir DIR, or --hosts FILE with its edgepack_remote_dir)"
+                            if s.searched else ""))
         for b in s.bundles:
             if not b.get("exists", True):
                 lines.append(f"{s.host}: {b['dir']}: no such folder (nothing deployed there)")

@@ -182,9 +182,17 @@ def _none_kept(candidates: list[Candidate], budget: AccuracyBudget, fp32: Path,
                held: Sequence[Sample], fp32_outputs: dict[str, Any]) -> str:
     """Why FP32 ships when no INT8 variant kept the budget, and what to try."""
     advice = what_to_try(candidates[1:], budget, fp32, held, fp32_outputs)
-    return ("FP32: no INT8 variant kept the budget (" + "; ".join(
-        c.line() for c in candidates[1:4]) + (" ..." if len(candidates) > 4 else "") + ")"
-        + (f". To try: {advice}" if advice else ""))
+    tried = [c for c in candidates[1:] if c.accuracy]
+    if not tried:
+        return "FP32: no INT8 variant could be built" + (f". To try: {advice}" if advice else "")
+    closest = max(tried, key=lambda c: _cosine(c))   # the search's lines above list them all
+    return (f"FP32: none of {len(tried)} INT8 variant{'s' if len(tried) > 1 else ''} kept the "
+            f"budget (the closest: {closest.line()})" + (f". To try: {advice}" if advice else ""))
+
+
+def _cosine(cand: Candidate) -> float:
+    value = cand.accuracy.get("cosine_min")
+    return value if isinstance(value, float) and value == value else -2.0
 
 
 def _check_forced(forced: str, passing: list[Candidate], best: str,
