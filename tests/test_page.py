@@ -280,3 +280,17 @@ def test_labels_of_points_close_together_do_not_overlap_and_backticks_are_code()
             assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
     assert prose("install it (`make openvino`) <b>") == \
         "install it (<code>make openvino</code>) &lt;b&gt;"
+
+
+def test_a_noisy_headline_is_a_range_never_one_figure():
+    """issue 46 item 5: a ratio timed noisily is never the page's headline figure."""
+    from packager.device.page_data import _noisy_range
+
+    steady = {"bundle_p10_p90_ms": [1.0, 1.2], "other_p10_p90_ms": [2.0, 2.2], "load": None}
+    assert _noisy_range(steady) == {}
+    spread = {**steady, "bundle_p10_p90_ms": [1.0, 3.0]}
+    found = _noisy_range(spread)
+    assert found["speedup"] is None and found["speedup_range"] == [0.667, 2.2]
+    assert "p90 is 3.0x p10" in found["noisy"]
+    busy = {**steady, "load": {"other_share": 0.9, "cores": 2}}
+    assert _noisy_range(busy)["speedup_range"] == [1.667, 2.2]

@@ -238,6 +238,23 @@ def page_data(bundle: Path, digest: str) -> dict[str, Any]:
     return data
 
 
+def _noisy_range(row: dict[str, Any]) -> dict[str, Any]:
+    """A headline timed noisily (a busy machine, or calls spread past 2x) is given as the range
+    its spreads allow, never one figure: {} where it was steady."""
+    from .._runtimes.runner.load import noise
+
+    mine, theirs = row.get("bundle_p10_p90_ms"), row.get("other_p10_p90_ms")
+    if not (isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs) == 2
+            and all(isinstance(v, (int, float)) and v > 0 for v in mine + theirs)):
+        return {}
+    why = noise(row.get("load") if isinstance(row.get("load"), dict) else None,
+                {"p10": mine[0], "p90": mine[1]})
+    if not why:
+        return {}
+    return {"speedup": None, "noisy": why,
+            "speedup_range": [round(theirs[0] / mine[1], 3), round(theirs[1] / mine[0], 3)]}
+
+
 def summary(data: dict[str, Any]) -> dict[str, Any]:
     """The page's first lines: what shipped, the verdict and p50 on the target (or that it was
     not measured there), one headline speed figure and what it compares, accuracy against the
@@ -253,7 +270,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
             headline = {"against": row["against"], "speedup": row.get("speedup"),
                         "speedup_range": row.get("speedup_range"),
                         "bundle_p50_ms": row.get("bundle_p50_ms"),
-                        "other_p50_ms": row.get("other_p50_ms")}
+                        "other_p50_ms": row.get("other_p50_ms"), **_noisy_range(row)}
     labelled = [(p["name"], p["labelled"]) for p in parts
                 if isinstance(p.get("labelled"), dict) and "top1" in p["labelled"]]
     return {"shipped": "; ".join((f"{p['name']}: " if several else "") + str(p["shipped"])

@@ -74,7 +74,10 @@ def summary(data: dict[str, Any]) -> str:
                      f"{ratio_text(head.get('speedup'), head.get('speedup_range'))} the speed of "
                      f"{head['against']}: {ms(head.get('bundle_p50_ms'))} vs "
                      f"{ms(head.get('other_p50_ms'))} ms p50, interleaved in one run on the "
-                     "build's host (the other figures below each say what they compare)"])
+                     "build's host"
+                     + (f"; NOISY ({head['noisy']}): a range, build again on a quiet machine "
+                        "for one figure" if head.get("noisy") else "")
+                     + " (the other figures below each say what they compare)"])
     for entry in found.get("labelled") or []:
         rows.append([f"against your labels ({entry['part']})",
                      f"top-1 shipped {pct(entry['shipped'])}, FP32 {pct(entry['fp32'])} on "
