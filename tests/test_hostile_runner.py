@@ -174,8 +174,8 @@ def test_b38_provider_path_outside_the_bundle_is_refused_and_nothing_is_created(
         x_path="{bundle}/../../escaped"))
     r = run_py(bundle, "check", "--json")
     assert r.returncode == 1
-    assert any("providers[0].options.x_path = '{bundle}/../../escaped' is not a folder in the "
-               "bundle" in p for p in json.loads(r.stdout)["integrity"])
+    assert any("providers[0].options.x_path = '{bundle}/../../escaped' is not a file or "
+               "folder in the bundle" in p for p in json.loads(r.stdout)["integrity"])
     r = run_py(bundle, "infer", str(bundle / "golden" / "model.inputs.npz"))
     assert r.returncode == 2 and "x_path" in r.stderr
     assert not (tmp_path / "escaped").exists()
@@ -196,7 +196,7 @@ def test_n_ov_09_every_provider_option_that_names_a_place_stays_in_the_bundle(
         {key: value}))
     r = run_py(bundle, "check", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert any(f"providers[0].options.{key} = " in p and "is not a folder in the bundle" in p
+    assert any(f"providers[0].options.{key} = " in p and "is not a file or folder in the bundle" in p
                for p in json.loads(r.stdout)["integrity"])
     r = run_py(bundle, "infer", str(bundle / "golden" / "model.inputs.npz"))
     assert r.returncode == 2 and key in r.stderr.splitlines()[-1]

@@ -184,6 +184,26 @@ def test_infer_never_writes_through_a_link_left_at_a_wav_s_temporary_name(built,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wav-")]
 
 
+def test_a_wav_that_cannot_be_written_leaves_no_npz_and_nan_speech_is_silent(built, tmp_path):
+    """hostile-cases-turn5 (seen, not counted): a WAV that could not be written left OUT.npz
+    beside the exit 2; NaN speech was written with numpy's cast warning printed."""
+    root, _ = built
+    np.save(tmp_path / "s3.npy", tokens(3)[0])
+    (tmp_path / "o.s3.npy.wav").mkdir()   # a folder where the WAV goes: it cannot be replaced
+    proc = subprocess.run([sys.executable, str(root / "out" / "run.py"), "infer",
+                           str(tmp_path / "s3.npy"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "o.s3.npy.wav: cannot write it" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o.npz").exists()
+    import warnings
+
+    from runtimes.runner import task_tts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pcm = np.frombuffer(task_tts.pcm16([np.nan, 2.0, -np.inf, 0.5]), "<i2")
+    assert pcm.tolist() == [0, 32767, -32767, 16383]
+
+
 def test_serve_answers_audio_wav_and_json_when_asked(built, tmp_path):
     root, _ = built
     proc, url = start_server(root / "out", tmp_path / "serve.log")

@@ -178,11 +178,11 @@ def cmd_infer(bundle, manifest, args):
             entry = answer(part, names, mine, one, args.raw, args.top, arrays, key, body)
             entry.update(file=printable(path), key=key)
             results.append(entry)
-    if args.out:
-        save_outputs(args.out, arrays)
     report = {"results": results, "providers": session.get_providers(), "passed": True}
-    if args.out and task_kind(part.get("task")) == "tts":   # speech: a WAV file per input too
-        report["wav"] = optional_module("task_tts").write_wavs(args.out, arrays, part)
+    if args.out and task_kind(part.get("task")) == "tts":   # speech: a WAV file per input too,
+        report["wav"] = optional_module("task_tts").write_wavs(args.out, arrays, part)   # first
+    if args.out:   # (a WAV that cannot be written leaves no OUT.npz beside its exit 2)
+        save_outputs(args.out, arrays)
     if args.out:   # np.savez's name: .npz added when missing, and said
         report["out"] = args.out if args.out.endswith(".npz") else args.out + ".npz"
     if stacked_calls:

@@ -30,8 +30,8 @@ def provider_path_problems(manifest):
                 value.startswith("{bundle}/") else None
             if rel is None or not rel or rel.startswith("/") or \
                     ".." in rel.replace("\\", "/").split("/"):
-                problems.append("manifest: providers[%d].options.%s = %r is not a folder in the "
-                                "bundle ({bundle}/NAME or {cache})" % (i, key, str(value)[:80]))
+                problems.append("manifest: providers[%d].options.%s = %r is not a file or folder"
+                                " in the bundle ({bundle}/NAME, or {cache})" % (i, key, str(value)[:80]))
     return problems
 
 

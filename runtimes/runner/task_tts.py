@@ -84,8 +84,9 @@ def wav_bytes(audio, rate):
 
 
 def pcm16(audio):
-    """Little-endian 16-bit PCM bytes of *audio* (floats in [-1, 1], clipped)."""
-    return (np.clip(np.asarray(audio, np.float64), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    """Little-endian 16-bit PCM bytes of *audio* (floats in [-1, 1], clipped; NaN silent)."""
+    audio = np.nan_to_num(np.asarray(audio, np.float64), nan=0.0, posinf=1.0, neginf=-1.0)
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def wav_stream_header(rate):
