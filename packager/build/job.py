@@ -82,22 +82,14 @@ def build(model: Path | str, output: Path, *, target: Target | str,
     *tasks*: {part: its declared task} (tasks/declare.py: candidates judged and `run.py infer`
     answering in its terms), *keep* (--keep) what each keeps; *runner_extras*: serve, tune,
     profile, or fewer; *require_proof*: INT8 only where the samples can show its budget;
-    *evaluate* (--eval): a folder of labelled images apart from *calib* where the labelled
-    top-1 of FP32 and the shipped graph is measured.
+    *evaluate*: --eval's labelled folder, apart from *calib* (check_requests).
     """
     target = checked_target(target, holdout, golden, offline, openvino, timer)
     check_extras(runner_extras, tune)
-    if evaluate is not None and (parts or preprocess is None):
-        raise SpecError("--eval: " + ("give it for a one-model build" if parts else
-                                      "its images need --preprocess"),
-                        "drop --eval" if parts else "pass --preprocess as for --calib")
     # held from the first check to the publish: a second run to this -o fails at once
     with output_lock(output := Path(output), archive_path(output)):
         sources = input_paths(model, calib, part_calib, export_options, parts)
-        check_free(output, force=force, inputs=sources)
-        check_free(archive_path(output), force=force, inputs=sources)
-        # the bundle, its archive and the temporary copies: found now, not after the pipeline ran
-        check_writable(output, need_bytes=3 * sum(size_of(p) for p in sources) + 10_000_000)
+        check_output(output, force, sources)
         requests = plan_parts(model, inputs=inputs, calib=calib, preprocess=preprocess,
                               quant=QuantRequest.of(quant), labels=labels, parts=parts,
                               part_calib=part_calib, export_options=export_options,
@@ -105,15 +97,14 @@ def build(model: Path | str, output: Path, *, target: Target | str,
                               part_preprocess=part_preprocess)
         requests = [replace(r, consts=dict(consts), task=tasks.get(r.name), open_length=
                             open_lengths.get(r.name, "")) for r in requests]
-        check_requests(requests, tasks, keep, target)
+        check_requests(requests, tasks, keep, target, evaluate)
         results, payloads = [], []
         with tempfile.TemporaryDirectory(prefix="edgepack-build-") as tmp, Stages() as clock:
             shared = BuildContext(
                 holdout=holdout, golden=golden, options=export_options, min_cosine=min_cosine,
                 max_drop=max_accuracy_drop, metric=metric, timer=timer, progress=progress,
                 clock=clock, steps=steps, fuse=fuse, openvino=openvino, keep=keep,
-                require_proof=require_proof, log=log,
-                evaluate=None if evaluate is None else Path(evaluate))
+                require_proof=require_proof, log=log, evaluate=evaluate and Path(evaluate))
             for req in requests:
                 payload, result = build_part(req, target, Path(tmp),
                                              part_context(shared, req, requests))
@@ -175,10 +166,25 @@ def check_extras(extras: Sequence[str], tune: Tuner | None) -> None:
                         "add tune to --runner-extras, or drop --tune")
 
 
+def check_output(output: Path, force: bool, sources: Sequence[Path]) -> None:
+    """-o and its archive free (or --force), and room for the bundle, its archive and the
+    temporary copies: found now, not after the pipeline ran."""
+    check_free(output, force=force, inputs=sources)
+    check_free(archive_path(output), force=force, inputs=sources)
+    check_writable(output, need_bytes=3 * sum(size_of(p) for p in sources) + 10_000_000)
+
+
 def check_requests(requests: Sequence[PartRequest], tasks: Mapping[str, Any],
-                   keep: Mapping[str, float] | None, target: Target) -> None:
+                   keep: Mapping[str, float] | None, target: Target,
+                   evaluate: Path | None = None) -> None:
     """What can be refused before the slow stages: a --task for no part, an empty data folder,
-    a declared task the graph's outputs cannot have."""
+    a declared task the graph's outputs cannot have, --eval beside several parts or without
+    --preprocess."""
+    if evaluate is not None and (len(requests) > 1 or requests[0].preprocess is None):
+        several = len(requests) > 1
+        raise SpecError("--eval: " + ("give it for a one-model build" if several else
+                                      "its images need --preprocess"),
+                        "drop --eval" if several else "pass --preprocess as for --calib")
     unknown_task = sorted(set(tasks) - {r.name for r in requests})
     if unknown_task:
         raise SpecError(f"--task {unknown_task[0]}=...: no part '{unknown_task[0]}'",

@@ -183,8 +183,10 @@ def _none_kept(candidates: list[Candidate], budget: AccuracyBudget, fp32: Path,
     """Why FP32 ships when no INT8 variant kept the budget, and what to try."""
     advice = what_to_try(candidates[1:], budget, fp32, held, fp32_outputs)
     tried = [c for c in candidates[1:] if c.accuracy]
-    if not tried:
-        return "FP32: no INT8 variant could be built" + (f". To try: {advice}" if advice else "")
+    if not tried:   # each one's line says why it was not built
+        return ("FP32: no INT8 variant could be built (" + "; ".join(
+            c.line() for c in candidates[1:3]) + (" ..." if len(candidates) > 3 else "") + ")"
+            + (f". To try: {advice}" if advice else ""))
     closest = max(tried, key=lambda c: _cosine(c))   # the search's lines above list them all
     return (f"FP32: none of {len(tried)} INT8 variant{'s' if len(tried) > 1 else ''} kept the "
             f"budget (the closest: {closest.line()})" + (f". To try: {advice}" if advice else ""))
