@@ -187,5 +187,7 @@ def test_an_original_fixed_at_other_shapes_is_timed_at_the_builds(tmp_path):
         "precision"]
     assert "build's input shapes" in precision["fp32_graph"]["original"]
     assert precision["fp32_graph"]["original_p50_ms"] > 0
-    assert precision["vs_original"]["measured"]
-    assert lines[-4].startswith("speed: bundle ")
+    # timed against the original, unless a busy machine timed the original fastest (shipped)
+    vs = precision["vs_original"]
+    assert vs["measured"] or vs["why"] == "the bundle ships the original file unchanged"
+    assert lines[-4].startswith("speed: bundle " if vs["measured"] else "speed: not compared")
