@@ -68,13 +68,10 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
                 if data.real and req.preprocess and req.calib is not None else None)
     check_labelled(labelled, ctx.log)   # a model fed wrongly stops here, before any search
     evaluated, eval_samples = _evaluated(fp32, req, shaped, ctx)
-    judged = evaluated or labelled   # the alternatives tried where the labels are apart
-    if judged and "top1" in judged:   # fed validly but wrongly: another way scores higher
-        tried = check_alternatives(fp32, ctx.evaluate or req.calib,
-                                   len(eval_samples or data.samples), req.preprocess,
-                                   shaped.inputs, req.labels, judged, ctx.log)
-        judged = {**judged, "preprocessing": tried} if tried else judged
-        evaluated, labelled = (judged, labelled) if evaluated else (None, judged)
+    if evaluated:   # fed validly but wrongly: another way scores higher (--eval's images first)
+        evaluated = _tried(fp32, ctx.evaluate, len(eval_samples), req, shaped, evaluated, ctx)
+    elif labelled and "top1" in labelled:
+        labelled = _tried(fp32, req.calib, len(data.samples), req, shaped, labelled, ctx)
     fusion = None
     if ctx.fuse and plan.family == "transformer" and not frozen.consts and \
             not req.quant.exclude and \
@@ -88,6 +85,14 @@ def reference(req: PartRequest, loaded: Loaded, frozen: Frozen, shaped: Shaped, 
                    if ctx.metric and req.calib is not None else None)
     return Reference(choice, fp32, outputs, labelled, fusion, time_graphs, why_not,
                      no_original, guard, labels_held, evaluated, eval_samples)
+
+
+def _tried(fp32: Path, source: Path, count: int, req: PartRequest, shaped: Shaped,
+           found: dict[str, Any], ctx: BuildContext) -> dict[str, Any]:
+    """*found* (a labelled top-1) with the usual alternatives to --preprocess tried beside it."""
+    tried = check_alternatives(fp32, source, count, req.preprocess, shaped.inputs, req.labels,
+                               found, ctx.log)
+    return {**found, "preprocessing": tried} if tried else found
 
 
 def _evaluated(fp32: Path, req: PartRequest, shaped: Shaped, ctx: BuildContext

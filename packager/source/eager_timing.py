@@ -66,19 +66,20 @@ def time_against_eager(graph: Path, module: Any, args: Sequence[np.ndarray], fee
             runs = {"bundle": lambda: sess.run(None, feed),
                     **{f"eager {n}": _at_threads(module, tensors, n)
                        for n in sorted({count, 1}, reverse=True)}}
-            passes = []
-            for _ in range(2):   # once more where the first was noisy
-                passes.append(time_blocks(runs, rounds=5, block=calls_per_block(
-                    runs[f"eager {count}"]), settle=SETTLE))
-                if not _noisy(passes[-1]):
+            passes = []   # (why noisy, the timings), once more where the first was noisy
+            for _ in range(2):
+                times = time_blocks(runs, rounds=5, block=calls_per_block(
+                    runs[f"eager {count}"]), settle=SETTLE)
+                passes.append((_noisy(times), times))
+                if not passes[-1][0]:
                     break
     finally:
         torch.set_num_threads(before)
-    times = min(passes, key=lambda t: _spread(t) + (10.0 if _noisy(t) else 0.0))
+    noisy, times = min(passes, key=lambda p: _spread(p[1]) + (10.0 if p[0] else 0.0))
     best = min((k for k in times if k.startswith("eager")), key=lambda k: times[k]["p50"])
-    return _record(times["bundle"], times[best], int(best.split()[1]), threads,
-                   _noisy(times), {k.split()[1]: round(v["p50"], 4) for k, v in times.items()
-                                   if k.startswith("eager")})
+    return _record(times["bundle"], times[best], int(best.split()[1]), threads, noisy,
+                   {k.split()[1]: round(v["p50"], 4) for k, v in times.items()
+                    if k.startswith("eager")})
 
 
 def _at_threads(module: Any, tensors: Sequence[Any], count: int) -> Any:
